@@ -1,0 +1,146 @@
+"""Resident block metadata and payload size accounting.
+
+A block holds ``num_tokens`` (<= block_size) tokens of positional state (one slice per token)
+and optionally a checkpoint: snapshot state (SSM state, sliding-window ring) valid exactly at
+the block's end. Payloads are opaque, immutable and shared by reference, never copied to share.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptcache.core.hashing import TOKEN_BYTES, BlockHash
+
+
+def array_nbytes(arr: Any) -> int:
+    """Bytes of an array from shape x dtype only: never materialises a lazy (MLX) array."""
+    dtype = arr.dtype
+    itemsize = getattr(dtype, "itemsize", None) or getattr(dtype, "size", None)
+    if itemsize is None:
+        raise TypeError(f"cannot size array with dtype {dtype!r}")
+    return math.prod(arr.shape) * int(itemsize)
+
+
+def payload_nbytes(payload: Any) -> int:
+    """Bytes of a payload: an array, or None, bytes, or lists/tuples/dicts of those."""
+    if payload is None:
+        return 0
+    if isinstance(payload, bytes | bytearray | memoryview):
+        return len(payload)
+    if isinstance(payload, list | tuple):
+        return sum(payload_nbytes(p) for p in payload)
+    if isinstance(payload, dict):
+        return sum(payload_nbytes(p) for p in payload.values())
+    if hasattr(payload, "shape") and hasattr(payload, "dtype"):
+        return array_nbytes(payload)
+    raise TypeError(f"cannot size payload of type {type(payload).__name__}")
+
+
+@dataclass(slots=True, eq=False)
+class Block:
+    """One resident block. Identity is the object; ``block_hash`` is the key in the tier index."""
+
+    block_hash: BlockHash
+    parent: Block | None  # None only for a namespace root sentinel
+    token_bytes: bytes
+    payload: Any = None
+    checkpoint: Any = None
+    nbytes: int = 0  # payload + checkpoint bytes, as accounted by the tier
+    extra: bytes = b""
+    depth: int = 0  # tokens before this block
+    ref_count: int = 0
+    num_children: int = 0
+    # children indexed by their first token id; partial blocks are always leaves
+    children: dict[int, list[Block]] = field(default_factory=dict)
+    is_seq_end: bool = False
+    last_access: int = 0
+    num_hits: int = 0
+    # intrusive links for a policy's list, plus one slot of policy-owned data
+    prev: Block | None = None
+    next: Block | None = None
+    policy_data: Any = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_bytes) // TOKEN_BYTES
+
+    @property
+    def end(self) -> int:
+        return self.depth + self.num_tokens
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+    @property
+    def is_evictable(self) -> bool:
+        return self.ref_count == 0 and self.num_children == 0 and self.parent is not None
+
+    def first_token(self) -> int:
+        return int.from_bytes(self.token_bytes[:TOKEN_BYTES], "little")
+
+
+class BlockList:
+    """Intrusive doubly linked list over ``Block.prev``/``next``: O(1) append, remove, pop.
+
+    A block is in at most one BlockList at a time (the owner guarantees it).
+    """
+
+    __slots__ = ("head", "tail", "size")
+
+    def __init__(self) -> None:
+        self.head: Block | None = None
+        self.tail: Block | None = None
+        self.size = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        node = self.head
+        while node is not None:
+            nxt = node.next
+            yield node
+            node = nxt
+
+    def append(self, block: Block) -> None:
+        block.prev, block.next = self.tail, None
+        if self.tail is None:
+            self.head = block
+        else:
+            self.tail.next = block
+        self.tail = block
+        self.size += 1
+
+    def insert_before(self, anchor: Block | None, block: Block) -> None:
+        """Insert ``block`` before ``anchor`` (at the tail when anchor is None)."""
+        if anchor is None:
+            self.append(block)
+            return
+        block.prev, block.next = anchor.prev, anchor
+        if anchor.prev is None:
+            self.head = block
+        else:
+            anchor.prev.next = block
+        anchor.prev = block
+        self.size += 1
+
+    def remove(self, block: Block) -> None:
+        if block.prev is None:
+            self.head = block.next
+        else:
+            block.prev.next = block.next
+        if block.next is None:
+            self.tail = block.prev
+        else:
+            block.next.prev = block.prev
+        block.prev = block.next = None
+        self.size -= 1
+
+    def pop_head(self) -> Block | None:
+        block = self.head
+        if block is not None:
+            self.remove(block)
+        return block

@@ -1,0 +1,295 @@
+"""PromptCache: the thread-safe facade engines and the server call.
+
+Engine protocol: ``seq = cache.sequence(tokens, tenant=...)``; ``with cache.lookup(seq) as hit``
+restores ``hit.num_tokens`` tokens of state from ``hit.segments()`` (and ``hit.checkpoint``);
+then ``cache.save(seq, n, slice_positional, checkpoint)`` at each chunk boundary, at the end of
+prefill and after generation (with the generated tokens appended via ``seq.extend``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from promptcache.core.block import Block
+from promptcache.core.budget import default_ram_budget, parse_size
+from promptcache.core.hashing import TOKEN_BYTES, Namespace
+from promptcache.core.policy import EvictionPolicy
+from promptcache.core.ram_tier import RamTier
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.stats import CacheStats, Counters
+from promptcache.core.tier import Tier
+from promptcache.core.tree import common_prefix_tokens
+
+DEFAULT_BLOCK_SIZE = 64
+SlicePositional = Callable[[int, int], Any]
+
+
+class SaveResult(NamedTuple):
+    num_new_blocks: int
+    num_new_bytes: int
+    num_cached_tokens: int  # tokens of the saved sequence resident after the save
+
+
+class Lease:
+    """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
+
+    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "_cache", "_released")
+
+    def __init__(self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str) -> None:
+        self.num_tokens = num_tokens
+        self.blocks = blocks
+        self.kind = kind
+        # snapshot state at num_tokens: only set when the hit ends exactly at a checkpoint
+        last = blocks[-1] if blocks else None
+        self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
+        self._cache = cache
+        self._released = not blocks
+
+    def segments(self) -> list[tuple[Any, int]]:
+        """(positional payload, tokens to take from its start) per block, covering [0, num_tokens)."""
+        out = []
+        for blk in self.blocks:
+            out.append((blk.payload, min(blk.num_tokens, self.num_tokens - blk.depth)))
+        return out
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cache._unpin(self.blocks)
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class PromptCache:
+    def __init__(
+        self,
+        model_fingerprint: str,
+        *,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        ram_budget: int | str | None = None,
+        requires_checkpoint: bool = False,
+        policy: EvictionPolicy | str | None = None,
+        next_tier: Tier | None = None,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        budget = default_ram_budget() if ram_budget is None else parse_size(ram_budget)
+        self.model_fingerprint = model_fingerprint
+        self.block_size = block_size
+        self.requires_checkpoint = requires_checkpoint
+        self.counters = Counters()
+        self.ram = RamTier(budget, policy, next_tier, self.counters)
+        self._lock = threading.RLock()
+
+    def sequence(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        tenant: str = "",
+        salt: str = "",
+        extras: Mapping[int, bytes] | None = None,
+    ) -> TokenSeq:
+        """Tokens under this model's namespace for ``tenant``. Raises ValueError on bad ids."""
+        root = Namespace(self.model_fingerprint, tenant, salt).root_hash()
+        return TokenSeq(root, tokens, self.block_size, extras)
+
+    def _check_seq(self, seq: TokenSeq) -> None:
+        if not isinstance(seq, TokenSeq):
+            raise TypeError("expected a TokenSeq from PromptCache.sequence()")
+        if seq.block_size != self.block_size:
+            raise ValueError(f"sequence block size {seq.block_size} != cache block size {self.block_size}")
+        if seq.num_tokens == 0:
+            raise ValueError("cannot look up or save an empty token sequence")
+
+    def lookup(self, seq: TokenSeq) -> Lease:
+        """Longest reusable prefix, pinned. Never covers the last token (its logits are needed)."""
+        self._check_seq(seq)
+        with self._lock:
+            match = self.ram.match(seq, self.requires_checkpoint)
+            c = self.counters
+            c.num_lookups += 1
+            c.lookup_tokens += seq.num_tokens
+            if match.num_tokens:
+                c.num_hits += 1
+                c.hit_tokens += match.num_tokens
+                c.hits_by_kind[match.kind] += 1
+                self.ram.touch(match.blocks)
+                for blk in match.blocks:
+                    blk.num_hits += 1
+                self.ram.pin(match.blocks)
+            return Lease(self, match.num_tokens, match.blocks, match.kind)
+
+    def _unpin(self, blocks: tuple[Block, ...]) -> None:
+        with self._lock:
+            self.ram.unpin(blocks)
+
+    def save(
+        self,
+        seq: TokenSeq,
+        num_tokens: int | None = None,
+        slice_positional: SlicePositional | None = None,
+        checkpoint: Any = None,
+    ) -> SaveResult:
+        """Save state for ``seq[:num_tokens]``; only blocks not already resident are created.
+
+        ``slice_positional(start, end)`` returns an owning (not a view) payload for those
+        positions and is called only for new blocks, outside the lock. ``checkpoint`` is the
+        snapshot state at exactly ``num_tokens``. When the budget cannot make room (everything
+        else pinned) the save stops early; the resident prefix stays consistent.
+        """
+        self._check_seq(seq)
+        n = seq.num_tokens if num_tokens is None else num_tokens
+        if not 0 < n <= seq.num_tokens:
+            raise ValueError(f"num_tokens must be in [1, {seq.num_tokens}], got {num_tokens}")
+        b = self.block_size
+        num_full = n // b
+        for i in range(num_full):  # hash outside the lock
+            seq.block_hash(i)
+        with self._lock:
+            first_new = len(self._walk_resident(seq, num_full))
+        # build new payloads outside the lock: engine copies can be slow
+        payloads = {
+            i: slice_positional(i * b, (i + 1) * b) if slice_positional else None
+            for i in range(first_new, num_full)
+        }
+        with self._lock:
+            self.counters.num_saves += 1
+            path = self._walk_resident(seq, num_full)
+            node = path[-1] if path else self.ram.root(seq.root)
+            num_new, new_bytes, complete = 0, 0, True
+            for i in range(len(path), num_full):
+                if i in payloads:
+                    payload = payloads[i]
+                else:  # another thread evicted it meanwhile
+                    payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
+                blk = self.ram.insert(
+                    node, seq.block_hash(i), seq.block_bytes(i * b, (i + 1) * b), payload, extra=seq.extra(i)
+                )
+                if blk is None:
+                    complete = False
+                    break
+                self._drop_superseded(node, blk)
+                num_new += 1
+                new_bytes += blk.nbytes
+                path.append(blk)
+                node = blk
+            last: Block | None = node
+            if complete and n > num_full * b:
+                last, is_new = self._save_tail(seq, node, num_full * b, n, slice_positional, checkpoint)
+                if last is not None:
+                    path.append(last)
+                if is_new and last is not None:
+                    num_new += 1
+                    new_bytes += last.nbytes
+            if complete and last is not None and last.parent is not None and last.end == n:
+                last.is_seq_end = True
+                if checkpoint is not None and last.checkpoint is None:
+                    if self.ram.attach_checkpoint(last, checkpoint):
+                        self.counters.num_saved_checkpoints += 1
+            self.ram.touch(path)
+            self.ram.prune_root(seq.root)
+            self.counters.num_saved_blocks += num_new
+            return SaveResult(num_new, new_bytes, self._resident_prefix(seq, n))
+
+    def _walk_resident(self, seq: TokenSeq, num_full: int) -> list[Block]:
+        """Resident full blocks of ``seq`` from the root, verified token by token."""
+        node = self.ram.tree.roots.get(seq.root)
+        b = self.block_size
+        path: list[Block] = []
+        for i in range(num_full if node is not None else 0):
+            blk = self.ram.get(seq.block_hash(i))
+            if blk is None or blk.parent is not node or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b):
+                break
+            path.append(blk)
+            node = blk
+        return path
+
+    def _save_tail(
+        self,
+        seq: TokenSeq,
+        parent: Block,
+        start: int,
+        end: int,
+        slice_positional: SlicePositional | None,
+        checkpoint: Any,
+    ) -> tuple[Block | None, bool]:
+        """(resident block ending at ``end``, whether it is new); a partial block is created only
+        when it adds something: new positions, or a place for a checkpoint."""
+        want = seq.block_bytes(start, end)
+        for child in parent.children.get(seq.token(start), ()):
+            if child.token_bytes == want:
+                return child, False  # same partial block already resident
+            covered = common_prefix_tokens(child.token_bytes, want) == end - start
+            if covered and checkpoint is None and child.extra == seq.extra(start // self.block_size):
+                return None, False  # a longer block already holds these positions
+        payload = slice_positional(start, end) if slice_positional else None
+        blk = self.ram.insert(parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size))
+        return blk, blk is not None
+
+    def _drop_superseded(self, parent: Block, full: Block) -> None:
+        for child in list(parent.children.get(full.first_token(), ())):
+            if (
+                child is not full
+                and child.num_tokens < self.block_size
+                and child.checkpoint is None
+                and child.is_evictable
+                and full.token_bytes.startswith(child.token_bytes)
+            ):
+                self.ram.discard(child)
+                self.counters.num_superseded += 1
+
+    def _resident_prefix(self, seq: TokenSeq, n: int) -> int:
+        node = self.ram.tree.roots.get(seq.root)
+        pos = 0
+        b = self.block_size
+        for i in range(n // b):
+            blk = self.ram.get(seq.block_hash(i))
+            if node is None or blk is None or blk.parent is not node:
+                return pos
+            node, pos = blk, pos + b
+        if pos < n and node is not None:
+            want = seq.block_bytes(pos, n)
+            for child in node.children.get(seq.token(pos), ()):
+                if common_prefix_tokens(child.token_bytes, want) * TOKEN_BYTES >= len(want):
+                    return n
+        return pos
+
+    def stats(self) -> CacheStats:
+        with self._lock:
+            c = self.counters
+            index = self.ram.tree.index
+            return CacheStats(
+                num_lookups=c.num_lookups,
+                num_hits=c.num_hits,
+                lookup_tokens=c.lookup_tokens,
+                hit_tokens=c.hit_tokens,
+                hits_by_kind=dict(c.hits_by_kind),
+                num_saves=c.num_saves,
+                num_saved_blocks=c.num_saved_blocks,
+                num_saved_checkpoints=c.num_saved_checkpoints,
+                num_save_skipped_blocks=c.num_save_skipped_blocks,
+                num_evictions=c.num_evictions,
+                num_spills=c.num_spills,
+                num_superseded=c.num_superseded,
+                num_blocks=len(index),
+                num_pinned_blocks=sum(1 for b in index.values() if b.ref_count),
+                bytes_by_tier={"ram": self.ram.used_bytes, self.ram.next_tier.name: self.ram.next_tier.used_bytes()},
+                ram_budget_bytes=self.ram.budget_bytes,
+                block_size=self.block_size,
+                policy=self.ram.policy.name,
+            )
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            self.ram.check_integrity()
+            self.ram.next_tier.check_integrity()
+
+    def close(self) -> None:
+        self.ram.next_tier.close()

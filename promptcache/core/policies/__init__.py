@@ -1,0 +1,3 @@
+"""Built-in eviction policies, one module each; importing this package registers them."""
+
+from promptcache.core.policies import lru  # noqa: F401

@@ -1,0 +1,71 @@
+"""Eviction policy interface and registry.
+
+A tier owns residency and byte accounting; a policy only orders the evictable blocks it is told
+about. Evictable means resident, unpinned and without resident children, so eviction always
+takes leaves and every resident block stays reachable from its namespace root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from promptcache.core.block import Block
+
+
+class EvictionPolicy(Protocol):
+    name: str
+
+    def on_insert(self, block: Block) -> None:
+        """A new block became resident (called once, before ``add_evictable`` for it)."""
+
+    def on_access(self, block: Block) -> None:
+        """A lookup or save used ``block`` (evictable or not); ``block.last_access`` is already set."""
+
+    def add_evictable(self, block: Block) -> None:
+        """``block`` became evictable. Never called twice without a ``remove_evictable`` between."""
+
+    def remove_evictable(self, block: Block) -> None:
+        """``block`` stopped being evictable (pinned, gained a child, or removed by the tier)."""
+
+    def pop_victim(self) -> Block | None:
+        """Remove and return the evictable block to evict next, or None when there is none."""
+
+    def admit(self, candidate: Block, victim: Block) -> bool:
+        """Whether ``candidate`` (not yet resident) is worth evicting ``victim`` for. LRU: always."""
+
+    def on_evict(self, block: Block) -> None:
+        """``block`` left the tier; drop any per-block state (safe to call for any block once)."""
+
+    def check_integrity(self, evictable: set[int]) -> None:
+        """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""
+
+
+_REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {}
+
+
+def register_policy(name: str) -> Callable[[Callable[[], EvictionPolicy]], Callable[[], EvictionPolicy]]:
+    def wrap(factory: Callable[[], EvictionPolicy]) -> Callable[[], EvictionPolicy]:
+        _REGISTRY[name] = factory
+        return factory
+
+    return wrap
+
+
+DEFAULT_POLICY = "lru"
+
+
+def make_policy(name: str | None = None) -> EvictionPolicy:
+    """A new policy by name (``None``: the default). Raises ValueError for an unknown name."""
+    import promptcache.core.policies  # noqa: F401  (registers the built-in policies)
+
+    key = name or DEFAULT_POLICY
+    if key not in _REGISTRY:
+        raise ValueError(f"unknown eviction policy {key!r}; known: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[key]()
+
+
+def policy_names() -> list[str]:
+    import promptcache.core.policies  # noqa: F401
+
+    return sorted(_REGISTRY)

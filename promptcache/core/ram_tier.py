@@ -1,0 +1,226 @@
+"""Byte-budgeted RAM tier: resident blocks, pins, eviction of leaves, spill to the next tier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from promptcache.core.block import Block, payload_nbytes
+from promptcache.core.hashing import BlockHash
+from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.stats import Counters
+from promptcache.core.tier import BlockRecord, NullTier, Tier
+from promptcache.core.tree import Match, PrefixTree
+
+
+class CacheBudgetError(ValueError):
+    """A single block (or checkpoint) is larger than the whole RAM budget."""
+
+
+class RamTier:
+    """Invariant: ``used_bytes`` == sum of resident ``nbytes`` <= ``budget_bytes``; every
+    resident block's parent is resident (or a root); the policy holds exactly the evictable ones.
+    Not thread-safe: the owning cache serialises calls."""
+
+    name = "ram"
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        policy: EvictionPolicy | str | None = None,
+        next_tier: Tier | None = None,
+        counters: Counters | None = None,
+    ) -> None:
+        if budget_bytes <= 0:
+            raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self.policy = policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
+        self.next_tier: Tier = next_tier or NullTier()
+        self.counters = counters or Counters()
+        self.tree = PrefixTree()
+        self.used_bytes = 0
+        self.clock = 0
+
+    def __len__(self) -> int:
+        return len(self.tree)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def match(self, seq: TokenSeq, requires_checkpoint: bool = False) -> Match:
+        return self.tree.match(seq, requires_checkpoint)
+
+    def get(self, block_hash: BlockHash) -> Block | None:
+        return self.tree.index.get(block_hash)
+
+    def touch(self, blocks: tuple[Block, ...] | list[Block]) -> None:
+        self.clock += 1
+        for blk in blocks:
+            blk.last_access = self.clock
+            self.policy.on_access(blk)
+
+    def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
+        for blk in blocks:
+            if blk.ref_count == 0 and blk.num_children == 0:
+                self.policy.remove_evictable(blk)
+            blk.ref_count += 1
+
+    def unpin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
+        for blk in blocks:
+            assert blk.ref_count > 0, "unpin without pin"
+            blk.ref_count -= 1
+            if blk.is_evictable:
+                self.policy.add_evictable(blk)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def insert(
+        self,
+        parent: Block,
+        block_hash: BlockHash,
+        token_bytes: bytes,
+        payload: Any,
+        *,
+        extra: bytes = b"",
+        checkpoint: Any = None,
+    ) -> Block | None:
+        """Make a new block resident under ``parent``; None when no room can be made.
+
+        Raises CacheBudgetError, changing nothing, when the block alone exceeds the budget.
+        """
+        nbytes = payload_nbytes(payload) + payload_nbytes(checkpoint)
+        if nbytes > self.budget_bytes:
+            raise CacheBudgetError(
+                f"a block of {nbytes} bytes exceeds the whole RAM budget of {self.budget_bytes} "
+                "bytes; raise --ram-budget or lower --block-size"
+            )
+        block = Block(
+            block_hash,
+            parent,
+            token_bytes,
+            payload=payload,
+            checkpoint=checkpoint,
+            nbytes=nbytes,
+            extra=extra,
+            depth=parent.end,
+        )
+        if not self._make_room(nbytes, protect=parent, candidate=block):
+            self.counters.num_save_skipped_blocks += 1
+            return None
+        if parent.is_evictable:
+            self.policy.remove_evictable(parent)
+        self.tree.add(block)
+        self.used_bytes += nbytes
+        self.clock += 1
+        block.last_access = self.clock
+        self.policy.on_insert(block)
+        self.policy.add_evictable(block)
+        return block
+
+    def attach_checkpoint(self, block: Block, checkpoint: Any) -> bool:
+        """Give a resident block a checkpoint at its end; False when no room can be made."""
+        if block.checkpoint is not None:
+            return True
+        nbytes = payload_nbytes(checkpoint)
+        if block.nbytes + nbytes > self.budget_bytes:
+            raise CacheBudgetError(f"checkpoint of {nbytes} bytes does not fit the RAM budget")
+        if not self._make_room(nbytes, protect=block, candidate=block):
+            self.counters.num_save_skipped_blocks += 1
+            return False
+        block.checkpoint = checkpoint
+        block.nbytes += nbytes
+        self.used_bytes += nbytes
+        return True
+
+    def discard(self, block: Block) -> None:
+        """Drop an evictable block without spilling it (it is redundant)."""
+        assert block.is_evictable
+        self.policy.remove_evictable(block)
+        self._remove(block)
+
+    def root(self, root_hash: BlockHash) -> Block:
+        root = self.tree.root(root_hash, create=True)
+        assert root is not None
+        return root
+
+    def prune_root(self, root_hash: BlockHash) -> None:
+        """Forget a namespace root that holds no blocks (safe to call any time)."""
+        root = self.tree.roots.get(root_hash)
+        if root is not None and root.num_children == 0:
+            del self.tree.roots[root_hash]
+
+    # -- eviction ----------------------------------------------------------------------------
+
+    def _make_room(self, nbytes: int, protect: Block, candidate: Block) -> bool:
+        if self.used_bytes + nbytes <= self.budget_bytes:
+            return True
+        # pin the block being extended so making room never evicts the chain being saved
+        protect.ref_count += 1
+        was_evictable = protect.parent is not None and protect.ref_count == 1 and protect.num_children == 0
+        if was_evictable:
+            self.policy.remove_evictable(protect)
+        try:
+            while self.used_bytes + nbytes > self.budget_bytes:
+                victim = self.policy.pop_victim()
+                if victim is None:
+                    return False
+                if not self.policy.admit(candidate, victim):
+                    self.policy.add_evictable(victim)
+                    return False
+                self._evict(victim)
+            return True
+        finally:
+            protect.ref_count -= 1
+            if protect.is_evictable:
+                self.policy.add_evictable(protect)
+
+    def evict_bytes(self, nbytes: int) -> int:
+        """Evict leaves until ``nbytes`` are freed or nothing is evictable; returns bytes freed."""
+        freed = 0
+        while freed < nbytes:
+            victim = self.policy.pop_victim()
+            if victim is None:
+                break
+            freed += victim.nbytes
+            self._evict(victim)
+        return freed
+
+    def _evict(self, victim: Block) -> None:
+        self._remove(victim)
+        self.counters.num_evictions += 1
+        if self.next_tier.put(BlockRecord.from_block(victim)):
+            self.counters.num_spills += 1
+
+    def _remove(self, block: Block) -> None:
+        parent = block.parent
+        self.tree.remove(block)
+        self.used_bytes -= block.nbytes
+        self.policy.on_evict(block)
+        if parent is not None and parent.is_evictable:
+            self.policy.add_evictable(parent)
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless accounting, reachability, pins and policy agree."""
+        index = self.tree.index
+        held = sum(b.nbytes for b in index.values())
+        assert held == self.used_bytes, f"accounted {self.used_bytes} != held {held}"
+        assert self.used_bytes <= self.budget_bytes, f"{self.used_bytes} over budget {self.budget_bytes}"
+        child_counts: dict[int, int] = {}
+        for blk in index.values():
+            assert blk.ref_count >= 0
+            assert blk.nbytes == payload_nbytes(blk.payload) + payload_nbytes(blk.checkpoint)
+            parent = blk.parent
+            assert parent is not None
+            if parent.parent is None:
+                assert self.tree.roots.get(parent.block_hash) is parent, "orphan root"
+            else:
+                assert index.get(parent.block_hash) is parent, "block unreachable from its root"
+            assert blk in parent.children.get(blk.first_token(), []), "missing child link"
+            assert blk.depth == parent.end
+            child_counts[id(parent)] = child_counts.get(id(parent), 0) + 1
+        for node in list(index.values()) + list(self.tree.roots.values()):
+            assert node.num_children == child_counts.get(id(node), 0), "child count drift"
+        for root in self.tree.roots.values():
+            assert root.num_children > 0, "empty root kept"
+        self.policy.check_integrity({id(b) for b in index.values() if b.is_evictable})

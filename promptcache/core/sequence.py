@@ -1,0 +1,103 @@
+"""A request's token ids, with their block hashes computed lazily and at most once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block, tokens_to_bytes
+
+
+class TokenSeq:
+    """Token ids under one namespace root, split into ``block_size`` blocks.
+
+    ``extras`` maps a token position to extra key bytes (an image digest at its placeholder):
+    the block containing that position hashes them too. Hashes are computed on demand and cached,
+    so a lookup followed by several saves of the same request hashes each block once.
+    """
+
+    __slots__ = ("root", "block_size", "data", "num_tokens", "_extras", "_hashes")
+
+    def __init__(
+        self,
+        root: BlockHash,
+        tokens: Sequence[int] | np.ndarray | bytes,
+        block_size: int,
+        extras: Mapping[int, bytes] | None = None,
+    ) -> None:
+        if block_size <= 0:
+            raise ValueError(f"block_size must be positive, got {block_size}")
+        self.root = root
+        self.block_size = block_size
+        self.data = tokens if isinstance(tokens, bytes) else tokens_to_bytes(tokens)
+        if len(self.data) % TOKEN_BYTES:
+            raise ValueError("token bytes must be a whole number of uint32 ids")
+        self.num_tokens = len(self.data) // TOKEN_BYTES
+        self._extras: dict[int, bytes] = {}
+        for pos, key in (extras or {}).items():
+            if not 0 <= pos < self.num_tokens:
+                raise ValueError(f"extra key position {pos} outside the sequence")
+            block = pos // block_size
+            self._extras[block] = self._extras.get(block, b"") + key
+        self._hashes: list[BlockHash] = []
+
+    def __len__(self) -> int:
+        return self.num_tokens
+
+    @property
+    def num_full_blocks(self) -> int:
+        return self.num_tokens // self.block_size
+
+    def block_bytes(self, start: int, end: int) -> bytes:
+        """Token bytes of positions [start, end)."""
+        return self.data[start * TOKEN_BYTES : end * TOKEN_BYTES]
+
+    def extra(self, block_index: int) -> bytes:
+        return self._extras.get(block_index, b"")
+
+    def token(self, pos: int) -> int:
+        return int.from_bytes(self.data[pos * TOKEN_BYTES : (pos + 1) * TOKEN_BYTES], "little")
+
+    def tokens(self) -> list[int]:
+        return np.frombuffer(self.data, dtype="<u4").tolist()
+
+    def block_hash(self, index: int) -> BlockHash:
+        """Hash of full block ``index`` (0-based); computes and caches all hashes up to it."""
+        hashes = self._hashes
+        b = self.block_size
+        while len(hashes) <= index:
+            i = len(hashes)
+            if (i + 1) * b > self.num_tokens:
+                raise IndexError(f"block {i} is not full")
+            parent = hashes[-1] if hashes else self.root
+            hashes.append(hash_block(parent, self.block_bytes(i * b, (i + 1) * b), self.extra(i)))
+        return hashes[index]
+
+    def parent_hash(self, index: int) -> BlockHash:
+        return self.root if index == 0 else self.block_hash(index - 1)
+
+    def partial_hash(self, end: int) -> BlockHash:
+        """Hash of the partial block that ends at ``end`` (not a block boundary)."""
+        i = end // self.block_size
+        return hash_block(self.parent_hash(i), self.block_bytes(i * self.block_size, end), self.extra(i))
+
+    def extend(self, tokens: Sequence[int] | np.ndarray) -> TokenSeq:
+        """This sequence followed by ``tokens``, keeping the hashes already computed."""
+        out = TokenSeq.__new__(TokenSeq)
+        out.root, out.block_size = self.root, self.block_size
+        out.data = self.data + tokens_to_bytes(tokens)
+        out.num_tokens = len(out.data) // TOKEN_BYTES
+        out._extras = dict(self._extras)
+        out._hashes = list(self._hashes)
+        return out
+
+    def prefix(self, num_tokens: int) -> TokenSeq:
+        """The first ``num_tokens`` tokens, sharing computed hashes."""
+        out = TokenSeq.__new__(TokenSeq)
+        out.root, out.block_size = self.root, self.block_size
+        out.data = self.data[: num_tokens * TOKEN_BYTES]
+        out.num_tokens = num_tokens
+        out._extras = {k: v for k, v in self._extras.items() if k * self.block_size < num_tokens}
+        out._hashes = self._hashes[: num_tokens // self.block_size]
+        return out

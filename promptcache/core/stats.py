@@ -1,0 +1,63 @@
+"""Cache counters and the immutable snapshot the server exposes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from promptcache.core.tree import HIT_KINDS
+
+
+@dataclass(slots=True)
+class Counters:
+    """Mutable counters; only touched under the cache lock."""
+
+    num_lookups: int = 0
+    num_hits: int = 0
+    lookup_tokens: int = 0
+    hit_tokens: int = 0
+    hits_by_kind: dict[str, int] = field(default_factory=lambda: dict.fromkeys(HIT_KINDS, 0))
+    num_saves: int = 0
+    num_saved_blocks: int = 0
+    num_saved_checkpoints: int = 0
+    num_save_skipped_blocks: int = 0  # no room: everything else pinned, or admission refused
+    num_evictions: int = 0
+    num_spills: int = 0
+    num_superseded: int = 0  # partial blocks dropped because a full block now covers them
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    num_lookups: int
+    num_hits: int
+    lookup_tokens: int
+    hit_tokens: int
+    hits_by_kind: dict[str, int]
+    num_saves: int
+    num_saved_blocks: int
+    num_saved_checkpoints: int
+    num_save_skipped_blocks: int
+    num_evictions: int
+    num_spills: int
+    num_superseded: int
+    num_blocks: int
+    num_pinned_blocks: int
+    bytes_by_tier: dict[str, int]
+    ram_budget_bytes: int
+    block_size: int
+    policy: str
+
+    @property
+    def hit_rate(self) -> float:
+        """Token-weighted: prompt tokens served from cache / prompt tokens looked up."""
+        return self.hit_tokens / self.lookup_tokens if self.lookup_tokens else 0.0
+
+    @property
+    def tokens_saved(self) -> int:
+        return self.hit_tokens
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["hit_rate"] = round(self.hit_rate, 6)
+        out["tokens_saved"] = self.tokens_saved
+        return out

@@ -1,0 +1,88 @@
+"""What a RAM tier hands to the tier behind it, and the null tier that drops everything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+from promptcache.core.block import Block
+from promptcache.core.hashing import BlockHash
+
+
+class BlockRecord(NamedTuple):
+    """A block as it leaves a tier: everything needed to store it and chain it again."""
+
+    block_hash: BlockHash
+    parent_hash: BlockHash
+    token_bytes: bytes
+    extra: bytes
+    depth: int
+    payload: Any
+    checkpoint: Any
+    nbytes: int
+    is_seq_end: bool
+
+    @classmethod
+    def from_block(cls, block: Block) -> BlockRecord:
+        assert block.parent is not None
+        return cls(
+            block.block_hash,
+            block.parent.block_hash,
+            block.token_bytes,
+            block.extra,
+            block.depth,
+            block.payload,
+            block.checkpoint,
+            block.nbytes,
+            block.is_seq_end,
+        )
+
+
+class Tier(Protocol):
+    """A lower tier that takes the blocks a RAM tier evicts."""
+
+    name: str
+
+    def put(self, record: BlockRecord) -> bool:
+        """Accept an evicted block. Must not block the caller: it may queue the write or drop the
+        block (returning False). Putting the same hash twice is harmless."""
+
+    def used_bytes(self) -> int:
+        """Bytes this tier holds now."""
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError unless bytes accounted == bytes held <= budget."""
+
+    def close(self) -> None:
+        """Flush what is pending and release resources; safe to call twice."""
+
+
+class NullTier:
+    """Drops every block: eviction from RAM is final."""
+
+    name = "null"
+
+    def put(self, record: BlockRecord) -> bool:
+        return False
+
+    def used_bytes(self) -> int:
+        return 0
+
+    def check_integrity(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_TIERS: dict[str, Callable[..., Tier]] = {"null": NullTier}
+
+
+def register_tier(name: str, factory: Callable[..., Tier]) -> None:
+    _TIERS[name] = factory
+
+
+def make_tier(name: str, **kwargs: Any) -> Tier:
+    if name not in _TIERS:
+        raise ValueError(f"unknown tier {name!r}; known: {', '.join(sorted(_TIERS))}")
+    return _TIERS[name](**kwargs)
