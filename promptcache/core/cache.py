@@ -39,7 +39,9 @@ class Lease:
 
     __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "_cache", "_released")
 
-    def __init__(self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str) -> None:
+    def __init__(
+        self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str
+    ) -> None:
         self.num_tokens = num_tokens
         self.blocks = blocks
         self.kind = kind
@@ -104,7 +106,9 @@ class PromptCache:
         if not isinstance(seq, TokenSeq):
             raise TypeError("expected a TokenSeq from PromptCache.sequence()")
         if seq.block_size != self.block_size:
-            raise ValueError(f"sequence block size {seq.block_size} != cache block size {self.block_size}")
+            raise ValueError(
+                f"sequence block size {seq.block_size} != cache block size {self.block_size}"
+            )
         if seq.num_tokens == 0:
             raise ValueError("cannot look up or save an empty token sequence")
 
@@ -170,7 +174,11 @@ class PromptCache:
                 else:  # another thread evicted it meanwhile
                     payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
                 blk = self.ram.insert(
-                    node, seq.block_hash(i), seq.block_bytes(i * b, (i + 1) * b), payload, extra=seq.extra(i)
+                    node,
+                    seq.block_hash(i),
+                    seq.block_bytes(i * b, (i + 1) * b),
+                    payload,
+                    extra=seq.extra(i),
                 )
                 if blk is None:
                     complete = False
@@ -182,7 +190,9 @@ class PromptCache:
                 node = blk
             last: Block | None = node
             if complete and n > num_full * b:
-                last, is_new = self._save_tail(seq, node, num_full * b, n, slice_positional, checkpoint)
+                last, is_new = self._save_tail(
+                    seq, node, num_full * b, n, slice_positional, checkpoint
+                )
                 if last is not None:
                     path.append(last)
                 if is_new and last is not None:
@@ -190,9 +200,13 @@ class PromptCache:
                     new_bytes += last.nbytes
             if complete and last is not None and last.parent is not None and last.end == n:
                 last.is_seq_end = True
-                if checkpoint is not None and last.checkpoint is None:
-                    if self.ram.attach_checkpoint(last, checkpoint):
-                        self.counters.num_saved_checkpoints += 1
+                has_room = (
+                    checkpoint is not None
+                    and last.checkpoint is None
+                    and self.ram.attach_checkpoint(last, checkpoint)
+                )
+                if has_room:
+                    self.counters.num_saved_checkpoints += 1
             self.ram.touch(path)
             self.ram.prune_root(seq.root)
             self.counters.num_saved_blocks += num_new
@@ -205,7 +219,11 @@ class PromptCache:
         path: list[Block] = []
         for i in range(num_full if node is not None else 0):
             blk = self.ram.get(seq.block_hash(i))
-            if blk is None or blk.parent is not node or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b):
+            if (
+                blk is None
+                or blk.parent is not node
+                or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
+            ):
                 break
             path.append(blk)
             node = blk
@@ -227,10 +245,16 @@ class PromptCache:
             if child.token_bytes == want:
                 return child, False  # same partial block already resident
             covered = common_prefix_tokens(child.token_bytes, want) == end - start
-            if covered and checkpoint is None and child.extra == seq.extra(start // self.block_size):
+            if (
+                covered
+                and checkpoint is None
+                and child.extra == seq.extra(start // self.block_size)
+            ):
                 return None, False  # a longer block already holds these positions
         payload = slice_positional(start, end) if slice_positional else None
-        blk = self.ram.insert(parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size))
+        blk = self.ram.insert(
+            parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size)
+        )
         return blk, blk is not None
 
     def _drop_superseded(self, parent: Block, full: Block) -> None:
@@ -280,7 +304,10 @@ class PromptCache:
                 num_superseded=c.num_superseded,
                 num_blocks=len(index),
                 num_pinned_blocks=sum(1 for b in index.values() if b.ref_count),
-                bytes_by_tier={"ram": self.ram.used_bytes, self.ram.next_tier.name: self.ram.next_tier.used_bytes()},
+                bytes_by_tier={
+                    "ram": self.ram.used_bytes,
+                    self.ram.next_tier.name: self.ram.next_tier.used_bytes(),
+                },
                 ram_budget_bytes=self.ram.budget_bytes,
                 block_size=self.block_size,
                 policy=self.ram.policy.name,

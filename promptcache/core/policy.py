@@ -44,7 +44,9 @@ class EvictionPolicy(Protocol):
 _REGISTRY: dict[str, Callable[[], EvictionPolicy]] = {}
 
 
-def register_policy(name: str) -> Callable[[Callable[[], EvictionPolicy]], Callable[[], EvictionPolicy]]:
+def register_policy(
+    name: str,
+) -> Callable[[Callable[[], EvictionPolicy]], Callable[[], EvictionPolicy]]:
     def wrap(factory: Callable[[], EvictionPolicy]) -> Callable[[], EvictionPolicy]:
         _REGISTRY[name] = factory
         return factory

@@ -34,7 +34,9 @@ class RamTier:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
         self.budget_bytes = budget_bytes
-        self.policy = policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
+        self.policy = (
+            policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
+        )
         self.next_tier: Tier = next_tier or NullTier()
         self.counters = counters or Counters()
         self.tree = PrefixTree()
@@ -155,7 +157,9 @@ class RamTier:
             return True
         # pin the block being extended so making room never evicts the chain being saved
         protect.ref_count += 1
-        was_evictable = protect.parent is not None and protect.ref_count == 1 and protect.num_children == 0
+        was_evictable = (
+            protect.parent is not None and protect.ref_count == 1 and protect.num_children == 0
+        )
         if was_evictable:
             self.policy.remove_evictable(protect)
         try:
@@ -205,7 +209,9 @@ class RamTier:
         index = self.tree.index
         held = sum(b.nbytes for b in index.values())
         assert held == self.used_bytes, f"accounted {self.used_bytes} != held {held}"
-        assert self.used_bytes <= self.budget_bytes, f"{self.used_bytes} over budget {self.budget_bytes}"
+        assert self.used_bytes <= self.budget_bytes, (
+            f"{self.used_bytes} over budget {self.budget_bytes}"
+        )
         child_counts: dict[int, int] = {}
         for blk in index.values():
             assert blk.ref_count >= 0

@@ -80,7 +80,9 @@ class TokenSeq:
     def partial_hash(self, end: int) -> BlockHash:
         """Hash of the partial block that ends at ``end`` (not a block boundary)."""
         i = end // self.block_size
-        return hash_block(self.parent_hash(i), self.block_bytes(i * self.block_size, end), self.extra(i))
+        return hash_block(
+            self.parent_hash(i), self.block_bytes(i * self.block_size, end), self.extra(i)
+        )
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> TokenSeq:
         """This sequence followed by ``tokens``, keeping the hashes already computed."""

@@ -62,7 +62,7 @@ class PrefixTree:
         parent.num_children += 1
 
     def remove(self, block: Block) -> None:
-        """Drop a leaf; a root left without children is dropped too."""
+        """Drop a leaf; an unpinned root left without children is dropped too."""
         assert block.num_children == 0, "only leaves leave the tree"
         parent = block.parent
         assert parent is not None
@@ -73,7 +73,7 @@ class PrefixTree:
         if not siblings:
             del parent.children[first]
         parent.num_children -= 1
-        if parent.parent is None and parent.num_children == 0:
+        if parent.parent is None and parent.num_children == 0 and parent.ref_count == 0:
             self.roots.pop(parent.block_hash, None)
 
     def match(self, seq: TokenSeq, requires_checkpoint: bool = False) -> Match:
@@ -110,9 +110,7 @@ class PrefixTree:
                 if child.extra != extra:
                     continue
                 common = common_prefix_tokens(child.token_bytes, want)
-                if common > tail_len or (
-                    common == tail_len and child.checkpoint is not None and common == child.num_tokens
-                ):
+                if common > tail_len:
                     tail, tail_len = child, common
         matched = pos + tail_len
         if tail is not None:
@@ -120,13 +118,27 @@ class PrefixTree:
         kind = _classify(path, matched, n, tail, tail_len)
 
         if requires_checkpoint:
-            hit = 0
-            used = 0
-            for j, blk in enumerate(path):
-                end = blk.depth + min(blk.num_tokens, matched - blk.depth)
-                if end == blk.end and blk.checkpoint is not None and end <= n - 1:
-                    hit, used = end, j + 1
-            return Match(hit, tuple(path[:used]), kind if hit else "miss", matched)
+            full = path[: len(path) - 1] if tail is not None else path
+            hit, used = 0, 0
+            for j, blk in enumerate(full):
+                if blk.checkpoint is not None and blk.end <= n - 1:
+                    hit, used = blk.end, j + 1
+            # any child of the last full block that matches completely and carries a checkpoint
+            best = None
+            if pos < n:
+                want = seq.block_bytes(pos, min(pos + b, n))
+                for child in node.children.get(seq.token(pos), ()):
+                    if (
+                        child.checkpoint is not None
+                        and child.end <= n - 1
+                        and child.extra == seq.extra(pos // b)
+                        and (best is None or child.num_tokens > best.num_tokens)
+                        and want.startswith(child.token_bytes)
+                    ):
+                        best = child
+            if best is not None:
+                return Match(best.end, (*full, best), kind, matched)
+            return Match(hit, tuple(full[:used]), kind if hit else "miss", matched)
 
         hit = min(matched, n - 1)
         if hit == 0:

@@ -54,7 +54,9 @@ class LruPolicy:
 
     def check_integrity(self, evictable: set[int]) -> None:
         held = {id(b) for b in self._list}
-        assert held == evictable, f"lru holds {len(held)} blocks, tier has {len(evictable)} evictable"
+        assert held == evictable, (
+            f"lru holds {len(held)} blocks, tier has {len(evictable)} evictable"
+        )
         assert len(self._list) == len(held)
 
 

@@ -1,0 +1,36 @@
+"""Payload builders whose content proves which positions and tokens a hit restored."""
+
+import numpy as np
+
+
+def make_slicer(tokens):
+    """Positional payload for [s, e): rows of (token id, position)."""
+    arr = np.asarray(tokens, dtype=np.int64)
+
+    def slice_positional(start, end):
+        return np.stack([arr[start:end], np.arange(start, end)], axis=1)
+
+    return slice_positional
+
+
+def checkpoint_for(tokens, n):
+    """Snapshot state at n: depends on every token before n, like an SSM state."""
+    acc = 0
+    for t in tokens[:n]:
+        acc = (acc * 1_000_003 + int(t) + 1) % (2**61 - 1)
+    return np.array([acc, n], dtype=np.int64)
+
+
+def restored_rows(lease):
+    parts = [payload[:count] for payload, count in lease.segments()]
+    return np.concatenate(parts) if parts else np.zeros((0, 2), dtype=np.int64)
+
+
+def assert_restores(lease, query):
+    """The lease's positional payloads are exactly (query[i], i) for i < num_tokens."""
+    rows = restored_rows(lease)
+    p = lease.num_tokens
+    assert rows.shape[0] == p
+    if p:
+        assert rows[:, 0].tolist() == list(query[:p])
+        assert rows[:, 1].tolist() == list(range(p))
