@@ -65,14 +65,27 @@ class TokenSeq:
     def block_hash(self, index: int) -> BlockHash:
         """Hash of full block ``index`` (0-based); computes and caches all hashes up to it."""
         hashes = self._hashes
-        b = self.block_size
-        while len(hashes) <= index:
-            i = len(hashes)
-            if (i + 1) * b > self.num_tokens:
-                raise IndexError(f"block {i} is not full")
-            parent = hashes[-1] if hashes else self.root
-            hashes.append(hash_block(parent, self.block_bytes(i * b, (i + 1) * b), self.extra(i)))
-        return hashes[index]
+        if index < len(hashes):
+            return hashes[index]
+        if index >= self.num_full_blocks:
+            raise IndexError(f"block {index} is not full")
+        step = self.block_size * TOKEN_BYTES
+        data, extras = self.data, self._extras
+        parent = hashes[-1] if hashes else self.root
+        for i in range(len(hashes), index + 1):
+            parent = hash_block(parent, data[i * step : (i + 1) * step], extras.get(i, b""))
+            hashes.append(parent)
+        return parent
+
+    def full_hashes(self) -> list[BlockHash]:
+        """Hashes of every full block (computed once; the list is shared, do not mutate)."""
+        if self.num_full_blocks:
+            self.block_hash(self.num_full_blocks - 1)
+        return self._hashes
+
+    @property
+    def has_extras(self) -> bool:
+        return bool(self._extras)
 
     def parent_hash(self, index: int) -> BlockHash:
         return self.root if index == 0 else self.block_hash(index - 1)

@@ -89,18 +89,22 @@ class PrefixTree:
         b = seq.block_size
         path: list[Block] = []
         pos = 0
-        for i in range(seq.num_full_blocks):
-            blk = self.index.get(seq.block_hash(i))
+        index_get, data, step = self.index.get, seq.data, b * TOKEN_BYTES
+        has_extras = seq.has_extras
+        off = 0
+        for h in seq.full_hashes():
+            blk = index_get(h)
             if (
                 blk is None
                 or blk.parent is not node
-                or blk.token_bytes != seq.block_bytes(pos, pos + b)
-                or blk.extra != seq.extra(i)
+                or blk.token_bytes != data[off : off + step]
+                or blk.extra != (seq.extra(off // step) if has_extras else b"")
             ):
                 break
             path.append(blk)
             node = blk
-            pos += b
+            off += step
+        pos = len(path) * b
         tail: Block | None = None
         tail_len = 0
         if pos < n:
