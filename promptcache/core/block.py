@@ -24,7 +24,7 @@ def array_nbytes(arr: Any) -> int:
 
 
 def payload_nbytes(payload: Any) -> int:
-    """Bytes of a payload: an array, or None, bytes, or lists/tuples/dicts of those."""
+    """Bytes of a payload: arrays and bytes, nested in lists/tuples/dicts; other leaves count 0."""
     if payload is None:
         return 0
     if isinstance(payload, bytes | bytearray | memoryview):
@@ -35,7 +35,7 @@ def payload_nbytes(payload: Any) -> int:
         return sum(payload_nbytes(p) for p in payload.values())
     if hasattr(payload, "shape") and hasattr(payload, "dtype"):
         return array_nbytes(payload)
-    raise TypeError(f"cannot size payload of type {type(payload).__name__}")
+    return 0  # scalars and small metadata (ints, flags, a device) are not counted
 
 
 @dataclass(slots=True, eq=False)

@@ -122,27 +122,8 @@ class PrefixTree:
         kind = _classify(path, matched, n, tail, tail_len)
 
         if requires_checkpoint:
-            full = path[: len(path) - 1] if tail is not None else path
-            hit, used = 0, 0
-            for j, blk in enumerate(full):
-                if blk.checkpoint is not None and blk.end <= n - 1:
-                    hit, used = blk.end, j + 1
-            # any child of the last full block that matches completely and carries a checkpoint
-            best = None
-            if pos < n:
-                want = seq.block_bytes(pos, min(pos + b, n))
-                for child in node.children.get(seq.token(pos), ()):
-                    if (
-                        child.checkpoint is not None
-                        and child.end <= n - 1
-                        and child.extra == seq.extra(pos // b)
-                        and (best is None or child.num_tokens > best.num_tokens)
-                        and want.startswith(child.token_bytes)
-                    ):
-                        best = child
-            if best is not None:
-                return Match(best.end, (*full, best), kind, matched)
-            return Match(hit, tuple(full[:used]), kind if hit else "miss", matched)
+            full = path[:-1] if tail is not None else path
+            return self._match_checkpoint(seq, full, kind, matched)
 
         hit = min(matched, n - 1)
         if hit == 0:
@@ -151,6 +132,32 @@ class PrefixTree:
         while used and path[used - 1].depth >= hit:
             used -= 1
         return Match(hit, tuple(path[:used]), kind, matched)
+
+    def _match_checkpoint(self, seq: TokenSeq, full: list[Block], kind: str, matched: int) -> Match:
+        """Deepest checkpoint on the matched path: a full block's, or a partial sibling's that
+        ends at a saved sequence's end. Scans levels from the deepest up; stops at the first hit."""
+        n, b = seq.num_tokens, seq.block_size
+        root = self.roots[seq.root]
+        for level in range(len(full), -1, -1):
+            depth = level * b
+            if depth >= n - 1:
+                continue
+            node = full[level - 1] if level else root
+            want = seq.block_bytes(depth, min(depth + b, n - 1))
+            extra = seq.extra(level)
+            best: Block | None = None
+            for child in node.children.get(seq.token(depth), ()):
+                if (
+                    child.checkpoint is not None
+                    and child.end <= n - 1
+                    and child.extra == extra
+                    and (best is None or child.num_tokens > best.num_tokens)
+                    and want.startswith(child.token_bytes)
+                ):
+                    best = child
+            if best is not None:
+                return Match(best.end, (*full[:level], best), kind, matched)
+        return Match(0, (), "miss", matched)
 
 
 def _classify(path: list[Block], matched: int, n: int, tail: Block | None, tail_len: int) -> str:

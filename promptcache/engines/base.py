@@ -1,0 +1,93 @@
+"""What every engine offers the server: one request in, a stream of events out."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class EngineError(ValueError):
+    """A request the engine cannot serve as asked (the server answers 400)."""
+
+
+class PromptTooLongError(EngineError):
+    pass
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+
+    def validate(self) -> None:
+        if self.max_tokens < 1:
+            raise EngineError("max_tokens must be at least 1")
+        if self.temperature < 0:
+            raise EngineError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise EngineError("top_p must be in (0, 1]")
+        if self.top_k < 0:
+            raise EngineError("top_k must be >= 0")
+
+
+@dataclass(slots=True)
+class PrefillDone:
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    hit_kind: str
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class Finished:
+    reason: str  # "stop" | "length" | "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    text: str
+
+
+Event = PrefillDone | TextDelta | Finished
+
+
+class Engine(Protocol):
+    name: str
+    model_id: str
+    max_context: int
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """Prompt token ids for a chat via the model's chat template (generation prompt added)."""
+
+    def encode_text(self, text: str) -> list[int]:
+        """Prompt token ids for a raw completion prompt."""
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tenant: str = "",
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Prefill (reusing the cache), then decode. Yields PrefillDone once, TextDelta per
+        piece of text and Finished last. Raises EngineError before the first event on bad input.
+        Setting ``cancel`` stops decoding at the next token and still yields Finished."""
+
+    def cache_stats(self) -> dict[str, Any]:
+        """The prompt cache's counters as JSON-ready values (empty when the cache is off)."""
+
+    def close(self) -> None:
+        """Flush and release the cache tiers; safe to call twice."""

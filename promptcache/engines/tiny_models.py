@@ -1,0 +1,82 @@
+"""Tiny random-weight models built from a config, one per cache type, for tests and demos.
+
+2 layers, hidden 64, float32 by default. Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TINY_KINDS = ("llama", "gemma3", "mamba", "jamba", "bamba")
+
+
+def tiny_config(kind: str) -> Any:
+    from transformers import BambaConfig, Gemma3TextConfig, JambaConfig, LlamaConfig, MambaConfig
+
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096)  # fmt: skip
+    if kind == "llama":
+        return LlamaConfig(**common)
+    if kind == "gemma3":  # one sliding-window layer (window 16) and one full-attention layer
+        return Gemma3TextConfig(
+            **common,
+            head_dim=16,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+    if kind == "mamba":  # pure SSM
+        return MambaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                           max_position_embeddings=4096)  # fmt: skip
+    if kind == "jamba":  # hybrid: a Mamba layer then an attention layer
+        return JambaConfig(**common, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,
+                           expert_layer_offset=1, num_experts=2, mamba_d_state=8, mamba_expand=2, mamba_dt_rank=8)  # fmt: skip
+    if kind == "bamba":  # Mamba2 + attention
+        return BambaConfig(**common, attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8,
+                           mamba_n_groups=1, mamba_chunk_size=16)  # fmt: skip
+    raise ValueError(f"unknown tiny model kind {kind!r}; known: {', '.join(TINY_KINDS)}")
+
+
+def tiny_model(kind: str, seed: int = 0, dtype: str = "float32") -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(kind))
+    return model.to(getattr(torch, dtype)).eval()
+
+
+class ByteTokenizer:
+    """A tokenizer for tiny models: one token per byte, ids 3.. ; 0 pad, 1 bos, 2 eos.
+
+    Enough for the engine and server paths: encode, decode, a chat template.
+    """
+
+    pad_token_id, bos_token_id, eos_token_id = 0, 1, 2
+    eos_token = "</s>"
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [b + 3 for b in text.encode()]}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return bytes(i - 3 for i in ids if 3 <= i < 259).decode("utf-8", errors="replace")
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: Any = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+    ) -> str:
+        parts = []
+        if tools:
+            parts.append("<tools>" + repr(tools) + "</tools>\n")
+        for m in messages:
+            if m.get("role") not in ("system", "user", "assistant", "tool"):
+                raise ValueError(f"unknown role {m.get('role')!r}")
+            content = m.get("content") or ""
+            if not isinstance(content, str):
+                content = "".join(p.get("text", "") for p in content)
+            parts.append(f"<{m['role']}>{content}</{m['role']}>\n")
+        if add_generation_prompt:
+            parts.append("<assistant>")
+        return "".join(parts)

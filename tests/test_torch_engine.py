@@ -1,0 +1,137 @@
+"""Torch engine on tiny random models of every cache type: cached runs equal uncached runs."""
+
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from promptcache.engines.base import EngineError, PromptTooLongError, SamplingParams  # noqa: E402
+from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
+from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+
+pytestmark = pytest.mark.torch
+CHUNK, BLOCK = 16, 8
+# max |cached - uncached| logit difference allowed when the hit splits the prefill where the
+# uncached run does not. Bamba's own split-vs-full difference is ~2e-4; pure Mamba's is larger
+# (a known limit, README), so Mamba is held to exactness only where the splits coincide.
+TOL = {"llama": 1e-4, "gemma3": 1e-4, "jamba": 1e-4, "bamba": 5e-4, "mamba": None}
+
+
+@pytest.fixture(scope="module", params=list(TOL))
+def engines(request):
+    model = tiny_model(request.param)
+    cached = TorchEngine(
+        model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8, prefill_chunk=CHUNK
+    )
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    return request.param, cached, plain
+
+
+def logits_of(engine, prompt):
+    _, logits, lease, _ = engine.prefill(prompt)
+    cached = (lease.num_tokens, lease.kind) if lease is not None else (0, "off")
+    if lease is not None:
+        lease.release()
+    return logits, cached
+
+
+def test_hits_of_every_kind_match_uncached_logits(engines):
+    kind, cached, plain = engines
+    rng = random.Random(1)
+    base = [rng.randrange(3, 256) for _ in range(45)]
+    logits_of(cached, base)
+    queries = {
+        "exact": base,
+        "prefix": base + [5, 6, 7, 8, 9, 10, 11],
+        "mid_block": base[:37] + [9] * 10,
+        "supersequence": base[:29],
+    }
+    for name, query in queries.items():
+        got, (num_cached, hit_kind) = logits_of(cached, query)
+        want, _ = logits_of(plain, query)
+        assert num_cached > 0, f"{name}: expected a hit"
+        assert hit_kind == name
+        diff = (got - want).abs().max().item()
+        aligned = num_cached % CHUNK == 0
+        tol = TOL[kind] if TOL[kind] is not None else (1e-6 if aligned else float("inf"))
+        assert diff <= max(tol, 1e-6), f"{kind} {name}: cached {num_cached}, max diff {diff}"
+        assert int(got.argmax()) == int(want.argmax()) or not aligned and TOL[kind] is None
+        if cached.layout.requires_checkpoint:
+            assert num_cached in (16, 32, 45), "snapshot hits land on checkpoints"
+        elif name != "exact":
+            assert num_cached == {"prefix": 45, "mid_block": 37, "supersequence": 28}[name]
+    cached.cache.check_integrity()
+
+
+def test_greedy_multi_turn_identical_to_uncached(engines):
+    kind, cached, plain = engines
+    rng = random.Random(2)
+    history = [rng.randrange(3, 256) for _ in range(30)]
+    params = SamplingParams(max_tokens=10)
+    for turn in range(3):
+        a = list(cached.generate(history, params))
+        b = list(plain.generate(history, params))
+        ids_a = [t for ev in a if hasattr(ev, "token_ids") for t in ev.token_ids]
+        ids_b = [t for ev in b if hasattr(ev, "token_ids") for t in ev.token_ids]
+        if TOL[kind] is not None or a[0].cached_tokens % CHUNK == 0:
+            assert ids_a == ids_b, f"{kind} turn {turn}"
+        if turn:
+            assert a[0].cached_tokens >= prev_len, (
+                f"{kind}: turn {turn} should reuse the previous turn"
+            )
+        prev_len = len(history)
+        history = history + ids_b + [rng.randrange(3, 256) for _ in range(5)]
+    cached.cache.check_integrity()
+    assert cached.cache.stats().num_pinned_blocks == 0
+
+
+def test_bad_requests_raise_engine_errors():
+    model = tiny_model("llama")
+    engine = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8, max_context=64)
+    with pytest.raises(EngineError, match="empty"):
+        list(engine.generate([], SamplingParams()))
+    with pytest.raises(PromptTooLongError, match="context"):
+        list(engine.generate(list(range(3, 80)), SamplingParams()))
+    with pytest.raises(EngineError, match="max_tokens"):
+        list(engine.generate([5, 6], SamplingParams(max_tokens=0)))
+    with pytest.raises(EngineError, match="role"):
+        engine.encode_chat([{"role": "wizard", "content": "x"}])
+    engine.cache.check_integrity()
+
+
+def test_sampling_is_seeded_and_stop_strings_cut():
+    model = tiny_model("llama")
+    engine = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8)
+    prompt = engine.encode_text("hello there")
+    p = SamplingParams(max_tokens=20, temperature=0.9, top_p=0.9, top_k=50, seed=7)
+    t1 = list(engine.generate(prompt, p))[-1].text
+    t2 = list(engine.generate(prompt, p))[-1].text
+    assert t1 == t2
+    greedy = list(engine.generate(prompt, SamplingParams(max_tokens=20)))[-1]
+    if len(greedy.text) > 3:
+        stop = greedy.text[2:4]
+        cut = list(engine.generate(prompt, SamplingParams(max_tokens=20, stop=[stop])))[-1]
+        assert cut.reason == "stop" and cut.text == greedy.text[: greedy.text.find(stop)]
+
+
+def test_cancel_stops_and_unpins():
+    import threading
+
+    model = tiny_model("llama")
+    engine = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8)
+    prompt = list(range(3, 60))
+    list(engine.generate(prompt, SamplingParams(max_tokens=2)))
+    cancel = threading.Event()
+    gen = engine.generate(prompt, SamplingParams(max_tokens=50), cancel=cancel)
+    first = next(gen)
+    assert first.cached_tokens > 0 and engine.cache.stats().num_pinned_blocks > 0
+    cancel.set()
+    events = list(gen)
+    assert events[-1].reason == "cancelled"
+    assert engine.cache.stats().num_pinned_blocks == 0
+    # a consumer that walks away mid-stream also unpins
+    gen = engine.generate(prompt, SamplingParams(max_tokens=50))
+    next(gen)
+    gen.close()
+    assert engine.cache.stats().num_pinned_blocks == 0
