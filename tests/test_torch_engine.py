@@ -69,6 +69,7 @@ def test_greedy_multi_turn_identical_to_uncached(engines):
     rng = random.Random(2)
     history = [rng.randrange(3, 256) for _ in range(30)]
     params = SamplingParams(max_tokens=10)
+    prev_len = 0
     for turn in range(3):
         a = list(cached.generate(history, params))
         b = list(plain.generate(history, params))
