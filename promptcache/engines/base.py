@@ -57,6 +57,7 @@ class Finished:
     completion_tokens: int
     cached_tokens: int
     text: str
+    stop_sequence: str | None = None  # the stop string that ended generation, if one did
 
 
 Event = PrefillDone | TextDelta | Finished

@@ -12,7 +12,7 @@ class StopTextStream:
     held back until it resolves. Once a stop string appears, everything from it on is dropped.
     """
 
-    __slots__ = ("_decode", "_stops", "ids", "text", "_emitted", "stopped")
+    __slots__ = ("_decode", "_stops", "ids", "text", "_emitted", "stopped", "matched_stop")
 
     def __init__(self, decode: Callable[[list[int]], str], stop: list[str] | None = None) -> None:
         self._decode = decode
@@ -21,6 +21,7 @@ class StopTextStream:
         self.text = ""  # final text so far (excludes held-back text)
         self._emitted = 0
         self.stopped = False
+        self.matched_stop: str | None = None
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly final text (possibly empty)."""
@@ -28,8 +29,9 @@ class StopTextStream:
             return ""
         self.ids.append(token_id)
         full = self._decode(self.ids)
-        cut = min((i for i in (full.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, s) for s in self._stops if (i := full.find(s)) >= 0]
+        if found:
+            cut, self.matched_stop = min(found)
             self.stopped = True
             return self._emit(full[:cut])
         if full.endswith("\ufffd"):  # a multi-byte character still being generated

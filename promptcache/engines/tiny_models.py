@@ -80,3 +80,47 @@ class ByteTokenizer:
         if add_generation_prompt:
             parts.append("<assistant>")
         return "".join(parts)
+
+
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>tools\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. A prompt cache keeps the state it computed.",
+    "You are a helpful assistant. Answer the user's question about flights, bookings and refunds.",
+    "def add(a, b):\n    return a + b\n# tool call: search_flights(origin='SFO', destination='JFK')",
+]
+
+
+def save_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
+    """Write a tiny random-weight model with a small trained byte-level BPE tokenizer and a
+    ChatML template: an HF-format folder that ``promptcache serve --model`` loads like any other."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>"
+    )
+    fast.chat_template = CHATML_TEMPLATE
+    fast.save_pretrained(folder)
+    config = tiny_config(kind)
+    config.vocab_size = len(fast)
+    config.eos_token_id = fast.eos_token_id
+    import torch
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(folder)
+    return folder

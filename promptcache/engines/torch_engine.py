@@ -227,8 +227,11 @@ class TorchEngine:
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         params.validate()
+        t0 = time.perf_counter()
         with self._lock:
-            t0 = time.perf_counter()
+            if cancel is not None and cancel.is_set():  # the client left while queued
+                yield Finished("cancelled", len(prompt_ids), 0, 0, "")
+                return
             kv, logits, lease, seq = self.prefill(prompt_ids, tenant)
             try:
                 n = len(prompt_ids)
@@ -264,7 +267,7 @@ class TorchEngine:
                 tail = stream.flush()
                 if tail:
                     yield TextDelta(tail, [])
-                yield Finished(reason, n, len(generated), cached, stream.text)
+                yield Finished(reason, n, len(generated), cached, stream.text, stream.matched_stop)
                 # after the reply: feed the last sampled token so the saved state covers prompt +
                 # every generated token, and the next turn hits the assistant's reply too
                 if (

@@ -1,0 +1,168 @@
+"""Command line: ``promptcache serve | bench | replay | cache``.
+
+Every serve flag has an environment variable: --ram-budget is PROMPTCACHE_RAM_BUDGET, and so on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+
+def _env(name: str, default: Any) -> Any:
+    return os.environ.get("PROMPTCACHE_" + name.upper().replace("-", "_"), default)
+
+
+def _flag(p: argparse.ArgumentParser, name: str, default: Any, help: str, type: Any = str) -> None:
+    env = "PROMPTCACHE_" + name.upper().replace("-", "_")
+    value = _env(name, default)
+    p.add_argument(
+        "--" + name,
+        default=type(value) if value is not None else None,
+        type=type,
+        help=f"{help} [env {env}; default {default}]",
+    )
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    _flag(
+        p,
+        "model",
+        None,
+        "HF-format model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)",
+    )
+    _flag(p, "engine", "auto", "auto | torch | mlx")
+    _flag(p, "cache-dir", None, "where the SSD tier keeps block files (default: user cache dir)")
+    _flag(
+        p,
+        "ram-budget",
+        None,
+        "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
+    )
+    _flag(p, "block-size", 64, "tokens per cache block", int)
+    _flag(
+        p,
+        "prefill-chunk",
+        512,
+        "tokens per prefill chunk (the cache saves at each chunk boundary)",
+        int,
+    )
+    _flag(
+        p,
+        "max-context",
+        None,
+        "refuse prompts longer than this many tokens (default: the model's)",
+        int,
+    )
+    _flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
+    _flag(p, "device", "cpu", "torch device: cpu | cuda")
+    _flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
+    no_cache = str(_env("no-cache", "")).lower() in ("1", "true", "yes")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        default=no_cache,
+        help="serve with the prompt cache off (A/B runs) [env PROMPTCACHE_NO_CACHE]",
+    )
+
+
+def engine_from_args(args: argparse.Namespace) -> Any:
+    from promptcache.engines.factory import build_engine
+
+    return build_engine(
+        args.engine,
+        args.model,
+        cache_enabled=not args.no_cache,
+        block_size=args.block_size,
+        ram_budget=args.ram_budget,
+        prefill_chunk=args.prefill_chunk,
+        max_context=args.max_context,
+        dtype=args.dtype,
+        device=args.device,
+        policy=args.policy,
+    )
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from promptcache.server.app import create_app
+    from promptcache.server.state import ServerState
+
+    engine = engine_from_args(args)
+    state = ServerState(engine)
+    cache = (
+        "off"
+        if args.no_cache
+        else f"on (block {args.block_size}, {engine.cache.ram.budget_bytes / 1e6:.0f} MB RAM)"
+    )
+    logging.getLogger("promptcache").info(
+        "serving %s on http://%s:%s, cache %s", state.model_id, args.host, args.port, cache
+    )
+    print(
+        f"promptcache: serving {state.model_id} ({engine.name}) on http://{args.host}:{args.port}  cache {cache}",
+        flush=True,
+    )
+    try:
+        uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from promptcache.bench import run_bench
+
+    return run_bench(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="promptcache", description="LLM inference server with a prompt cache"
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="OpenAI/Anthropic-compatible HTTP server")
+    _flag(serve, "host", "127.0.0.1", "address to listen on")
+    _flag(serve, "port", 8000, "port to listen on", int)
+    _flag(serve, "log-level", "info", "uvicorn log level")
+    add_engine_flags(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="multi-turn TTFT benchmark: cache on vs off vs ideal")
+    add_engine_flags(bench)
+    bench.add_argument(
+        "--conversation",
+        help="a tau-bench trajectory file (JSON); default: a built-in synthetic one",
+    )
+    bench.add_argument("--turns", type=int, default=8, help="turns to run (default 8)")
+    bench.add_argument(
+        "--index", type=int, default=0, help="which trajectory of the file (default 0)"
+    )
+    bench.add_argument(
+        "--max-tokens", type=int, default=32, help="reply tokens per turn (default 32)"
+    )
+    bench.add_argument(
+        "--repeats", type=int, default=3, help="runs per mode; medians are reported (default 3)"
+    )
+    bench.add_argument(
+        "--out", default="bench-out", help="folder for the PNG plot and JSON (default bench-out)"
+    )
+    bench.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""The FastAPI application: routes, error shapes, request counting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from promptcache.engines.base import EngineError
+from promptcache.server import anthropic_api, openai_api
+from promptcache.server.errors import describe_validation, error_response
+from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
+from promptcache.server.state import ServerState
+
+ENDPOINTS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/messages",
+    "/v1/models",
+    "/v1/cache/stats",
+    "/health",
+    "/metrics",
+)
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(title="promptcache", version="0.1.0")
+    app.state.pc = state
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Any) -> Any:
+        response = await call_next(request)
+        path = request.url.path if request.url.path in ENDPOINTS else "other"
+        state.metrics.count_request(path, response.status_code)
+        return response
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation(list(exc.errors()))
+        return error_response(request.url.path, 400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(request.url.path, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(EngineError)
+    async def on_engine(request: Request, exc: EngineError) -> JSONResponse:
+        return error_response(request.url.path, 400, str(exc))
+
+    @app.exception_handler(ValueError)
+    async def on_value(request: Request, exc: ValueError) -> JSONResponse:
+        return error_response(request.url.path, 400, str(exc))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request, body: ChatCompletionRequest) -> Any:
+        return await openai_api.chat_completions(state, request, body)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request, body: CompletionRequest) -> Any:
+        return await openai_api.completions(state, request, body)
+
+    @app.post("/v1/messages")
+    async def messages(request: Request, body: MessagesRequest) -> Any:
+        return await anthropic_api.messages(state, request, body)
+
+    @app.get("/v1/models")
+    async def models() -> Any:
+        return {
+            "object": "list",
+            "data": [
+                {"id": state.model_id, "object": "model", "created": 0, "owned_by": "promptcache"}
+            ],
+        }
+
+    @app.get("/health")
+    async def health() -> Any:
+        return {
+            "status": "ok",
+            "model": state.model_id,
+            "engine": state.engine.name,
+            "cache": bool(state.cache_stats()),
+        }
+
+    @app.get("/v1/cache/stats")
+    async def cache_stats() -> Any:
+        stats = state.cache_stats()
+        return {"enabled": bool(stats), **stats}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(
+            state.metrics.render(state.cache_stats()), media_type="text/plain; version=0.0.4"
+        )
+
+    return app

@@ -1,0 +1,99 @@
+"""Request counters and the Prometheus text exposition (``promptcache_`` names)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+@dataclass(slots=True)
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    num: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        self.num += 1
+        self.total += value
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+
+    def render(self, name: str) -> list[str]:
+        lines = [f"# TYPE {name} histogram"]
+        lines += [
+            f'{name}_bucket{{le="{b}"}} {c}' for b, c in zip(self.buckets, self.counts, strict=True)
+        ]
+        lines += [
+            f'{name}_bucket{{le="+Inf"}} {self.num}',
+            f"{name}_sum {self.total}",
+            f"{name}_count {self.num}",
+        ]
+        return lines
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, int], int] = {}
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+
+    def count_request(self, endpoint: str, status: int) -> None:
+        with self._lock:
+            self.requests[(endpoint, status)] = self.requests.get((endpoint, status), 0) + 1
+
+    def record(self, prompt: int, cached: int, completion: int, ttft_s: float | None) -> None:
+        with self._lock:
+            self.prompt_tokens += prompt
+            self.cached_tokens += cached
+            self.completion_tokens += completion
+            if ttft_s is not None:
+                self.ttft.observe(ttft_s)
+
+    def render(self, cache: dict[str, Any]) -> str:
+        with self._lock:
+            lines = ["# TYPE promptcache_requests_total counter"]
+            for (endpoint, status), n in sorted(self.requests.items()):
+                lines.append(
+                    f'promptcache_requests_total{{endpoint="{endpoint}",status="{status}"}} {n}'
+                )
+            for name, value in (
+                ("prompt_tokens_total", self.prompt_tokens),
+                ("cached_prompt_tokens_total", self.cached_tokens),
+                ("completion_tokens_total", self.completion_tokens),
+            ):
+                lines += [f"# TYPE promptcache_{name} counter", f"promptcache_{name} {value}"]
+            lines += self.ttft.render("promptcache_ttft_seconds")
+        lines += render_cache_stats(cache)
+        return "\n".join(lines) + "\n"
+
+
+def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_") -> list[str]:
+    """Numbers become gauges or counters; dicts of numbers become labelled series."""
+    lines: list[str] = []
+    for key, value in sorted(stats.items()):
+        if isinstance(value, bool) or key in ("block_size",):
+            continue
+        name = prefix + key
+        kind = (
+            "counter"
+            if key.startswith("num_") and key not in ("num_blocks", "num_pinned_blocks")
+            else "gauge"
+        )
+        if isinstance(value, int | float):
+            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+        elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
+            label = "tier" if "tier" in key else "kind"
+            lines.append(f"# TYPE {name} {kind}")
+            lines += [f'{name}{{{label}="{k}"}} {v}' for k, v in value.items()]
+    return lines

@@ -1,0 +1,79 @@
+"""Request bodies at the HTTP edge (pydantic). Unknown fields are accepted and ignored."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ChatMessage(_Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class StreamOptions(_Loose):
+    include_usage: bool = False
+
+
+class _Sampling(_Loose):
+    model: str = ""
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    user: str | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    echo: bool = False
+
+
+class AnthropicBlock(_Loose):
+    type: str
+    text: str | None = None
+
+
+class AnthropicMessage(_Loose):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicTool(_Loose):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] = Field(default_factory=dict)
+
+
+class MessagesRequest(_Loose):
+    model: str = ""
+    max_tokens: int = Field(ge=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[AnthropicBlock] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float = Field(default=1.0, ge=0, le=1)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    stream: bool = False
+    tools: list[AnthropicTool] | None = None
+    metadata: dict[str, Any] | None = None
