@@ -30,7 +30,7 @@ class ServerProcess:
     def start(self, timeout: float = 120) -> "ServerProcess":
         import httpx
 
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
         cmd = [
             sys.executable,
             "-m",

@@ -58,6 +58,7 @@ class Finished:
     cached_tokens: int
     text: str
     stop_sequence: str | None = None  # the stop string that ended generation, if one did
+    completion_ids: list[int] = field(default_factory=list)  # every sampled token, EOS included
 
 
 Event = PrefillDone | TextDelta | Finished

@@ -27,6 +27,7 @@ from promptcache.engines.base import (
 from promptcache.engines.textstream import StopTextStream
 from promptcache.engines.torch_state import (
     LayerLayout,
+    crop_positional,
     describe_layers,
     restore_cache,
     slice_positional,
@@ -117,6 +118,9 @@ class TorchEngine:
             )
         self.cache = cache
         self._lock = threading.Lock()
+        # the last request's live KV and the sequence it covers: a hit that it also covers is
+        # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
+        self._live: tuple[DynamicCache, TokenSeq] | None = None
         forward_args = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in forward_args
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -178,6 +182,18 @@ class TorchEngine:
             take_checkpoint(kv, layout),
         )
 
+    def _reuse_live(self, seq: TokenSeq, hit: int) -> DynamicCache | None:
+        if self._live is None:
+            return None
+        kv, live = self._live
+        if live.root != seq.root or live.num_tokens < hit or live.block_bytes(0, hit) != seq.block_bytes(0, hit):
+            return None
+        if live.num_tokens != hit:
+            if self.layout.snapshot:  # recurrent state cannot be rewound
+                return None
+            crop_positional(kv, self.layout, hit)
+        return kv
+
     def prefill(
         self, prompt_ids: list[int], tenant: str = ""
     ) -> tuple[DynamicCache, torch.Tensor, Lease | None, TokenSeq | None]:
@@ -199,10 +215,11 @@ class TorchEngine:
             seq = self.cache.sequence(prompt_ids, tenant=tenant)
             lease = self.cache.lookup(seq)
             if lease.num_tokens:
-                kv = restore_cache(
+                kv = self._reuse_live(seq, lease.num_tokens) or restore_cache(
                     self.model.config, self.layout, lease.segments(), lease.checkpoint, self.device
                 )
                 start = lease.num_tokens
+        self._live = None  # the live KV is now this request's (or stale)
         try:
             pos = start
             logits = None
@@ -267,7 +284,15 @@ class TorchEngine:
                 tail = stream.flush()
                 if tail:
                     yield TextDelta(tail, [])
-                yield Finished(reason, n, len(generated), cached, stream.text, stream.matched_stop)
+                yield Finished(
+                    reason,
+                    n,
+                    len(generated),
+                    cached,
+                    stream.text,
+                    stream.matched_stop,
+                    list(generated),
+                )
                 # after the reply: feed the last sampled token so the saved state covers prompt +
                 # every generated token, and the next turn hits the assistant's reply too
                 if (
@@ -277,7 +302,9 @@ class TorchEngine:
                     and n + len(generated) < self.max_context
                 ):
                     self._forward(kv, [generated[-1]])
-                    self._save(seq.extend(generated), kv, n + len(generated))
+                    full = seq.extend(generated)
+                    self._save(full, kv, n + len(generated))
+                    self._live = (kv, full)
             finally:
                 if lease is not None:
                     lease.release()

@@ -113,3 +113,12 @@ def restore_cache(
         for k, v in state.items():
             setattr(layer, k, _copy_value(v).to(device) if torch.is_tensor(v) else _copy_value(v))
     return cache
+
+
+def crop_positional(cache: DynamicCache, layout: LayerLayout, length: int) -> None:
+    """Cut every positional layer back to its first ``length`` positions (views, no copy).
+    Only valid for a layout without snapshot layers, or when nothing is cut."""
+    for i in layout.positional:
+        layer = cache.layers[i]
+        layer.keys = layer.keys[:, :, :length, :]
+        layer.values = layer.values[:, :, :length, :]

@@ -1,0 +1,248 @@
+"""`promptcache bench`: multi-turn TTFT with the cache on, off, and the in-memory ideal.
+
+Per turn, in the same process and interleaved (so machine noise hits all modes alike):
+- on: the engine with the prompt cache, generating the reply the client appends;
+- off: the same model, cache off, prefilling the same prompt;
+- ideal: the previous turn's KV (prompt + reply) kept live, cropped to the common prefix and
+  only the new tokens prefilled: what a perfect single-session cache could do.
+Medians over --repeats runs (fresh caches each run). Writes bench.json and ttft.png to --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+SYSTEM_PROMPT = (
+    "You are an airline customer-service agent. Follow the policy strictly. "
+    "Before any action that changes a booking, list the details and get explicit confirmation. "
+    "Only one tool call at a time; never make up information; transfer to a human when the request is out of scope. "
+)
+
+
+def synthetic_conversation(turns: int) -> list[dict[str, Any]]:
+    """A long system prompt, then user and tool turns of a few hundred tokens each."""
+    policy = "\n".join(f"Rule {i}: {SYSTEM_PROMPT}" for i in range(24))
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": policy}]
+    for t in range(turns):
+        if t % 2 == 0:
+            body = (
+                f"Turn {t}: I need to change reservation R{t:04d}. "
+                + "My itinerary has these legs: "
+                + ", ".join(
+                    f"flight HAT{100 + i} from city {i} to city {i + 1} on May {10 + i}"
+                    for i in range(12)
+                )
+            )
+            msgs.append({"role": "user", "content": body})
+        else:
+            rows = [
+                {
+                    "flight": f"HAT{200 + i}",
+                    "seats": {"economy": i, "business": 2 * i},
+                    "price": 100 + 7 * i,
+                }
+                for i in range(10)
+            ]
+            msgs.append({"role": "tool", "content": json.dumps({"turn": t, "results": rows})})
+        msgs.append({"role": "assistant", "content": None})  # the model's reply goes here
+    return msgs
+
+
+def tau_conversation(path: str, index: int) -> list[dict[str, Any]]:
+    """A tau-bench trajectory; recorded assistant messages become slots for the model's replies."""
+    data = json.loads(Path(path).read_text())
+    traj = data[index]["traj"]
+    msgs = []
+    for m in traj:
+        if m["role"] == "assistant":
+            msgs.append({"role": "assistant", "content": None})
+        else:
+            msgs.append({"role": m["role"], "content": str(m.get("content") or "")})
+    return msgs
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class IdealSession:
+    """Keeps one live KV cache across turns: prefill only what the previous turn did not cover."""
+
+    def __init__(self, engine: Any) -> None:
+        from transformers import DynamicCache
+
+        self.engine = engine
+        self.kv = DynamicCache(config=engine.model.config)
+        self.tokens: list[int] = []
+
+    def prefill(self, prompt: list[int]) -> tuple[float, int]:
+        """Seconds to the last token's logits, and how many tokens the live KV already held."""
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        keep = min(_lcp(self.tokens, prompt), len(prompt) - 1)
+        if keep == 0:
+            self.kv = DynamicCache(config=self.engine.model.config)
+        elif keep < len(self.tokens):
+            self.kv.crop(keep)
+        pos = keep
+        chunk = self.engine.prefill_chunk
+        while pos < len(prompt):
+            end = min(len(prompt), (pos // chunk + 1) * chunk)
+            self.engine._forward(self.kv, prompt[pos:end])
+            pos = end
+        self.tokens = list(prompt)
+        return time.perf_counter() - t0, keep
+
+    def feed(self, ids: list[int]) -> None:
+        """The reply: decoded, not timed (it happens after the response in a real server)."""
+        for t in ids:
+            self.engine._forward(self.kv, [t])
+        self.tokens += ids
+
+
+def run_once(
+    model: Any, tokenizer: Any, conv: list[dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    from promptcache.engines.base import Finished, PrefillDone, SamplingParams
+    from promptcache.engines.torch_engine import TorchEngine
+
+    common = dict(
+        block_size=args.block_size, prefill_chunk=args.prefill_chunk, max_context=args.max_context
+    )
+    on = TorchEngine(model, tokenizer, ram_budget=args.ram_budget, **common)
+    off = TorchEngine(model, tokenizer, cache_enabled=False, **common)
+    ideal = IdealSession(off)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    history: list[dict[str, Any]] = []
+    rows = []
+    for msg in conv:
+        if msg["content"] is not None:
+            history.append(msg)
+            continue
+        if len(rows) >= args.turns:
+            break
+        prompt = on.encode_chat(history)
+        events = list(on.generate(prompt, params))
+        pre = next(e for e in events if isinstance(e, PrefillDone))
+        fin = next(e for e in events if isinstance(e, Finished))
+        off_pre = next(
+            e
+            for e in off.generate(prompt, SamplingParams(max_tokens=1))
+            if isinstance(e, PrefillDone)
+        )
+        t_ideal, reused = ideal.prefill(prompt)
+        ideal.feed(fin.completion_ids)
+        rows.append(
+            {
+                "turn": len(rows) + 1,
+                "prompt_tokens": len(prompt),
+                "cached_tokens": pre.cached_tokens,
+                "ideal_reused_tokens": reused,
+                "ttft_on_s": pre.ttft_s,
+                "ttft_off_s": off_pre.ttft_s,
+                "ttft_ideal_s": t_ideal,
+            }
+        )
+        history.append({"role": "assistant", "content": fin.text})
+    on.cache.check_integrity()
+    return rows
+
+
+def summarize(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    out = []
+    for i in range(min(len(r) for r in runs)):
+        row = dict(runs[0][i])
+        for key in ("ttft_on_s", "ttft_off_s", "ttft_ideal_s"):
+            row[key] = statistics.median(r[i][key] for r in runs)
+        row["on_vs_off"] = row["ttft_on_s"] / row["ttft_off_s"]
+        row["on_vs_ideal"] = row["ttft_on_s"] / row["ttft_ideal_s"]
+        out.append(row)
+    return out
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print(
+        "| turn | prompt tok | cached tok | TTFT on (ms) | TTFT off (ms) | TTFT ideal (ms) | on/off | on/ideal |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(
+            f"| {r['turn']} | {r['prompt_tokens']} | {r['cached_tokens']} | {r['ttft_on_s'] * 1e3:.1f} | "
+            f"{r['ttft_off_s'] * 1e3:.1f} | {r['ttft_ideal_s'] * 1e3:.1f} | {r['on_vs_off']:.3f} | {r['on_vs_ideal']:.3f} |"
+        )
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    turns = [r["turn"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key, label in (
+        ("ttft_off_s", "cache off"),
+        ("ttft_on_s", "promptcache"),
+        ("ttft_ideal_s", "ideal (live KV)"),
+    ):
+        ax.plot(turns, [r[key] * 1e3 for r in rows], marker="o", label=label)
+    ax.set_xlabel("turn")
+    ax.set_ylabel("TTFT (ms)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from promptcache.models import resolve_model
+
+    torch.manual_seed(0)
+    path = resolve_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = (
+        AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+        .to(args.device)
+        .eval()
+    )
+    if args.conversation:
+        conv, source = (
+            tau_conversation(args.conversation, args.index),
+            f"{Path(args.conversation).name}[{args.index}]",
+        )
+    else:
+        conv, source = synthetic_conversation(args.turns), "synthetic"
+    runs = []
+    for r in range(args.repeats):
+        print(f"run {r + 1}/{args.repeats} ...", flush=True)
+        runs.append(run_once(model, tokenizer, conv, args))
+    rows = summarize(runs)
+    title = f"{path.name} on {args.device}, {source}, median of {args.repeats}"
+    print(f"\n{title}\n")
+    print_table(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"model": str(path), "conversation": source, "repeats": args.repeats, "block_size": args.block_size,
+            "prefill_chunk": args.prefill_chunk, "max_tokens": args.max_tokens, "threads": torch.get_num_threads()}  # fmt: skip
+    (out / "bench.json").write_text(
+        json.dumps({"meta": meta, "turns": rows, "runs": runs}, indent=2)
+    )
+    plot(rows, out / "ttft.png", title)
+    print(f"\nwrote {out / 'bench.json'} and {out / 'ttft.png'}")
+    return 0
