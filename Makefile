@@ -24,6 +24,7 @@ test: install
 
 bench: install
 	$(BIN)/python benchmarks/core_bench.py
+	$(BIN)/promptcache bench $(if $(wildcard ../shared/data/tau_bench/gpt-4o-airline.json),--conversation ../shared/data/tau_bench/gpt-4o-airline.json) $(ARGS)
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check . && $(BIN)/mypy

@@ -186,7 +186,11 @@ class TorchEngine:
         if self._live is None:
             return None
         kv, live = self._live
-        if live.root != seq.root or live.num_tokens < hit or live.block_bytes(0, hit) != seq.block_bytes(0, hit):
+        if (
+            live.root != seq.root
+            or live.num_tokens < hit
+            or live.block_bytes(0, hit) != seq.block_bytes(0, hit)
+        ):
             return None
         if live.num_tokens != hit:
             if self.layout.snapshot:  # recurrent state cannot be rewound
