@@ -153,7 +153,49 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="bench-out", help="folder for the PNG plot and JSON (default bench-out)"
     )
     bench.set_defaults(func=cmd_bench)
+    replay = sub.add_parser(
+        "replay", help="replay a Mooncake-format trace through the real cache core"
+    )
+    replay.add_argument("trace", help="JSONL: timestamp, input_length, output_length, hash_ids")
+    replay.add_argument(
+        "--capacity-tokens",
+        type=_tokens,
+        required=True,
+        help="RAM tier capacity in tokens (3.1M, 500K or 3100000)",
+    )
+    replay.add_argument(
+        "--policy", default=None, help="eviction policy (default: the best built in)"
+    )
+    replay.add_argument(
+        "--block-size", type=int, default=512, help="cache block size in tokens (default 512)"
+    )
+    replay.add_argument(
+        "--trace-block-tokens", type=int, default=512, help="tokens per trace hash id (default 512)"
+    )
+    replay.add_argument(
+        "--with-output", action="store_true", help="also save output_length generated tokens"
+    )
+    replay.add_argument("--json", action="store_true", help="print one JSON object")
+    replay.set_defaults(func=cmd_replay)
     return parser
+
+
+def _tokens(text: str) -> int:
+    t = text.strip().upper()
+    scale = {"K": 10**3, "M": 10**6, "G": 10**9}.get(t[-1:], 1)
+    try:
+        value = int(float(t[:-1] if scale > 1 else t) * scale)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a token count: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("capacity must be positive")
+    return value
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from promptcache.replay import cmd_replay as run
+
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,11 +1,13 @@
 """Property tests of the core against brute force, with check_integrity() after every step."""
 
 import numpy as np
+import pytest
 from core_helpers import assert_restores, checkpoint_for, make_slicer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.policy import policy_names
 
 BLOCK = 4
 token_lists = st.lists(st.integers(1, 3), min_size=1, max_size=18)
@@ -65,9 +67,13 @@ def brute_force_saved(saved, query, requires_checkpoint):
     return best
 
 
-def run_ops(operations, requires_checkpoint, budget):
+def run_ops(operations, requires_checkpoint, budget, policy=None):
     cache = PromptCache(
-        "prop", block_size=BLOCK, ram_budget=budget, requires_checkpoint=requires_checkpoint
+        "prop",
+        block_size=BLOCK,
+        ram_budget=budget,
+        requires_checkpoint=requires_checkpoint,
+        policy=policy,
     )
     saved, leases = [], []
     for op in operations:
@@ -128,11 +134,12 @@ def test_checkpoints_match_brute_force(operations):
     run_ops(operations, requires_checkpoint=True, budget=10**9)
 
 
+@pytest.mark.parametrize("policy", policy_names())
 @SETTINGS
-@given(ops, st.integers(1, 12))
-def test_under_eviction_pressure(operations, num_blocks):
+@given(operations=ops, num_blocks=st.integers(1, 12))
+def test_under_eviction_pressure(policy, operations, num_blocks):
     # a full block payload is BLOCK rows x 2 int64 = 64 bytes; checkpoints 16 bytes
-    run_ops(operations, requires_checkpoint=False, budget=64 * num_blocks + 16)
+    run_ops(operations, requires_checkpoint=False, budget=64 * num_blocks + 16, policy=policy)
 
 
 @SETTINGS

@@ -124,7 +124,7 @@ class PromptCache:
                 c.num_hits += 1
                 c.hit_tokens += match.num_tokens
                 c.hits_by_kind[match.kind] += 1
-                self.ram.touch(match.blocks)
+                self.ram.touch(match.blocks, is_hit=True)
                 for blk in match.blocks:
                     blk.num_hits += 1
                 self.ram.pin(match.blocks)
@@ -207,7 +207,7 @@ class PromptCache:
                 )
                 if has_room:
                     self.counters.num_saved_checkpoints += 1
-            self.ram.touch(path)
+            self.ram.touch(path, is_hit=False)
             self.ram.prune_root(seq.root)
             self.counters.num_saved_blocks += num_new
             return SaveResult(num_new, new_bytes, self._resident_prefix(seq, n))

@@ -19,8 +19,9 @@ class EvictionPolicy(Protocol):
     def on_insert(self, block: Block) -> None:
         """A new block became resident (called once, before ``add_evictable`` for it)."""
 
-    def on_access(self, block: Block) -> None:
-        """A lookup or save used ``block`` (evictable or not); ``block.last_access`` is already set."""
+    def on_access(self, block: Block, is_hit: bool) -> None:
+        """A lookup hit (``is_hit``) or a save used ``block`` (evictable or not);
+        ``block.last_access`` is already set."""
 
     def add_evictable(self, block: Block) -> None:
         """``block`` became evictable. Never called twice without a ``remove_evictable`` between."""
@@ -54,7 +55,7 @@ def register_policy(
     return wrap
 
 
-DEFAULT_POLICY = "lru"
+DEFAULT_POLICY = "s3fifo"
 
 
 def make_policy(name: str | None = None) -> EvictionPolicy:

@@ -54,11 +54,11 @@ class RamTier:
     def get(self, block_hash: BlockHash) -> Block | None:
         return self.tree.index.get(block_hash)
 
-    def touch(self, blocks: tuple[Block, ...] | list[Block]) -> None:
+    def touch(self, blocks: tuple[Block, ...] | list[Block], is_hit: bool) -> None:
         self.clock += 1
         for blk in blocks:
             blk.last_access = self.clock
-            self.policy.on_access(blk)
+            self.policy.on_access(blk, is_hit)
 
     def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
         for blk in blocks:

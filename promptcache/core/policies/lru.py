@@ -19,7 +19,7 @@ class LruPolicy:
     def on_insert(self, block: Block) -> None:
         pass
 
-    def on_access(self, block: Block) -> None:
+    def on_access(self, block: Block, is_hit: bool) -> None:
         if block.policy_data is self:  # evictable: move to the MRU end
             self._list.remove(block)
             self._list.append(block)

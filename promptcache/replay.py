@@ -1,0 +1,140 @@
+"""`promptcache replay`: a Mooncake-format trace through the real core (hashing, index, RAM tier
+and its eviction policy) with a null engine whose blocks have the right sizes but no data.
+
+Each hash id becomes a deterministic run of T token ids; a request's prompt is its blocks' tokens
+cut to ``input_length``. Before a request is served its prompt is looked up; after, it is saved
+(with ``--with-output``, followed by ``output_length`` generated tokens), as the server would.
+Capacity is in tokens: one token of state accounts one byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from promptcache.core.cache import PromptCache
+
+_U1 = np.dtype("u1")
+
+
+class NullArray:
+    """Stands in for a block's tensors: sized by shape x dtype, holds no data."""
+
+    __slots__ = ("shape",)
+    dtype = _U1
+
+    def __init__(self, num_tokens: int) -> None:
+        self.shape = (num_tokens,)
+
+
+def null_slicer(start: int, end: int) -> NullArray:
+    return NullArray(end - start)
+
+
+class TraceRequest(NamedTuple):
+    timestamp: int
+    input_length: int
+    output_length: int
+    hash_ids: list[int]
+
+
+def read_trace(path: str | Path) -> Iterator[TraceRequest]:
+    with open(path) as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                yield TraceRequest(
+                    int(d.get("timestamp", 0)),
+                    int(d["input_length"]),
+                    int(d.get("output_length", 0)),
+                    list(d["hash_ids"]),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a trace record ({exc})") from None
+
+
+def prompt_tokens(req: TraceRequest, trace_block_tokens: int) -> np.ndarray:
+    """Block h holds token ids h*T .. h*T+T-1 (mod 2**32): distinct runs, same for the same id."""
+    t = trace_block_tokens
+    ids = np.asarray(req.hash_ids, dtype=np.uint64)
+    toks = (ids[:, None] * np.uint64(t) + np.arange(t, dtype=np.uint64)[None, :]).reshape(-1)
+    if req.input_length > toks.size:
+        raise ValueError(
+            f"input_length {req.input_length} exceeds {len(req.hash_ids)} blocks of {t} tokens"
+        )
+    return (toks[: req.input_length] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def output_tokens(index: int, length: int) -> np.ndarray:
+    """Generated tokens: unique to the request (ids above any prompt token's range)."""
+    rng = np.random.default_rng(index)
+    return rng.integers(2**31, 2**32 - 1, size=length, dtype=np.uint32)
+
+
+def replay(
+    requests: list[TraceRequest] | Iterator[TraceRequest],
+    capacity_tokens: int,
+    *,
+    policy: str | None = None,
+    block_size: int = 512,
+    trace_block_tokens: int = 512,
+    with_output: bool = False,
+    check_every: int = 0,
+) -> dict[str, Any]:
+    cache = PromptCache("replay", block_size=block_size, ram_budget=capacity_tokens, policy=policy)
+    t0 = time.perf_counter()
+    num = prompt_total = cached_total = 0
+    for i, req in enumerate(requests):
+        tokens = prompt_tokens(req, trace_block_tokens)
+        seq = cache.sequence(tokens)
+        with cache.lookup(seq) as hit:
+            cached_total += hit.num_tokens
+        prompt_total += seq.num_tokens
+        num += 1
+        if with_output and req.output_length:
+            seq = seq.extend(output_tokens(i, req.output_length))
+        cache.save(seq, None, null_slicer)
+        if check_every and i % check_every == 0:
+            cache.check_integrity()
+    stats = cache.stats()
+    return {
+        "hit_rate": cached_total / prompt_total if prompt_total else 0.0,
+        "requests": num,
+        "prompt_tokens": prompt_total,
+        "cached_tokens": cached_total,
+        "evicted_blocks": stats.num_evictions,
+        "seconds": time.perf_counter() - t0,
+        "policy": stats.policy,
+        "capacity_tokens": capacity_tokens,
+        "block_size": block_size,
+    }
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    try:
+        result = replay(
+            read_trace(args.trace),
+            args.capacity_tokens,
+            policy=args.policy,
+            block_size=args.block_size,
+            trace_block_tokens=args.trace_block_tokens,
+            with_output=args.with_output,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"promptcache replay: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k:>16}: {v:.4f}" if isinstance(v, float) else f"{k:>16}: {v}")
+    return 0
