@@ -50,6 +50,7 @@ class Block:
     nbytes: int = 0  # payload + checkpoint bytes, as accounted by the tier
     extra: bytes = b""
     depth: int = 0  # tokens before this block
+    root: BlockHash = BlockHash(b"")  # the namespace root hash this block descends from
     ref_count: int = 0
     num_children: int = 0
     # children indexed by their first token id; partial blocks are always leaves

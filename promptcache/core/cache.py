@@ -18,6 +18,7 @@ from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.hashing import TOKEN_BYTES, Namespace
 from promptcache.core.policy import EvictionPolicy
+from promptcache.core.promotion import promote
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import CacheStats, Counters
@@ -100,7 +101,11 @@ class PromptCache:
     ) -> TokenSeq:
         """Tokens under this model's namespace for ``tenant``. Raises ValueError on bad ids."""
         root = Namespace(self.model_fingerprint, tenant, salt).root_hash()
-        return TokenSeq(root, tokens, self.block_size, extras)
+        seq = TokenSeq(root, tokens, self.block_size, extras)
+        register = getattr(self.ram.next_tier, "register_namespace", None)
+        if register is not None:
+            register(root, tenant)
+        return seq
 
     def _check_seq(self, seq: TokenSeq) -> None:
         if not isinstance(seq, TokenSeq):
@@ -117,6 +122,10 @@ class PromptCache:
         self._check_seq(seq)
         with self._lock:
             match = self.ram.match(seq, self.requires_checkpoint)
+            tier = self.ram.next_tier
+            if hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1:
+                if promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
+                    match = self.ram.match(seq, self.requires_checkpoint)
             c = self.counters
             c.num_lookups += 1
             c.lookup_tokens += seq.num_tokens
@@ -309,6 +318,7 @@ class PromptCache:
                     self.ram.next_tier.name: self.ram.next_tier.used_bytes(),
                 },
                 ram_budget_bytes=self.ram.budget_bytes,
+                tiers={self.ram.next_tier.name: describe()} if (describe := getattr(self.ram.next_tier, "describe", None)) else {},
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
             )

@@ -104,6 +104,7 @@ class RamTier:
             nbytes=nbytes,
             extra=extra,
             depth=parent.end,
+            root=parent.root if parent.parent is not None else parent.block_hash,
         )
         if not self._make_room(nbytes, protect=parent, candidate=block):
             self.counters.num_save_skipped_blocks += 1
@@ -116,6 +117,8 @@ class RamTier:
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
+        if self.next_tier.write_through:
+            self.next_tier.put(BlockRecord.from_block(block))
         return block
 
     def attach_checkpoint(self, block: Block, checkpoint: Any) -> bool:
@@ -131,7 +134,13 @@ class RamTier:
         block.checkpoint = checkpoint
         block.nbytes += nbytes
         self.used_bytes += nbytes
+        if self.next_tier.write_through:
+            self.next_tier.put(BlockRecord.from_block(block))
         return True
+
+    def reserve(self, nbytes: int, protect: Block) -> bool:
+        """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit."""
+        return nbytes <= self.budget_bytes and self._make_room(nbytes, protect=protect, candidate=protect)
 
     def discard(self, block: Block) -> None:
         """Drop an evictable block without spilling it (it is redundant)."""

@@ -44,6 +44,7 @@ class CacheStats:
     num_pinned_blocks: int
     bytes_by_tier: dict[str, int]
     ram_budget_bytes: int
+    tiers: dict[str, dict[str, Any]]  # lower tiers' own counters (the SSD tier's)
     block_size: int
     policy: str
 

@@ -21,6 +21,7 @@ class BlockRecord(NamedTuple):
     checkpoint: Any
     nbytes: int
     is_seq_end: bool
+    root: BlockHash
 
     @classmethod
     def from_block(cls, block: Block) -> BlockRecord:
@@ -35,6 +36,7 @@ class BlockRecord(NamedTuple):
             block.checkpoint,
             block.nbytes,
             block.is_seq_end,
+            block.root,
         )
 
 
@@ -42,9 +44,10 @@ class Tier(Protocol):
     """A lower tier that takes the blocks a RAM tier evicts."""
 
     name: str
+    write_through: bool  # True: the RAM tier also puts every new block, not only evicted ones
 
     def put(self, record: BlockRecord) -> bool:
-        """Accept an evicted block. Must not block the caller: it may queue the write or drop the
+        """Accept a block (evicted, or new when ``write_through``). Must not block the caller: it may queue the write or drop the
         block (returning False). Putting the same hash twice is harmless."""
 
     def used_bytes(self) -> int:
@@ -61,6 +64,7 @@ class NullTier:
     """Drops every block: eviction from RAM is final."""
 
     name = "null"
+    write_through = False
 
     def put(self, record: BlockRecord) -> bool:
         return False

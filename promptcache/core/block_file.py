@@ -1,0 +1,146 @@
+"""One block (and its checkpoint) as one safetensors file, with a checksum of the tensor bytes.
+
+Writes are atomic: a temp file in the same folder, fsync, rename, fsync the folder; a reader
+never sees a half-written file. Reads verify the header and the checksum before anything is used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+import xxhash
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.hashing import BlockHash
+from promptcache.core.tier import BlockRecord
+
+FORMAT = "promptcache-block"
+FORMAT_VERSION = "1"
+TMP_PREFIX = ".tmp-"
+
+
+class CorruptBlockError(Exception):
+    """A block file whose header, identity or checksum does not hold."""
+
+
+class BlockFileMeta(NamedTuple):
+    block_hash: BlockHash
+    parent_hash: BlockHash
+    root: BlockHash
+    token_bytes: bytes
+    extra: bytes
+    depth: int
+    is_seq_end: bool
+    has_checkpoint: bool
+    payload_nbytes: int
+    model: str
+
+
+def checksum_arrays(arrays: dict[str, np.ndarray]) -> str:
+    h = xxhash.xxh3_128()
+    for name in sorted(arrays):
+        arr = arrays[name]
+        h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
+        h.update(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data)
+    return h.hexdigest()
+
+
+def encode_block(record: BlockRecord, root: BlockHash, model: str, codec: PayloadCodec) -> bytes:
+    arrays, structure = codec.to_arrays(record.payload, record.checkpoint)
+    meta = {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "model": model,
+        "root": root.hex(),
+        "hash": record.block_hash.hex(),
+        "parent": record.parent_hash.hex(),
+        "tokens": record.token_bytes.hex(),
+        "extra": record.extra.hex(),
+        "depth": str(record.depth),
+        "seq_end": "1" if record.is_seq_end else "0",
+        "has_checkpoint": "1" if record.checkpoint is not None else "0",
+        "payload_nbytes": str(record.nbytes),
+        "structure": structure,
+        "checksum": checksum_arrays(arrays),
+    }
+    return st_save(arrays, metadata=meta)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename, fsync the folder. Raises OSError (disk full, read-only...)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_header(data: bytes) -> dict[str, str]:
+    if len(data) < 8:
+        raise CorruptBlockError("file shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8 or n > 100 * 2**20:
+        raise CorruptBlockError("header length past the end of the file")
+    try:
+        header = json.loads(data[8 : 8 + n])
+        meta = header["__metadata__"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptBlockError(f"unreadable header: {exc}") from None
+    if meta.get("format") != FORMAT:
+        raise CorruptBlockError("not a promptcache block file")
+    if meta.get("version") != FORMAT_VERSION:
+        raise CorruptBlockError(f"format version {meta.get('version')!r}, expected {FORMAT_VERSION}")
+    return meta
+
+
+def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
+    try:
+        return BlockFileMeta(
+            BlockHash(bytes.fromhex(meta["hash"])),
+            BlockHash(bytes.fromhex(meta["parent"])),
+            BlockHash(bytes.fromhex(meta["root"])),
+            bytes.fromhex(meta["tokens"]),
+            bytes.fromhex(meta["extra"]),
+            int(meta["depth"]),
+            meta["seq_end"] == "1",
+            meta["has_checkpoint"] == "1",
+            int(meta["payload_nbytes"]),
+            meta["model"],
+        )
+    except (KeyError, ValueError) as exc:
+        raise CorruptBlockError(f"bad metadata: {exc}") from None
+
+
+def decode_block(data: bytes, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
+    """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
+    meta = read_header(data)
+    info = parse_meta(meta)
+    try:
+        arrays = st_load(data)
+    except Exception as exc:
+        raise CorruptBlockError(f"unreadable tensors: {exc}") from None
+    if checksum_arrays(arrays) != meta.get("checksum"):
+        raise CorruptBlockError("checksum mismatch")
+    try:
+        payload, checkpoint = codec.from_arrays(arrays, meta["structure"])
+    except Exception as exc:
+        raise CorruptBlockError(f"cannot rebuild payload: {exc}") from None
+    return info, payload, checkpoint

@@ -1,0 +1,89 @@
+"""Promotion: when the SSD tier holds a longer prefix than RAM, read it back into RAM.
+
+RAM budget is reserved first; if it cannot be reserved the lookup stays a RAM-only hit (a
+promotion failure, counted). Each file's checksum is verified as it is read; a bad block ends
+the promotion there (it is quarantined by the tier).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from promptcache.core.block import Block
+from promptcache.core.block_file import CorruptBlockError
+from promptcache.core.hashing import BlockHash
+from promptcache.core.ram_tier import RamTier
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.ssd_index import Row
+from promptcache.core.ssd_stats import SsdStats
+from promptcache.core.tree import Match, common_prefix_tokens
+
+
+class LookupTier(Protocol):
+    """A lower tier that can be searched and read back (the SSD tier)."""
+
+    stats: SsdStats
+
+    def find_chain(self, seq: TokenSeq, start: int, parent: BlockHash) -> list[Row]: ...
+
+    def read(self, row: Row) -> tuple[object, object]: ...
+
+    def touch(self, rows: list[Row]) -> None: ...
+
+
+def _ram_full_path(ram: RamTier, seq: TokenSeq) -> tuple[Block | None, int]:
+    """Deepest resident full block of ``seq`` (verified) and how many full blocks that is."""
+    node = ram.tree.roots.get(seq.root)
+    b = seq.block_size
+    count = 0
+    for i in range(seq.num_full_blocks if node is not None else 0):
+        blk = ram.get(seq.block_hash(i))
+        if blk is None or blk.parent is not node or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b):
+            break
+        node, count = blk, count + 1
+    return node, count
+
+
+def promote(ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool) -> int:
+    """Copy the SSD continuation of ``seq`` into RAM when it beats ``ram_match``; returns the
+    number of blocks promoted."""
+    n, b = seq.num_tokens, seq.block_size
+    node, start = _ram_full_path(ram, seq)
+    rows = tier.find_chain(seq, start, node.block_hash if node is not None else seq.root)
+    if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
+        keep = 0
+        for j, r in enumerate(rows):
+            complete = common_prefix_tokens(r.token_bytes, seq.block_bytes(r.depth, min(r.depth + b, n))) == len(r.token_bytes) // 4
+            if complete and r.has_checkpoint and r.depth + len(r.token_bytes) // 4 <= n - 1:
+                keep = j + 1
+        rows = rows[:keep]
+    if rows:
+        last = rows[-1]
+        reach = last.depth + common_prefix_tokens(last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n)))
+    if not rows or min(reach, n - 1) <= ram_match.num_tokens:
+        tier.stats.num_misses += 1
+        return 0
+    parent = node if node is not None else ram.root(seq.root)
+    if not ram.reserve(sum(r.payload_nbytes for r in rows), protect=parent):
+        tier.stats.promotion_failures += 1
+        ram.prune_root(seq.root)
+        return 0
+    promoted: list[Row] = []
+    for r in rows:
+        try:
+            payload, checkpoint = tier.read(r)
+        except CorruptBlockError:
+            break
+        existing = ram.get(r.block_hash)
+        blk = existing or ram.insert(parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint)
+        if blk is None:
+            break
+        blk.is_seq_end = blk.is_seq_end or r.is_seq_end
+        promoted.append(r)
+        parent = blk
+    ram.prune_root(seq.root)
+    if promoted:
+        tier.touch(promoted)
+        tier.stats.num_hits += 1
+        tier.stats.num_promoted_blocks += len(promoted)
+    return len(promoted)

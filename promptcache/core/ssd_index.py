@@ -1,0 +1,136 @@
+"""SQLite index of the SSD tier (WAL mode): hash -> parent, tokens, file, sizes, access times.
+
+Lookups walk the chain here without reading tensor data. All methods are thread-safe.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import NamedTuple
+
+from promptcache.core.hashing import BlockHash
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blocks (
+    hash BLOB PRIMARY KEY,
+    parent BLOB NOT NULL,
+    root BLOB NOT NULL,
+    tokens BLOB NOT NULL,
+    extra BLOB NOT NULL,
+    first_token INTEGER NOT NULL,
+    depth INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    file_bytes INTEGER NOT NULL,
+    payload_nbytes INTEGER NOT NULL,
+    has_checkpoint INTEGER NOT NULL,
+    is_seq_end INTEGER NOT NULL,
+    created REAL NOT NULL,
+    last_access REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS blocks_children ON blocks(parent, first_token);
+CREATE INDEX IF NOT EXISTS blocks_access ON blocks(last_access);
+CREATE TABLE IF NOT EXISTS namespaces (root BLOB PRIMARY KEY, tenant TEXT NOT NULL);
+"""
+
+
+class Row(NamedTuple):
+    block_hash: BlockHash
+    parent: BlockHash
+    root: BlockHash
+    token_bytes: bytes
+    extra: bytes
+    first_token: int
+    depth: int
+    path: str
+    file_bytes: int
+    payload_nbytes: int
+    has_checkpoint: bool
+    is_seq_end: bool
+    created: float
+    last_access: float
+
+
+_COLS = "hash, parent, root, tokens, extra, first_token, depth, path, file_bytes, payload_nbytes, has_checkpoint, is_seq_end, created, last_access"
+
+
+def _row(r: tuple) -> Row:  # type: ignore[type-arg]
+    return Row(BlockHash(r[0]), BlockHash(r[1]), BlockHash(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), bool(r[11]), r[12], r[13])
+
+
+class SsdIndex:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def get(self, block_hash: BlockHash) -> Row | None:
+        with self._lock:
+            r = self._db.execute(f"SELECT {_COLS} FROM blocks WHERE hash = ?", (block_hash,)).fetchone()
+        return _row(r) if r else None
+
+    def children(self, parent: BlockHash, first_token: int) -> list[Row]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM blocks WHERE parent = ? AND first_token = ?", (parent, first_token)
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def upsert(self, row: Row) -> None:
+        with self._lock:
+            self._db.execute(f"INSERT OR REPLACE INTO blocks ({_COLS}) VALUES ({','.join('?' * 14)})", row)
+
+    def delete(self, hashes: Iterable[BlockHash]) -> None:
+        with self._lock:
+            self._db.executemany("DELETE FROM blocks WHERE hash = ?", [(h,) for h in hashes])
+
+    def touch(self, hashes: Iterable[BlockHash], now: float) -> None:
+        with self._lock:
+            self._db.executemany("UPDATE blocks SET last_access = ? WHERE hash = ?", [(now, h) for h in hashes])
+
+    def all_rows(self) -> list[Row]:
+        with self._lock:
+            return [_row(r) for r in self._db.execute(f"SELECT {_COLS} FROM blocks").fetchall()]
+
+    def totals(self) -> tuple[int, int]:
+        """(number of blocks, file bytes)."""
+        with self._lock:
+            n, b = self._db.execute("SELECT COUNT(*), COALESCE(SUM(file_bytes), 0) FROM blocks").fetchone()
+        return int(n), int(b)
+
+    def lru_leaves(self, limit: int) -> list[Row]:
+        """Least recently used blocks that no other indexed block names as parent."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM blocks b WHERE NOT EXISTS (SELECT 1 FROM blocks c WHERE c.parent = b.hash) "
+                "ORDER BY last_access LIMIT ?",
+                (limit,),
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def older_than(self, cutoff: float) -> list[Row]:
+        with self._lock:
+            rows = self._db.execute(f"SELECT {_COLS} FROM blocks WHERE last_access < ?", (cutoff,)).fetchall()
+        return [_row(r) for r in rows]
+
+    def set_tenant(self, root: BlockHash, tenant: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO namespaces (root, tenant) VALUES (?, ?)", (root, tenant))
+
+    def tenants(self) -> dict[BlockHash, str]:
+        with self._lock:
+            return {BlockHash(r): t for r, t in self._db.execute("SELECT root, tenant FROM namespaces").fetchall()}
+
+    def clear(self) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM blocks")
+            self._db.execute("DELETE FROM namespaces")

@@ -1,0 +1,327 @@
+"""SSD tier: persistent, crash-safe block store behind the RAM tier.
+
+Every new block is written through in the background (a writer thread, bounded queue; when full,
+writes are dropped and counted, never blocking a request), so a crash keeps what was written.
+Lookups walk the SQLite index; promotion reads files back, verifying checksums. A damaged file
+is moved to ``quarantine/`` and never served.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from promptcache.core.block_file import TMP_PREFIX, CorruptBlockError, decode_block, encode_block, write_atomic
+from promptcache.core.codec import PayloadCodec, TreeCodec
+from promptcache.core.hashing import BlockHash
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.ssd_index import Row, SsdIndex
+from promptcache.core.ssd_stats import SsdStats
+from promptcache.core.tier import BlockRecord
+from promptcache.core.tree import common_prefix_tokens
+
+log = logging.getLogger("promptcache.ssd")
+DEFAULT_SSD_BUDGET = 10 * 10**9
+SUFFIX = ".safetensors"
+
+
+class SsdTier:
+    name = "ssd"
+    write_through = True
+
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        model_fingerprint: str,
+        *,
+        codec: PayloadCodec | None = None,
+        budget_bytes: int = DEFAULT_SSD_BUDGET,
+        retention_s: float | None = None,
+        queue_blocks: int = 64,
+    ) -> None:
+        self.model = model_fingerprint
+        self.root_dir = Path(cache_dir) / model_fingerprint[:16]
+        self.quarantine_dir = self.root_dir / "quarantine"
+        self.codec = codec or TreeCodec()
+        self.budget_bytes = budget_bytes
+        self.retention_s = retention_s
+        self.stats = SsdStats()
+        self._tenants: dict[BlockHash, str] = {}
+        self._pending: set[BlockHash] = set()
+        self._pending_lock = threading.Lock()
+        self._queue: queue.Queue[BlockRecord | None] = queue.Queue(maxsize=queue_blocks)
+        self._closed = False
+        try:
+            self.root_dir.mkdir(parents=True, exist_ok=True)
+            self.index = SsdIndex(self.root_dir / "index.sqlite")
+        except (OSError, Exception) as exc:  # read-only or missing dir: serve from RAM only
+            log.error("SSD tier disabled: cannot open %s: %s", self.root_dir, exc)
+            self.stats.last_error = str(exc)
+            self.index = None  # type: ignore[assignment]
+            self._closed = True
+            return
+        self.reconcile()
+        self._writer = threading.Thread(target=self._write_loop, name="promptcache-ssd-writer", daemon=True)
+        self._writer.start()
+
+    @property
+    def is_enabled(self) -> bool:
+        return self.index is not None
+
+    # -- namespaces --------------------------------------------------------------------------
+
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        if root not in self._tenants and self.index is not None:
+            self._tenants[root] = tenant
+            try:
+                self.index.set_tenant(root, tenant)
+            except Exception as exc:
+                self.stats.write_errors += 1
+                self.stats.last_error = str(exc)
+
+    def _path_for(self, root: BlockHash, block_hash: BlockHash) -> Path:
+        tenant = re.sub(r"[^A-Za-z0-9_.-]", "_", self._tenants.get(root, ""))[:40] or "default"
+        h = block_hash.hex()
+        return self.root_dir / f"{tenant}-{root.hex()[:8]}" / h[:2] / (h + SUFFIX)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def put(self, record: BlockRecord) -> bool:
+        if self._closed:
+            return False
+        with self._pending_lock:
+            if record.block_hash in self._pending:
+                return True
+        row = self.index.get(record.block_hash)
+        if row is not None and (row.has_checkpoint or record.checkpoint is None):
+            return True
+        with self._pending_lock:
+            try:
+                self._queue.put_nowait(record)
+            except queue.Full:
+                self.stats.dropped_writes += 1
+                return False
+            self._pending.add(record.block_hash)
+        return True
+
+    def _write_loop(self) -> None:
+        last_enforce = 0.0
+        while True:
+            record = self._queue.get()
+            if record is None:
+                self._queue.task_done()
+                break
+            try:
+                self._write(record)
+            except Exception as exc:  # disk full, read-only, ...: keep serving from RAM
+                self.stats.write_errors += 1
+                self.stats.last_error = f"{type(exc).__name__}: {exc}"
+                if self.stats.write_errors in (1, 10, 100) or self.stats.write_errors % 1000 == 0:
+                    log.warning("SSD write failed (%d so far): %s", self.stats.write_errors, exc)
+            finally:
+                with self._pending_lock:
+                    self._pending.discard(record.block_hash)
+                self._queue.task_done()
+            if time.monotonic() - last_enforce > 1.0 or self._queue.empty():
+                self.enforce_capacity()
+                last_enforce = time.monotonic()
+
+    def _write(self, record: BlockRecord) -> None:
+        root = record.root
+        path = self._path_for(root, record.block_hash)
+        data = encode_block(record, root, self.model, self.codec)
+        write_atomic(path, data)
+        now = time.time()
+        old = self.index.get(record.block_hash)
+        self.index.upsert(
+            Row(record.block_hash, record.parent_hash, root, record.token_bytes, record.extra,
+                int.from_bytes(record.token_bytes[:4], "little"), record.depth, str(path.relative_to(self.root_dir)),
+                len(data), record.nbytes, record.checkpoint is not None, record.is_seq_end,
+                old.created if old else now, now)  # fmt: skip
+        )
+        self.stats.num_writes += 1
+        self.stats.bytes_written += len(data)
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued write is on disk; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.005)
+        return False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._queue.put(None)
+        self._writer.join(timeout=30)
+        self.index.close()
+
+    # -- capacity ----------------------------------------------------------------------------
+
+    def enforce_capacity(self) -> None:
+        if self.index is None:
+            return
+        if self.retention_s is not None:
+            cutoff = time.time() - self.retention_s
+            while True:
+                old = [r for r in self.index.lru_leaves(256) if r.last_access < cutoff]
+                if not old:
+                    break
+                self._delete(old)
+                self.stats.num_expired += len(old)
+        _, used = self.index.totals()
+        while used > self.budget_bytes:
+            leaves = self.index.lru_leaves(64)
+            if not leaves:
+                break
+            for r in leaves:
+                if used <= self.budget_bytes:
+                    break
+                self._delete([r])
+                self.stats.num_evictions += 1
+                used -= r.file_bytes
+
+    def _delete(self, rows: list[Row]) -> None:
+        for r in rows:
+            (self.root_dir / r.path).unlink(missing_ok=True)
+        self.index.delete(r.block_hash for r in rows)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def find_chain(self, seq: TokenSeq, start: int, parent: BlockHash) -> list[Row]:
+        """Indexed blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``):
+        whole blocks by hash, then the child sharing the longest prefix with what follows."""
+        if self.index is None or self._closed:
+            return []
+        rows: list[Row] = []
+        b, n = seq.block_size, seq.num_tokens
+        for i in range(start, seq.num_full_blocks):
+            r = self.index.get(seq.block_hash(i))
+            if r is None or r.parent != parent or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b) or r.extra != seq.extra(i):
+                break
+            rows.append(r)
+            parent = r.block_hash
+        pos = (start + len(rows)) * b
+        if pos < n:
+            want = seq.block_bytes(pos, min(pos + b, n))
+            best, best_len = None, 0
+            for r in self.index.children(parent, seq.token(pos)):
+                common = common_prefix_tokens(r.token_bytes, want)
+                if r.extra == seq.extra(pos // b) and (common > best_len or (common == best_len and r.has_checkpoint)):
+                    best, best_len = r, common
+            if best is not None:
+                rows.append(best)
+        return rows
+
+    def read(self, row: Row) -> tuple[Any, Any]:
+        """(payload, checkpoint) of an indexed block; a damaged file is quarantined and raises."""
+        t0 = time.perf_counter()
+        path = self.root_dir / row.path
+        try:
+            data = path.read_bytes()
+            info, payload, checkpoint = decode_block(data, self.codec)
+            if info.block_hash != row.block_hash or info.model != self.model or info.token_bytes != row.token_bytes:
+                raise CorruptBlockError("file does not hold the indexed block")
+        except (OSError, CorruptBlockError) as exc:
+            self.quarantine(path, row, str(exc))
+            raise CorruptBlockError(str(exc)) from None
+        self.stats.observe_reload(time.perf_counter() - t0, len(data))
+        return payload, checkpoint
+
+    def touch(self, rows: list[Row]) -> None:
+        try:
+            self.index.touch((r.block_hash for r in rows), time.time())
+        except Exception as exc:
+            self.stats.last_error = str(exc)
+
+    def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
+        log.warning("quarantined %s: %s", path.name, reason)
+        self.stats.num_quarantined += 1
+        try:
+            if path.exists():
+                self.quarantine_dir.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}")
+        except OSError as exc:
+            self.stats.last_error = str(exc)
+        if row is not None:
+            self.index.delete([row.block_hash])
+
+    # -- start-up ----------------------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Drop rows without files, index valid files without rows, remove temp files, and
+        quarantine files whose header, identity or checksum fails."""
+        t0 = time.perf_counter()
+        rows = {r.path: r for r in self.index.all_rows()}
+        on_disk: set[str] = set()
+        for path in self.root_dir.rglob("*"):
+            if not path.is_file() or self.quarantine_dir in path.parents or path.parent == self.root_dir:
+                continue
+            if path.name.startswith(TMP_PREFIX):
+                path.unlink(missing_ok=True)
+                self.stats.num_temp_removed += 1
+                continue
+            if path.suffix != SUFFIX:
+                continue
+            rel = str(path.relative_to(self.root_dir))
+            on_disk.add(rel)
+            if rel not in rows:
+                self._reindex(path, rel)
+        missing = [r for p, r in rows.items() if p not in on_disk]
+        if missing:
+            self.index.delete(r.block_hash for r in missing)
+            self.stats.num_rows_dropped += len(missing)
+        self.stats.reconcile_s = time.perf_counter() - t0
+
+    def _reindex(self, path: Path, rel: str) -> None:
+        try:
+            data = path.read_bytes()
+            info, _, _ = decode_block(data, self.codec)
+            if info.model != self.model:
+                raise CorruptBlockError("file belongs to another model")
+            if path.stem != info.block_hash.hex():
+                raise CorruptBlockError("file name does not match its block hash")
+        except (OSError, CorruptBlockError) as exc:
+            self.quarantine(path, None, str(exc))
+            return
+        now = time.time()
+        self.index.upsert(
+            Row(info.block_hash, info.parent_hash, info.root, info.token_bytes, info.extra,
+                int.from_bytes(info.token_bytes[:4], "little"), info.depth, rel, len(data), info.payload_nbytes,
+                info.has_checkpoint, info.is_seq_end, now, now)  # fmt: skip
+        )
+        self.stats.num_reindexed += 1
+
+    # -- checks ------------------------------------------------------------------------------
+
+    def used_bytes(self) -> int:
+        return self.index.totals()[1] if self.index is not None else 0
+
+    def check_integrity(self) -> None:
+        """Bytes accounted in the index == bytes of the indexed files <= budget (writes flushed)."""
+        if self.index is None:
+            return
+        self.flush()
+        rows = self.index.all_rows()
+        held = 0
+        for r in rows:
+            size = (self.root_dir / r.path).stat().st_size
+            assert size == r.file_bytes, f"{r.path}: {size} bytes on disk, {r.file_bytes} indexed"
+            held += size
+        assert held == self.used_bytes()
+        assert held <= self.budget_bytes, f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
+
+    def describe(self) -> dict[str, Any]:
+        n, used = self.index.totals() if self.index is not None else (0, 0)
+        return {**self.stats.to_dict(), "num_blocks": n, "used_bytes": used, "budget_bytes": self.budget_bytes,
+                "queued_writes": self._queue.qsize(), "enabled": self.index is not None}  # fmt: skip
