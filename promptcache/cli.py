@@ -36,7 +36,20 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "HF-format model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)",
     )
     _flag(p, "engine", "auto", "auto | torch | mlx")
-    _flag(p, "cache-dir", None, "where the SSD tier keeps block files (default: user cache dir)")
+    _flag(
+        p,
+        "cache-dir",
+        None,
+        "where the SSD tier keeps block files (default: <user cache dir>/blocks)",
+    )
+    _flag(p, "ssd-budget", "10GB", "SSD tier size, from real file sizes")
+    _flag(
+        p,
+        "ssd-retention",
+        None,
+        "drop SSD blocks unused for this many seconds (default: never)",
+        float,
+    )
     _flag(
         p,
         "ram-budget",
@@ -68,11 +81,25 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=no_cache,
         help="serve with the prompt cache off (A/B runs) [env PROMPTCACHE_NO_CACHE]",
     )
+    no_ssd = str(_env("no-ssd", "")).lower() in ("1", "true", "yes")
+    p.add_argument(
+        "--no-ssd",
+        action="store_true",
+        default=no_ssd,
+        help="RAM tier only: nothing persists across restarts [env PROMPTCACHE_NO_SSD]",
+    )
+
+
+def default_cache_dir() -> str:
+    from promptcache.models import cache_root
+
+    return str(cache_root() / "blocks")
 
 
 def engine_from_args(args: argparse.Namespace) -> Any:
     from promptcache.engines.factory import build_engine
 
+    ssd_dir = None if args.no_ssd else (args.cache_dir or default_cache_dir())
     return build_engine(
         args.engine,
         args.model,
@@ -84,6 +111,9 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         dtype=args.dtype,
         device=args.device,
         policy=args.policy,
+        ssd_dir=ssd_dir,
+        ssd_budget=args.ssd_budget,
+        ssd_retention=args.ssd_retention,
     )
 
 
@@ -177,7 +207,26 @@ def build_parser() -> argparse.ArgumentParser:
     )
     replay.add_argument("--json", action="store_true", help="print one JSON object")
     replay.set_defaults(func=cmd_replay)
+
+    cache = sub.add_parser(
+        "cache", help="inspect or maintain the SSD tier: stats | ls | verify | clear"
+    )
+    cache.add_argument("action", choices=("stats", "ls", "verify", "clear"))
+    cache.add_argument(
+        "--cache-dir", default=None, help="the serve --cache-dir (default: <user cache dir>/blocks)"
+    )
+    cache.add_argument(
+        "--limit", type=int, default=50, help="ls: at most this many blocks per model"
+    )
+    cache.set_defaults(func=cmd_cache)
     return parser
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from promptcache.cache_cli import run_cache_command
+
+    args.cache_dir = args.cache_dir or default_cache_dir()
+    return run_cache_command(args)
 
 
 def _tokens(text: str) -> int:

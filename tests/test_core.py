@@ -139,6 +139,7 @@ def test_save_adds_only_new_blocks_and_supersedes_partials():
 
 class RecordingTier:
     name = "recording"
+    write_through = False
 
     def __init__(self):
         self.records: list[BlockRecord] = []

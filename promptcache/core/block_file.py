@@ -107,7 +107,9 @@ def read_header(data: bytes) -> dict[str, str]:
     if meta.get("format") != FORMAT:
         raise CorruptBlockError("not a promptcache block file")
     if meta.get("version") != FORMAT_VERSION:
-        raise CorruptBlockError(f"format version {meta.get('version')!r}, expected {FORMAT_VERSION}")
+        raise CorruptBlockError(
+            f"format version {meta.get('version')!r}, expected {FORMAT_VERSION}"
+        )
     return meta
 
 
@@ -129,8 +131,7 @@ def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
         raise CorruptBlockError(f"bad metadata: {exc}") from None
 
 
-def decode_block(data: bytes, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
-    """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
+def _load_checked(data: bytes) -> tuple[dict[str, str], BlockFileMeta, dict[str, np.ndarray]]:
     meta = read_header(data)
     info = parse_meta(meta)
     try:
@@ -139,6 +140,17 @@ def decode_block(data: bytes, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, 
         raise CorruptBlockError(f"unreadable tensors: {exc}") from None
     if checksum_arrays(arrays) != meta.get("checksum"):
         raise CorruptBlockError("checksum mismatch")
+    return meta, info, arrays
+
+
+def check_block(data: bytes) -> BlockFileMeta:
+    """Header and checksum only (no engine codec needed); raises CorruptBlockError."""
+    return _load_checked(data)[1]
+
+
+def decode_block(data: bytes, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
+    """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
+    meta, info, arrays = _load_checked(data)
     try:
         payload, checkpoint = codec.from_arrays(arrays, meta["structure"])
     except Exception as exc:

@@ -123,9 +123,9 @@ class PromptCache:
         with self._lock:
             match = self.ram.match(seq, self.requires_checkpoint)
             tier = self.ram.next_tier
-            if hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1:
-                if promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
-                    match = self.ram.match(seq, self.requires_checkpoint)
+            may_extend = hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1
+            if may_extend and promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
+                match = self.ram.match(seq, self.requires_checkpoint)
             c = self.counters
             c.num_lookups += 1
             c.lookup_tokens += seq.num_tokens
@@ -318,7 +318,9 @@ class PromptCache:
                     self.ram.next_tier.name: self.ram.next_tier.used_bytes(),
                 },
                 ram_budget_bytes=self.ram.budget_bytes,
-                tiers={self.ram.next_tier.name: describe()} if (describe := getattr(self.ram.next_tier, "describe", None)) else {},
+                tiers={self.ram.next_tier.name: describe()}
+                if (describe := getattr(self.ram.next_tier, "describe", None))
+                else {},
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
             )

@@ -38,13 +38,19 @@ def _ram_full_path(ram: RamTier, seq: TokenSeq) -> tuple[Block | None, int]:
     count = 0
     for i in range(seq.num_full_blocks if node is not None else 0):
         blk = ram.get(seq.block_hash(i))
-        if blk is None or blk.parent is not node or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b):
+        if (
+            blk is None
+            or blk.parent is not node
+            or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
+        ):
             break
         node, count = blk, count + 1
     return node, count
 
 
-def promote(ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool) -> int:
+def promote(
+    ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool
+) -> int:
     """Copy the SSD continuation of ``seq`` into RAM when it beats ``ram_match``; returns the
     number of blocks promoted."""
     n, b = seq.num_tokens, seq.block_size
@@ -53,13 +59,18 @@ def promote(ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, req
     if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
         keep = 0
         for j, r in enumerate(rows):
-            complete = common_prefix_tokens(r.token_bytes, seq.block_bytes(r.depth, min(r.depth + b, n))) == len(r.token_bytes) // 4
+            complete = (
+                common_prefix_tokens(r.token_bytes, seq.block_bytes(r.depth, min(r.depth + b, n)))
+                == len(r.token_bytes) // 4
+            )
             if complete and r.has_checkpoint and r.depth + len(r.token_bytes) // 4 <= n - 1:
                 keep = j + 1
         rows = rows[:keep]
     if rows:
         last = rows[-1]
-        reach = last.depth + common_prefix_tokens(last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n)))
+        reach = last.depth + common_prefix_tokens(
+            last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n))
+        )
     if not rows or min(reach, n - 1) <= ram_match.num_tokens:
         tier.stats.num_misses += 1
         return 0
@@ -75,7 +86,9 @@ def promote(ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, req
         except CorruptBlockError:
             break
         existing = ram.get(r.block_hash)
-        blk = existing or ram.insert(parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint)
+        blk = existing or ram.insert(
+            parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint
+        )
         if blk is None:
             break
         blk.is_seq_end = blk.is_seq_end or r.is_seq_end

@@ -140,7 +140,9 @@ class RamTier:
 
     def reserve(self, nbytes: int, protect: Block) -> bool:
         """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit."""
-        return nbytes <= self.budget_bytes and self._make_room(nbytes, protect=protect, candidate=protect)
+        return nbytes <= self.budget_bytes and self._make_room(
+            nbytes, protect=protect, candidate=protect
+        )
 
     def discard(self, block: Block) -> None:
         """Drop an evictable block without spilling it (it is redundant)."""

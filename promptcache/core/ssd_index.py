@@ -9,7 +9,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from promptcache.core.hashing import BlockHash
 
@@ -56,8 +56,23 @@ class Row(NamedTuple):
 _COLS = "hash, parent, root, tokens, extra, first_token, depth, path, file_bytes, payload_nbytes, has_checkpoint, is_seq_end, created, last_access"
 
 
-def _row(r: tuple) -> Row:  # type: ignore[type-arg]
-    return Row(BlockHash(r[0]), BlockHash(r[1]), BlockHash(r[2]), r[3], r[4], r[5], r[6], r[7], r[8], r[9], bool(r[10]), bool(r[11]), r[12], r[13])
+def _row(r: tuple[Any, ...]) -> Row:
+    return Row(
+        BlockHash(r[0]),
+        BlockHash(r[1]),
+        BlockHash(r[2]),
+        r[3],
+        r[4],
+        r[5],
+        r[6],
+        r[7],
+        r[8],
+        r[9],
+        bool(r[10]),
+        bool(r[11]),
+        r[12],
+        r[13],
+    )
 
 
 class SsdIndex:
@@ -75,19 +90,24 @@ class SsdIndex:
 
     def get(self, block_hash: BlockHash) -> Row | None:
         with self._lock:
-            r = self._db.execute(f"SELECT {_COLS} FROM blocks WHERE hash = ?", (block_hash,)).fetchone()
+            r = self._db.execute(
+                f"SELECT {_COLS} FROM blocks WHERE hash = ?", (block_hash,)
+            ).fetchone()
         return _row(r) if r else None
 
     def children(self, parent: BlockHash, first_token: int) -> list[Row]:
         with self._lock:
             rows = self._db.execute(
-                f"SELECT {_COLS} FROM blocks WHERE parent = ? AND first_token = ?", (parent, first_token)
+                f"SELECT {_COLS} FROM blocks WHERE parent = ? AND first_token = ?",
+                (parent, first_token),
             ).fetchall()
         return [_row(r) for r in rows]
 
     def upsert(self, row: Row) -> None:
         with self._lock:
-            self._db.execute(f"INSERT OR REPLACE INTO blocks ({_COLS}) VALUES ({','.join('?' * 14)})", row)
+            self._db.execute(
+                f"INSERT OR REPLACE INTO blocks ({_COLS}) VALUES ({','.join('?' * 14)})", row
+            )
 
     def delete(self, hashes: Iterable[BlockHash]) -> None:
         with self._lock:
@@ -95,7 +115,9 @@ class SsdIndex:
 
     def touch(self, hashes: Iterable[BlockHash], now: float) -> None:
         with self._lock:
-            self._db.executemany("UPDATE blocks SET last_access = ? WHERE hash = ?", [(now, h) for h in hashes])
+            self._db.executemany(
+                "UPDATE blocks SET last_access = ? WHERE hash = ?", [(now, h) for h in hashes]
+            )
 
     def all_rows(self) -> list[Row]:
         with self._lock:
@@ -104,7 +126,9 @@ class SsdIndex:
     def totals(self) -> tuple[int, int]:
         """(number of blocks, file bytes)."""
         with self._lock:
-            n, b = self._db.execute("SELECT COUNT(*), COALESCE(SUM(file_bytes), 0) FROM blocks").fetchone()
+            n, b = self._db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(file_bytes), 0) FROM blocks"
+            ).fetchone()
         return int(n), int(b)
 
     def lru_leaves(self, limit: int) -> list[Row]:
@@ -119,16 +143,23 @@ class SsdIndex:
 
     def older_than(self, cutoff: float) -> list[Row]:
         with self._lock:
-            rows = self._db.execute(f"SELECT {_COLS} FROM blocks WHERE last_access < ?", (cutoff,)).fetchall()
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM blocks WHERE last_access < ?", (cutoff,)
+            ).fetchall()
         return [_row(r) for r in rows]
 
     def set_tenant(self, root: BlockHash, tenant: str) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO namespaces (root, tenant) VALUES (?, ?)", (root, tenant))
+            self._db.execute(
+                "INSERT OR REPLACE INTO namespaces (root, tenant) VALUES (?, ?)", (root, tenant)
+            )
 
     def tenants(self) -> dict[BlockHash, str]:
         with self._lock:
-            return {BlockHash(r): t for r, t in self._db.execute("SELECT root, tenant FROM namespaces").fetchall()}
+            return {
+                BlockHash(r): t
+                for r, t in self._db.execute("SELECT root, tenant FROM namespaces").fetchall()
+            }
 
     def clear(self) -> None:
         with self._lock:

@@ -38,6 +38,11 @@ class SsdStats:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["reload_bytes_per_s"] = self.reload_bytes / self.reload_seconds if self.reload_seconds else 0.0
-        out["reload_histogram"] = {f"le_{b}": c for b, c in zip((*RELOAD_BUCKETS_S, "inf"), self.reload_histogram, strict=True)}
+        out["reload_bytes_per_s"] = (
+            self.reload_bytes / self.reload_seconds if self.reload_seconds else 0.0
+        )
+        out["reload_histogram"] = {
+            f"le_{b}": c
+            for b, c in zip((*RELOAD_BUCKETS_S, "inf"), self.reload_histogram, strict=True)
+        }
         return out

@@ -17,7 +17,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from promptcache.core.block_file import TMP_PREFIX, CorruptBlockError, decode_block, encode_block, write_atomic
+from promptcache.core.block_file import (
+    TMP_PREFIX,
+    CorruptBlockError,
+    check_block,
+    decode_block,
+    encode_block,
+    write_atomic,
+)
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
@@ -67,7 +74,9 @@ class SsdTier:
             self._closed = True
             return
         self.reconcile()
-        self._writer = threading.Thread(target=self._write_loop, name="promptcache-ssd-writer", daemon=True)
+        self._writer = threading.Thread(
+            target=self._write_loop, name="promptcache-ssd-writer", daemon=True
+        )
         self._writer.start()
 
     @property
@@ -140,10 +149,22 @@ class SsdTier:
         now = time.time()
         old = self.index.get(record.block_hash)
         self.index.upsert(
-            Row(record.block_hash, record.parent_hash, root, record.token_bytes, record.extra,
-                int.from_bytes(record.token_bytes[:4], "little"), record.depth, str(path.relative_to(self.root_dir)),
-                len(data), record.nbytes, record.checkpoint is not None, record.is_seq_end,
-                old.created if old else now, now)  # fmt: skip
+            Row(
+                record.block_hash,
+                record.parent_hash,
+                root,
+                record.token_bytes,
+                record.extra,
+                int.from_bytes(record.token_bytes[:4], "little"),
+                record.depth,
+                str(path.relative_to(self.root_dir)),
+                len(data),
+                record.nbytes,
+                record.checkpoint is not None,
+                record.is_seq_end,
+                old.created if old else now,
+                now,
+            )  # fmt: skip
         )
         self.stats.num_writes += 1
         self.stats.bytes_written += len(data)
@@ -207,7 +228,12 @@ class SsdTier:
         b, n = seq.block_size, seq.num_tokens
         for i in range(start, seq.num_full_blocks):
             r = self.index.get(seq.block_hash(i))
-            if r is None or r.parent != parent or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b) or r.extra != seq.extra(i):
+            if (
+                r is None
+                or r.parent != parent
+                or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
+                or r.extra != seq.extra(i)
+            ):
                 break
             rows.append(r)
             parent = r.block_hash
@@ -217,7 +243,9 @@ class SsdTier:
             best, best_len = None, 0
             for r in self.index.children(parent, seq.token(pos)):
                 common = common_prefix_tokens(r.token_bytes, want)
-                if r.extra == seq.extra(pos // b) and (common > best_len or (common == best_len and r.has_checkpoint)):
+                if r.extra == seq.extra(pos // b) and (
+                    common > best_len or (common == best_len and r.has_checkpoint)
+                ):
                     best, best_len = r, common
             if best is not None:
                 rows.append(best)
@@ -230,7 +258,11 @@ class SsdTier:
         try:
             data = path.read_bytes()
             info, payload, checkpoint = decode_block(data, self.codec)
-            if info.block_hash != row.block_hash or info.model != self.model or info.token_bytes != row.token_bytes:
+            if (
+                info.block_hash != row.block_hash
+                or info.model != self.model
+                or info.token_bytes != row.token_bytes
+            ):
                 raise CorruptBlockError("file does not hold the indexed block")
         except (OSError, CorruptBlockError) as exc:
             self.quarantine(path, row, str(exc))
@@ -250,7 +282,9 @@ class SsdTier:
         try:
             if path.exists():
                 self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-                shutil.move(str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}")
+                shutil.move(
+                    str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}"
+                )
         except OSError as exc:
             self.stats.last_error = str(exc)
         if row is not None:
@@ -265,7 +299,11 @@ class SsdTier:
         rows = {r.path: r for r in self.index.all_rows()}
         on_disk: set[str] = set()
         for path in self.root_dir.rglob("*"):
-            if not path.is_file() or self.quarantine_dir in path.parents or path.parent == self.root_dir:
+            if (
+                not path.is_file()
+                or self.quarantine_dir in path.parents
+                or path.parent == self.root_dir
+            ):
                 continue
             if path.name.startswith(TMP_PREFIX):
                 path.unlink(missing_ok=True)
@@ -286,7 +324,7 @@ class SsdTier:
     def _reindex(self, path: Path, rel: str) -> None:
         try:
             data = path.read_bytes()
-            info, _, _ = decode_block(data, self.codec)
+            info = check_block(data)
             if info.model != self.model:
                 raise CorruptBlockError("file belongs to another model")
             if path.stem != info.block_hash.hex():
@@ -296,9 +334,22 @@ class SsdTier:
             return
         now = time.time()
         self.index.upsert(
-            Row(info.block_hash, info.parent_hash, info.root, info.token_bytes, info.extra,
-                int.from_bytes(info.token_bytes[:4], "little"), info.depth, rel, len(data), info.payload_nbytes,
-                info.has_checkpoint, info.is_seq_end, now, now)  # fmt: skip
+            Row(
+                info.block_hash,
+                info.parent_hash,
+                info.root,
+                info.token_bytes,
+                info.extra,
+                int.from_bytes(info.token_bytes[:4], "little"),
+                info.depth,
+                rel,
+                len(data),
+                info.payload_nbytes,
+                info.has_checkpoint,
+                info.is_seq_end,
+                now,
+                now,
+            )  # fmt: skip
         )
         self.stats.num_reindexed += 1
 
@@ -319,7 +370,9 @@ class SsdTier:
             assert size == r.file_bytes, f"{r.path}: {size} bytes on disk, {r.file_bytes} indexed"
             held += size
         assert held == self.used_bytes()
-        assert held <= self.budget_bytes, f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
+        assert held <= self.budget_bytes, (
+            f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
+        )
 
     def describe(self) -> dict[str, Any]:
         n, used = self.index.totals() if self.index is not None else (0, 0)

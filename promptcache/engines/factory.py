@@ -32,7 +32,9 @@ def build_engine(
     dtype: str = "float32",
     device: str = "cpu",
     policy: str | None = None,
-    next_tier: Any = None,
+    ssd_dir: str | None = None,
+    ssd_budget: str | int = "10GB",
+    ssd_retention: float | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
@@ -51,7 +53,9 @@ def build_engine(
             prefill_chunk=prefill_chunk,
             max_context=max_context,
             policy=policy,
-            next_tier=next_tier,
+            ssd_dir=ssd_dir,
+            ssd_budget=ssd_budget,
+            ssd_retention=ssd_retention,
         )
     if kind == "mlx":
         raise SystemExit("the mlx engine is not available in this version yet; use --engine torch")

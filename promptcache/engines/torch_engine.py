@@ -12,9 +12,11 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from promptcache.core.budget import parse_size
 from promptcache.core.cache import Lease, PromptCache
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.ssd_tier import SsdTier
 from promptcache.engines.base import (
     EngineError,
     Event,
@@ -25,6 +27,7 @@ from promptcache.engines.base import (
     TextDelta,
 )
 from promptcache.engines.textstream import StopTextStream
+from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_state import (
     LayerLayout,
     crop_positional,
@@ -91,6 +94,9 @@ class TorchEngine:
         max_context: int | None = None,
         next_tier: Any = None,
         policy: str | None = None,
+        ssd_dir: str | Path | None = None,
+        ssd_budget: int | str = "10GB",
+        ssd_retention: float | None = None,
     ) -> None:
         if prefill_chunk <= 0:
             raise ValueError("prefill_chunk must be positive")
@@ -107,6 +113,14 @@ class TorchEngine:
         self.fingerprint = fingerprint_model(
             config, weights_digest(model), str(self.dtype), self.name
         )
+        if cache is None and cache_enabled and next_tier is None and ssd_dir is not None:
+            next_tier = SsdTier(
+                ssd_dir,
+                self.fingerprint,
+                codec=TorchCodec(self.device),
+                budget_bytes=parse_size(ssd_budget),
+                retention_s=ssd_retention,
+            )
         if cache is None and cache_enabled:
             cache = PromptCache(
                 self.fingerprint,

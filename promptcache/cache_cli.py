@@ -1,0 +1,104 @@
+"""`promptcache cache stats|ls|verify|clear --cache-dir DIR`: inspect and maintain the SSD tier.
+
+Works on the files and the SQLite index directly, no model needed; run it while no server uses
+the folder (``verify`` and ``clear`` move and delete files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from promptcache.core.block_file import CorruptBlockError, check_block
+from promptcache.core.ssd_index import SsdIndex
+
+
+def model_dirs(cache_dir: Path) -> list[Path]:
+    return (
+        sorted(p for p in cache_dir.iterdir() if (p / "index.sqlite").exists())
+        if cache_dir.is_dir()
+        else []
+    )
+
+
+def cmd_stats(cache_dir: Path) -> int:
+    dirs = model_dirs(cache_dir)
+    if not dirs:
+        print(f"no SSD cache under {cache_dir}")
+        return 0
+    print(f"{'model':<18} {'blocks':>8} {'bytes':>14} {'tenants':>8} {'quarantined':>12}")
+    for d in dirs:
+        index = SsdIndex(d / "index.sqlite")
+        n, used = index.totals()
+        quarantined = len(list((d / "quarantine").glob("*"))) if (d / "quarantine").is_dir() else 0
+        print(f"{d.name:<18} {n:>8} {used:>14,} {len(index.tenants()):>8} {quarantined:>12}")
+        index.close()
+    return 0
+
+
+def cmd_ls(cache_dir: Path, limit: int) -> int:
+    for d in model_dirs(cache_dir):
+        index = SsdIndex(d / "index.sqlite")
+        tenants = index.tenants()
+        rows = sorted(index.all_rows(), key=lambda r: -r.last_access)
+        print(f"# model {d.name}: {len(rows)} blocks")
+        print(
+            f"{'hash':<34} {'tenant':<12} {'depth':>7} {'tokens':>6} {'bytes':>10} {'ckpt':>4}  last access"
+        )
+        for r in rows[:limit]:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_access))
+            tenant = tenants.get(r.root, "?") or "(default)"
+            print(
+                f"{r.block_hash.hex():<34} {tenant:<12.12} {r.depth:>7} {len(r.token_bytes) // 4:>6} {r.file_bytes:>10,} {'yes' if r.has_checkpoint else '':>4}  {when}"
+            )
+        index.close()
+    return 0
+
+
+def cmd_verify(cache_dir: Path) -> int:
+    from tqdm import tqdm
+
+    bad = total = 0
+    for d in model_dirs(cache_dir):
+        index = SsdIndex(d / "index.sqlite")
+        rows = index.all_rows()
+        for r in tqdm(rows, desc=f"verifying {d.name}", unit="block"):
+            total += 1
+            path = d / r.path
+            try:
+                info = check_block(path.read_bytes())
+                if info.block_hash != r.block_hash:
+                    raise CorruptBlockError("file does not hold the indexed block")
+            except (OSError, CorruptBlockError) as exc:
+                bad += 1
+                print(f"bad: {r.path}: {exc}")
+                if path.exists():
+                    (d / "quarantine").mkdir(exist_ok=True)
+                    shutil.move(
+                        str(path), d / "quarantine" / f"{path.name}.{int(time.time() * 1000)}"
+                    )
+                index.delete([r.block_hash])
+        index.close()
+    print(f"{total} blocks checked, {bad} bad (quarantined)")
+    return 1 if bad else 0
+
+
+def cmd_clear(cache_dir: Path) -> int:
+    dirs = model_dirs(cache_dir)
+    for d in dirs:
+        shutil.rmtree(d)
+    print(f"cleared {len(dirs)} model cache(s) under {cache_dir}")
+    return 0
+
+
+def run_cache_command(args: argparse.Namespace) -> int:
+    cache_dir = Path(args.cache_dir)
+    if args.action == "stats":
+        return cmd_stats(cache_dir)
+    if args.action == "ls":
+        return cmd_ls(cache_dir, args.limit)
+    if args.action == "verify":
+        return cmd_verify(cache_dir)
+    return cmd_clear(cache_dir)
