@@ -285,19 +285,22 @@ def test_cache_cli_stats_ls_verify_clear(tmp_path):
     data = bytearray(files(tier)[2].read_bytes())
     data[-2] ^= 0xFF
     files(tier)[2].write_bytes(bytes(data))
-    run = lambda *a: subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "promptcache.cli",
-            "cache",
-            *a,
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        ],
-        capture_output=True,
-        text=True,
-    )  # noqa: E731
+
+    def run(*a):
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "promptcache.cli",
+                "cache",
+                *a,
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+
     out = run("stats")
     assert out.returncode == 0 and " 8 " in out.stdout
     out = run("ls")
