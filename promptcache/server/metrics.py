@@ -82,6 +82,10 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
     """Numbers become gauges or counters; dicts of numbers become labelled series."""
     lines: list[str] = []
     for key, value in sorted(stats.items()):
+        if key == "tiers":
+            for tier, tier_stats in value.items():
+                lines += render_cache_stats(tier_stats, f"{prefix}{tier}_")
+            continue
         if isinstance(value, bool) or key in ("block_size",):
             continue
         name = prefix + key
@@ -93,7 +97,7 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
         if isinstance(value, int | float):
             lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
-            label = "tier" if "tier" in key else "kind"
+            label = "tier" if "tier" in key else "le" if "histogram" in key else "kind"
             lines.append(f"# TYPE {name} {kind}")
             lines += [f'{name}{{{label}="{k}"}} {v}' for k, v in value.items()]
     return lines
