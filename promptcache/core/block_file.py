@@ -14,7 +14,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
-from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from promptcache.core.codec import PayloadCodec
@@ -93,17 +92,69 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
-def read_header(data: bytes) -> dict[str, str]:
+_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
+           "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}  # fmt: skip
+
+
+def _split_header(data: bytes | bytearray) -> tuple[dict[str, Any], int]:
     if len(data) < 8:
         raise CorruptBlockError("file shorter than a safetensors header")
     (n,) = struct.unpack("<Q", data[:8])
     if n > len(data) - 8 or n > 100 * 2**20:
         raise CorruptBlockError("header length past the end of the file")
     try:
-        header = json.loads(data[8 : 8 + n])
-        meta = header["__metadata__"]
-    except (ValueError, KeyError, TypeError) as exc:
+        header = json.loads(bytes(data[8 : 8 + n]))
+    except ValueError as exc:
         raise CorruptBlockError(f"unreadable header: {exc}") from None
+    if not isinstance(header, dict):
+        raise CorruptBlockError("unreadable header")
+    return header, 8 + n
+
+
+def load_arrays(
+    data: bytes | bytearray, header: dict[str, Any], start: int
+) -> dict[str, np.ndarray]:
+    """Zero-copy numpy views of the tensors (writable when ``data`` is a bytearray)."""
+    arrays = {}
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = np.dtype(_DTYPES[spec["dtype"]])
+            shape = tuple(int(x) for x in spec["shape"])
+            begin, end = (int(x) for x in spec["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptBlockError(f"bad tensor entry {name!r}: {exc}") from None
+        count = int(np.prod(shape)) if shape else 1
+        if not 0 <= begin <= end <= len(data) - start or end - begin != count * dtype.itemsize:
+            raise CorruptBlockError(f"tensor {name!r} lies outside the file")
+        arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=start + begin).reshape(
+            shape
+        )
+    return arrays
+
+
+def read_file(path: Path) -> bytearray:
+    """The whole file in one read into a buffer that tensors can then view without copying."""
+    with open(path, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        while got < size:
+            n = f.readinto(view[got:])
+            if not n:
+                raise CorruptBlockError("file shrank while being read")
+            got += n
+    return buf
+
+
+def read_header(data: bytes | bytearray) -> dict[str, str]:
+    header, _ = _split_header(data)
+    try:
+        meta = header["__metadata__"]
+    except KeyError:
+        raise CorruptBlockError("unreadable header: no metadata") from None
     if meta.get("format") != FORMAT:
         raise CorruptBlockError("not a promptcache block file")
     if meta.get("version") != FORMAT_VERSION:
@@ -131,24 +182,24 @@ def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
         raise CorruptBlockError(f"bad metadata: {exc}") from None
 
 
-def _load_checked(data: bytes) -> tuple[dict[str, str], BlockFileMeta, dict[str, np.ndarray]]:
+def _load_checked(
+    data: bytes | bytearray,
+) -> tuple[dict[str, str], BlockFileMeta, dict[str, np.ndarray]]:
     meta = read_header(data)
     info = parse_meta(meta)
-    try:
-        arrays = st_load(data)
-    except Exception as exc:
-        raise CorruptBlockError(f"unreadable tensors: {exc}") from None
+    header, start = _split_header(data)
+    arrays = load_arrays(data, header, start)
     if checksum_arrays(arrays) != meta.get("checksum"):
         raise CorruptBlockError("checksum mismatch")
     return meta, info, arrays
 
 
-def check_block(data: bytes) -> BlockFileMeta:
+def check_block(data: bytes | bytearray) -> BlockFileMeta:
     """Header and checksum only (no engine codec needed); raises CorruptBlockError."""
     return _load_checked(data)[1]
 
 
-def decode_block(data: bytes, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
+def decode_block(data: bytes | bytearray, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
     """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
     meta, info, arrays = _load_checked(data)
     try:

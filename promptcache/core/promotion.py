@@ -26,7 +26,7 @@ class LookupTier(Protocol):
 
     def find_chain(self, seq: TokenSeq, start: int, parent: BlockHash) -> list[Row]: ...
 
-    def read(self, row: Row) -> tuple[object, object]: ...
+    def read_many(self, rows: list[Row]) -> list[tuple[object, object] | CorruptBlockError]: ...
 
     def touch(self, rows: list[Row]) -> None: ...
 
@@ -80,11 +80,10 @@ def promote(
         ram.prune_root(seq.root)
         return 0
     promoted: list[Row] = []
-    for r in rows:
-        try:
-            payload, checkpoint = tier.read(r)
-        except CorruptBlockError:
-            break
+    for r, result in zip(rows, tier.read_many(rows), strict=True):
+        if isinstance(result, CorruptBlockError):
+            break  # the hit ends before a damaged block (the tier quarantined it)
+        payload, checkpoint = result
         existing = ram.get(r.block_hash)
         blk = existing or ram.insert(
             parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint

@@ -14,6 +14,7 @@ import re
 import shutil
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from promptcache.core.block_file import (
     check_block,
     decode_block,
     encode_block,
+    read_file,
     write_atomic,
 )
 from promptcache.core.codec import PayloadCodec, TreeCodec
@@ -34,6 +36,7 @@ from promptcache.core.tier import BlockRecord
 from promptcache.core.tree import common_prefix_tokens
 
 log = logging.getLogger("promptcache.ssd")
+_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="promptcache-ssd-read")
 DEFAULT_SSD_BUDGET = 10 * 10**9
 SUFFIX = ".safetensors"
 
@@ -62,6 +65,8 @@ class SsdTier:
         self._tenants: dict[BlockHash, str] = {}
         self._pending: set[BlockHash] = set()
         self._pending_lock = threading.Lock()
+        # files and index rows change together under this lock (writer, eviction, quarantine)
+        self._files_lock = threading.RLock()
         self._queue: queue.Queue[BlockRecord | None] = queue.Queue(maxsize=queue_blocks)
         self._closed = False
         try:
@@ -128,6 +133,10 @@ class SsdTier:
                 break
             try:
                 self._write(record)
+                # the budget holds again before the write counts as done (flush() waits for it)
+                if time.monotonic() - last_enforce > 1.0 or self._queue.empty():
+                    self.enforce_capacity()
+                    last_enforce = time.monotonic()
             except Exception as exc:  # disk full, read-only, ...: keep serving from RAM
                 self.stats.write_errors += 1
                 self.stats.last_error = f"{type(exc).__name__}: {exc}"
@@ -137,14 +146,15 @@ class SsdTier:
                 with self._pending_lock:
                     self._pending.discard(record.block_hash)
                 self._queue.task_done()
-            if time.monotonic() - last_enforce > 1.0 or self._queue.empty():
-                self.enforce_capacity()
-                last_enforce = time.monotonic()
 
     def _write(self, record: BlockRecord) -> None:
         root = record.root
         path = self._path_for(root, record.block_hash)
         data = encode_block(record, root, self.model, self.codec)
+        with self._files_lock:
+            self._write_file(record, root, path, data)
+
+    def _write_file(self, record: BlockRecord, root: BlockHash, path: Path, data: bytes) -> None:
         write_atomic(path, data)
         now = time.time()
         old = self.index.get(record.block_hash)
@@ -192,6 +202,10 @@ class SsdTier:
     def enforce_capacity(self) -> None:
         if self.index is None:
             return
+        with self._files_lock:
+            self._enforce_capacity()
+
+    def _enforce_capacity(self) -> None:
         if self.retention_s is not None:
             cutoff = time.time() - self.retention_s
             while True:
@@ -213,9 +227,10 @@ class SsdTier:
                 used -= r.file_bytes
 
     def _delete(self, rows: list[Row]) -> None:
-        for r in rows:
-            (self.root_dir / r.path).unlink(missing_ok=True)
-        self.index.delete(r.block_hash for r in rows)
+        with self._files_lock:
+            for r in rows:
+                (self.root_dir / r.path).unlink(missing_ok=True)
+            self.index.delete(r.block_hash for r in rows)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -256,7 +271,7 @@ class SsdTier:
         t0 = time.perf_counter()
         path = self.root_dir / row.path
         try:
-            data = path.read_bytes()
+            data = read_file(path)
             info, payload, checkpoint = decode_block(data, self.codec)
             if (
                 info.block_hash != row.block_hash
@@ -270,6 +285,20 @@ class SsdTier:
         self.stats.observe_reload(time.perf_counter() - t0, len(data))
         return payload, checkpoint
 
+    def read_many(self, rows: list[Row]) -> list[tuple[Any, Any] | CorruptBlockError]:
+        """``read`` for each row, several files at once (a few reads in flight beat one at a time
+        on small files); a damaged file's entry is its CorruptBlockError."""
+
+        def one(row: Row) -> tuple[Any, Any] | CorruptBlockError:
+            try:
+                return self.read(row)
+            except CorruptBlockError as exc:
+                return exc
+
+        if len(rows) == 1:
+            return [one(rows[0])]
+        return list(_READERS.map(one, rows))
+
     def touch(self, rows: list[Row]) -> None:
         try:
             self.index.touch((r.block_hash for r in rows), time.time())
@@ -278,6 +307,10 @@ class SsdTier:
 
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
         log.warning("quarantined %s: %s", path.name, reason)
+        with self._files_lock:
+            self._quarantine(path, row)
+
+    def _quarantine(self, path: Path, row: Row | None) -> None:
         self.stats.num_quarantined += 1
         try:
             if path.exists():
@@ -363,13 +396,16 @@ class SsdTier:
         if self.index is None:
             return
         self.flush()
-        rows = self.index.all_rows()
-        held = 0
-        for r in rows:
-            size = (self.root_dir / r.path).stat().st_size
-            assert size == r.file_bytes, f"{r.path}: {size} bytes on disk, {r.file_bytes} indexed"
-            held += size
-        assert held == self.used_bytes()
+        with self._files_lock:
+            rows = self.index.all_rows()
+            held = 0
+            for r in rows:
+                size = (self.root_dir / r.path).stat().st_size
+                assert size == r.file_bytes, (
+                    f"{r.path}: {size} bytes on disk, {r.file_bytes} indexed"
+                )
+                held += size
+            assert held == self.used_bytes()
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
         )
