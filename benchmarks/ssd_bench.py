@@ -112,7 +112,7 @@ def main() -> None:
 
     # decode speed while the writer thread is busy with the prompt's blocks, vs no SSD tier
     rates: dict[str, list[float]] = {"ssd": [], "no_ssd": []}
-    for rep in range(3):
+    for rep in range(5):
         for mode in ("ssd", "no_ssd"):
             cache_dir = base / f"decode-{mode}-{rep}"
             eng = TorchEngine(
@@ -129,7 +129,7 @@ def main() -> None:
             shutil.rmtree(cache_dir, ignore_errors=True)
     med = {k: statistics.median(v) for k, v in rates.items()}
     results["decode"] = {"tokens_per_s": med, "runs": rates, "ratio": med["ssd"] / med["no_ssd"]}
-    print(f"\ndecode after a 4096-token prefill (64 tokens, median of 3): with SSD writes {med['ssd']:.1f} tok/s, "
+    print(f"\ndecode after a 4096-token prefill (64 tokens, median of 5): with SSD writes {med['ssd']:.1f} tok/s, "
           f"without {med['no_ssd']:.1f} tok/s, ratio {med['ssd'] / med['no_ssd']:.3f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

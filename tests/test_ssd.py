@@ -312,25 +312,34 @@ def test_cache_cli_stats_ls_verify_clear(tmp_path):
     assert not list(Path(tmp_path / "cache").rglob("*.safetensors"))
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or sys.platform != "linux", reason="needs root to mount a tmpfs")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or sys.platform != "linux", reason="needs root to mount a tmpfs"
+)
 def test_read_only_cache_dir(tmp_path):
     mnt = tmp_path / "ro"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
+    ).returncode:
         pytest.skip("tmpfs mount not permitted here")
     try:
         cache, tier = make_cache(mnt)
         a = list(range(1, 33))
         save(cache, a)
         cache.close()
-        assert subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode == 0
+        assert (
+            subprocess.run(["mount", "-o", "remount,ro", str(mnt)], capture_output=True).returncode
+            == 0
+        )
         cache, tier = make_cache(mnt)
         b = list(range(100, 133))
         save(cache, b)  # cannot be written: the RAM tier still serves it
         with cache.lookup(cache.sequence(b)) as hit:
             assert hit.num_tokens == len(b) - 1
             assert_restores(hit, b)
-        with cache.lookup(cache.sequence(a + [1])) as hit:  # what was written before is still served, or nothing
+        with cache.lookup(
+            cache.sequence(a + [1])
+        ) as hit:  # what was written before is still served, or nothing
             assert_restores(hit, a + [1])
         if tier.index is not None:
             tier.flush()
