@@ -96,10 +96,26 @@ _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4",
            "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}  # fmt: skip
 
 
-def _split_header(data: bytes | bytearray) -> tuple[dict[str, Any], int]:
+Buffer = bytes | bytearray | np.ndarray
+
+
+def prefetch_files(paths: list[Path]) -> None:
+    """Ask the kernel to start reading these files now (readahead for a batch of reads)."""
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        finally:
+            os.close(fd)
+
+
+def _split_header(data: Buffer) -> tuple[dict[str, Any], int]:
     if len(data) < 8:
         raise CorruptBlockError("file shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", data[:8])
+    (n,) = struct.unpack("<Q", bytes(data[:8]))
     if n > len(data) - 8 or n > 100 * 2**20:
         raise CorruptBlockError("header length past the end of the file")
     try:
@@ -111,9 +127,7 @@ def _split_header(data: bytes | bytearray) -> tuple[dict[str, Any], int]:
     return header, 8 + n
 
 
-def load_arrays(
-    data: bytes | bytearray, header: dict[str, Any], start: int
-) -> dict[str, np.ndarray]:
+def load_arrays(data: Buffer, header: dict[str, Any], start: int) -> dict[str, np.ndarray]:
     """Zero-copy numpy views of the tensors (writable when ``data`` is a bytearray)."""
     arrays = {}
     for name, spec in header.items():
@@ -134,12 +148,13 @@ def load_arrays(
     return arrays
 
 
-def read_file(path: Path) -> bytearray:
-    """The whole file in one read into a buffer that tensors can then view without copying."""
+def read_file(path: Path) -> np.ndarray:
+    """The whole file, read into a fresh writable buffer that tensors then view without copying.
+    (np.empty, not bytearray: no user-space zero-fill of memory the read overwrites anyway.)"""
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        buf = bytearray(size)
-        view = memoryview(buf)
+        buf = np.empty(size, dtype=np.uint8)
+        view = buf.data
         got = 0
         while got < size:
             n = f.readinto(view[got:])
@@ -149,7 +164,7 @@ def read_file(path: Path) -> bytearray:
     return buf
 
 
-def read_header(data: bytes | bytearray) -> dict[str, str]:
+def read_header(data: Buffer) -> dict[str, str]:
     header, _ = _split_header(data)
     try:
         meta = header["__metadata__"]
@@ -183,7 +198,7 @@ def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
 
 
 def _load_checked(
-    data: bytes | bytearray,
+    data: Buffer,
 ) -> tuple[dict[str, str], BlockFileMeta, dict[str, np.ndarray]]:
     meta = read_header(data)
     info = parse_meta(meta)
@@ -194,12 +209,12 @@ def _load_checked(
     return meta, info, arrays
 
 
-def check_block(data: bytes | bytearray) -> BlockFileMeta:
+def check_block(data: Buffer) -> BlockFileMeta:
     """Header and checksum only (no engine codec needed); raises CorruptBlockError."""
     return _load_checked(data)[1]
 
 
-def decode_block(data: bytes | bytearray, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
+def decode_block(data: Buffer, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
     """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
     meta, info, arrays = _load_checked(data)
     try:

@@ -24,6 +24,7 @@ from promptcache.core.block_file import (
     check_block,
     decode_block,
     encode_block,
+    prefetch_files,
     read_file,
     write_atomic,
 )
@@ -36,7 +37,7 @@ from promptcache.core.tier import BlockRecord
 from promptcache.core.tree import common_prefix_tokens
 
 log = logging.getLogger("promptcache.ssd")
-_READERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="promptcache-ssd-read")
+_READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 DEFAULT_SSD_BUDGET = 10 * 10**9
 SUFFIX = ".safetensors"
 
@@ -295,6 +296,7 @@ class SsdTier:
                 return exc
 
         t0 = time.perf_counter()
+        prefetch_files([self.root_dir / r.path for r in rows])
         out = [one(rows[0])] if len(rows) == 1 else list(_READERS.map(one, rows))
         nbytes = sum(
             r.file_bytes for r, res in zip(rows, out, strict=True) if not isinstance(res, Exception)
