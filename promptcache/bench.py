@@ -111,10 +111,32 @@ class IdealSession:
         self.tokens += ids
 
 
+def measure(
+    mode: str, on: Any, off: Any, ideal: IdealSession, prompt: list[int], params: Any
+) -> dict[str, Any]:
+    from promptcache.engines.base import Finished, PrefillDone, SamplingParams
+
+    if mode == "on":
+        events = list(on.generate(prompt, params))
+        return {
+            "pre": next(e for e in events if isinstance(e, PrefillDone)),
+            "fin": next(e for e in events if isinstance(e, Finished)),
+        }
+    if mode == "off":
+        return {
+            "off": next(
+                e
+                for e in off.generate(prompt, SamplingParams(max_tokens=1))
+                if isinstance(e, PrefillDone)
+            )
+        }
+    return {"ideal": ideal.prefill(prompt)}
+
+
 def run_once(
     model: Any, tokenizer: Any, conv: list[dict[str, Any]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
-    from promptcache.engines.base import Finished, PrefillDone, SamplingParams
+    from promptcache.engines.base import SamplingParams
     from promptcache.engines.torch_engine import TorchEngine
 
     common = dict(
@@ -133,15 +155,14 @@ def run_once(
         if len(rows) >= args.turns:
             break
         prompt = on.encode_chat(history)
-        events = list(on.generate(prompt, params))
-        pre = next(e for e in events if isinstance(e, PrefillDone))
-        fin = next(e for e in events if isinstance(e, Finished))
-        off_pre = next(
-            e
-            for e in off.generate(prompt, SamplingParams(max_tokens=1))
-            if isinstance(e, PrefillDone)
-        )
-        t_ideal, reused = ideal.prefill(prompt)
+        # rotate the order each turn so no mode always runs first (or right after a decode)
+        got: dict[str, Any] = {}
+        order = ("on", "off", "ideal")
+        k = len(rows) % 3
+        for mode in order[k:] + order[:k]:
+            got.update(measure(mode, on, off, ideal, prompt, params))
+        pre, fin, off_pre = got["pre"], got["fin"], got["off"]
+        t_ideal, reused = got["ideal"]
         ideal.feed(fin.completion_ids)
         rows.append(
             {
@@ -211,6 +232,8 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from promptcache.engines.base import SamplingParams
+    from promptcache.engines.torch_engine import TorchEngine as TorchEngineForWarmup
     from promptcache.models import resolve_model
 
     torch.manual_seed(0)
@@ -228,6 +251,10 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     else:
         conv, source = synthetic_conversation(args.turns), "synthetic"
+    warm = TorchEngineForWarmup(model, tokenizer, cache_enabled=False)
+    list(
+        warm.generate(list(range(100, 612)), SamplingParams(max_tokens=2))
+    )  # first-forward costs, untimed
     runs = []
     for r in range(args.repeats):
         print(f"run {r + 1}/{args.repeats} ...", flush=True)
