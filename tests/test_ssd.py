@@ -1,5 +1,6 @@
 """SSD tier with real safetensors files and real SQLite: restarts, damage, capacity, faults."""
 
+import contextlib
 import errno
 import os
 import subprocess
@@ -222,17 +223,23 @@ def test_disk_full_keeps_serving_from_ram(tmp_path, monkeypatch):
     cache.close()
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or sys.platform != "linux", reason="needs root to mount a tmpfs"
-)
-def test_real_full_tmpfs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
+@contextlib.contextmanager
+def tmpfs(path, size):
+    """A real small filesystem (root only); skips the test where mounting is not allowed."""
+    if os.geteuid() != 0 or sys.platform != "linux":
+        pytest.skip("needs root on Linux to mount a tmpfs")
+    path.mkdir()
+    cmd = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+    if subprocess.run(cmd, capture_output=True).returncode:
         pytest.skip("tmpfs mount not permitted here")
     try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_real_full_tmpfs(tmp_path):
+    with tmpfs(tmp_path / "small", "256k") as mnt:
         tier = SsdTier(mnt, "model-a")
         cache = PromptCache("model-a", block_size=BLOCK, ram_budget=10**8, next_tier=tier)
         for k in range(40):
@@ -243,8 +250,6 @@ def test_real_full_tmpfs(tmp_path):
         tier.flush()
         assert cache.stats().tiers["ssd"]["write_errors"] > 0
         cache.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_unusable_cache_dir_disables_the_tier_not_the_cache(tmp_path):
@@ -312,17 +317,8 @@ def test_cache_cli_stats_ls_verify_clear(tmp_path):
     assert not list(Path(tmp_path / "cache").rglob("*.safetensors"))
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or sys.platform != "linux", reason="needs root to mount a tmpfs"
-)
 def test_read_only_cache_dir(tmp_path):
-    mnt = tmp_path / "ro"
-    mnt.mkdir()
-    if subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True
-    ).returncode:
-        pytest.skip("tmpfs mount not permitted here")
-    try:
+    with tmpfs(tmp_path / "ro", "4m") as mnt:
         cache, tier = make_cache(mnt)
         a = list(range(1, 33))
         save(cache, a)
@@ -339,7 +335,7 @@ def test_read_only_cache_dir(tmp_path):
             assert_restores(hit, b)
         with cache.lookup(
             cache.sequence(a + [1])
-        ) as hit:  # what was written before is still served, or nothing
+        ) as hit:  # old blocks: served exactly, or not at all
             assert_restores(hit, a + [1])
         if tier.index is not None:
             tier.flush()
@@ -347,5 +343,3 @@ def test_read_only_cache_dir(tmp_path):
         assert st["write_errors"] > 0 or st["enabled"] is False
         assert st["last_error"]
         cache.close()
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -23,6 +23,7 @@ from promptcache.core.tier import BlockRecord
 FORMAT = "promptcache-block"
 FORMAT_VERSION = "1"
 TMP_PREFIX = ".tmp-"
+SUFFIX = ".safetensors"
 
 
 class CorruptBlockError(Exception):

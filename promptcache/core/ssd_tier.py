@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.core.block_file import (
-    TMP_PREFIX,
+    SUFFIX,
     CorruptBlockError,
-    check_block,
     decode_block,
     encode_block,
     prefetch_files,
@@ -32,6 +31,7 @@ from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_index import Row, SsdIndex
+from promptcache.core.ssd_reconcile import reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.tier import BlockRecord
 from promptcache.core.tree import common_prefix_tokens
@@ -39,7 +39,6 @@ from promptcache.core.tree import common_prefix_tokens
 log = logging.getLogger("promptcache.ssd")
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 DEFAULT_SSD_BUDGET = 10 * 10**9
-SUFFIX = ".safetensors"
 
 
 class SsdTier:
@@ -331,65 +330,8 @@ class SsdTier:
     # -- start-up ----------------------------------------------------------------------------
 
     def reconcile(self) -> None:
-        """Drop rows without files, index valid files without rows, remove temp files, and
-        quarantine files whose header, identity or checksum fails."""
-        t0 = time.perf_counter()
-        rows = {r.path: r for r in self.index.all_rows()}
-        on_disk: set[str] = set()
-        for path in self.root_dir.rglob("*"):
-            if (
-                not path.is_file()
-                or self.quarantine_dir in path.parents
-                or path.parent == self.root_dir
-            ):
-                continue
-            if path.name.startswith(TMP_PREFIX):
-                path.unlink(missing_ok=True)
-                self.stats.num_temp_removed += 1
-                continue
-            if path.suffix != SUFFIX:
-                continue
-            rel = str(path.relative_to(self.root_dir))
-            on_disk.add(rel)
-            if rel not in rows:
-                self._reindex(path, rel)
-        missing = [r for p, r in rows.items() if p not in on_disk]
-        if missing:
-            self.index.delete(r.block_hash for r in missing)
-            self.stats.num_rows_dropped += len(missing)
-        self.stats.reconcile_s = time.perf_counter() - t0
-
-    def _reindex(self, path: Path, rel: str) -> None:
-        try:
-            data = path.read_bytes()
-            info = check_block(data)
-            if info.model != self.model:
-                raise CorruptBlockError("file belongs to another model")
-            if path.stem != info.block_hash.hex():
-                raise CorruptBlockError("file name does not match its block hash")
-        except (OSError, CorruptBlockError) as exc:
-            self.quarantine(path, None, str(exc))
-            return
-        now = time.time()
-        self.index.upsert(
-            Row(
-                info.block_hash,
-                info.parent_hash,
-                info.root,
-                info.token_bytes,
-                info.extra,
-                int.from_bytes(info.token_bytes[:4], "little"),
-                info.depth,
-                rel,
-                len(data),
-                info.payload_nbytes,
-                info.has_checkpoint,
-                info.is_seq_end,
-                now,
-                now,
-            )  # fmt: skip
-        )
-        self.stats.num_reindexed += 1
+        """Make index and files agree again after a crash (see ``ssd_reconcile``)."""
+        reconcile_dir(self)
 
     # -- checks ------------------------------------------------------------------------------
 
