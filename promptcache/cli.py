@@ -128,7 +128,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cache = (
         "off"
         if args.no_cache
-        else f"on (block {args.block_size}, {engine.cache.ram.budget_bytes / 1e6:.0f} MB RAM)"
+        else f"on (block {args.block_size}, {engine.cache.ram.budget_bytes / 1e6:.0f} MB RAM, "
+        + (
+            "no SSD tier)"
+            if args.no_ssd
+            else f"SSD tier in {args.cache_dir or default_cache_dir()})"
+        )
     )
     logging.getLogger("promptcache").info(
         "serving %s on http://%s:%s, cache %s", state.model_id, args.host, args.port, cache
