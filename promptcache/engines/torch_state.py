@@ -52,14 +52,18 @@ def describe_layers(cache: DynamicCache) -> LayerLayout:
 
 def slice_positional(
     cache: DynamicCache, layout: LayerLayout, start: int, end: int
-) -> tuple[torch.Tensor, ...]:
-    """Owning copies of keys and values for positions [start, end), per positional layer."""
-    out: list[torch.Tensor] = []
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    """An owning copy of keys and values for positions [start, end): item 2j is positional layer
+    j's keys, 2j+1 its values. One stacked tensor when all layers have the same shape: one
+    allocation per block instead of two per layer (and one array per block file)."""
+    parts: list[torch.Tensor] = []
     for i in layout.positional:
         layer = cache.layers[i]
-        out.append(layer.keys[:, :, start:end, :].clone())
-        out.append(layer.values[:, :, start:end, :].clone())
-    return tuple(out)
+        parts.append(layer.keys[:, :, start:end, :])
+        parts.append(layer.values[:, :, start:end, :])
+    if all(p.shape == parts[0].shape and p.dtype == parts[0].dtype for p in parts):
+        return torch.stack(parts)
+    return tuple(p.clone() for p in parts)
 
 
 def _copy_value(value: Any) -> Any:
