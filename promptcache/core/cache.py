@@ -16,7 +16,7 @@ import numpy as np
 
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
-from promptcache.core.hashing import TOKEN_BYTES, Namespace
+from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.promotion import promote
 from promptcache.core.ram_tier import RamTier
@@ -166,7 +166,7 @@ class PromptCache:
         for i in range(num_full):  # hash outside the lock
             seq.block_hash(i)
         with self._lock:
-            first_new = len(self._walk_resident(seq, num_full))
+            first_new = len(self.ram.tree.full_path(seq, num_full))
         # build new payloads outside the lock: engine copies can be slow
         payloads = {
             i: slice_positional(i * b, (i + 1) * b) if slice_positional else None
@@ -174,7 +174,7 @@ class PromptCache:
         }
         with self._lock:
             self.counters.num_saves += 1
-            path = self._walk_resident(seq, num_full)
+            path = self.ram.tree.full_path(seq, num_full)
             node = path[-1] if path else self.ram.root(seq.root)
             num_new, new_bytes, complete = 0, 0, True
             for i in range(len(path), num_full):
@@ -219,24 +219,11 @@ class PromptCache:
             self.ram.touch(path, is_hit=False)
             self.ram.prune_root(seq.root)
             self.counters.num_saved_blocks += num_new
-            return SaveResult(num_new, new_bytes, self._resident_prefix(seq, n))
-
-    def _walk_resident(self, seq: TokenSeq, num_full: int) -> list[Block]:
-        """Resident full blocks of ``seq`` from the root, verified token by token."""
-        node = self.ram.tree.roots.get(seq.root)
-        b = self.block_size
-        path: list[Block] = []
-        for i in range(num_full if node is not None else 0):
-            blk = self.ram.get(seq.block_hash(i))
-            if (
-                blk is None
-                or blk.parent is not node
-                or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-            ):
-                break
-            path.append(blk)
-            node = blk
-        return path
+            # complete: every position up to n is resident (in a new block, an old one, or a
+            # longer block covering the tail); otherwise the save stopped after the path's blocks
+            has_tail = n == num_full * b or last is not None
+            cached = n if complete and has_tail else min(len(path) * b, n)
+            return SaveResult(num_new, new_bytes, cached)
 
     def _save_tail(
         self,
@@ -247,8 +234,9 @@ class PromptCache:
         slice_positional: SlicePositional | None,
         checkpoint: Any,
     ) -> tuple[Block | None, bool]:
-        """(resident block ending at ``end``, whether it is new); a partial block is created only
-        when it adds something: new positions, or a place for a checkpoint."""
+        """(resident block holding positions [start, end), whether it is new; None when no room).
+        A partial block is created only when it adds something: new positions, or a place for
+        a checkpoint; otherwise the longer block that already covers them is returned."""
         want = seq.block_bytes(start, end)
         for child in parent.children.get(seq.token(start), ()):
             if child.token_bytes == want:
@@ -259,7 +247,7 @@ class PromptCache:
                 and checkpoint is None
                 and child.extra == seq.extra(start // self.block_size)
             ):
-                return None, False  # a longer block already holds these positions
+                return child, False  # a longer block already holds these positions
         payload = slice_positional(start, end) if slice_positional else None
         blk = self.ram.insert(
             parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size)
@@ -277,22 +265,6 @@ class PromptCache:
             ):
                 self.ram.discard(child)
                 self.counters.num_superseded += 1
-
-    def _resident_prefix(self, seq: TokenSeq, n: int) -> int:
-        node = self.ram.tree.roots.get(seq.root)
-        pos = 0
-        b = self.block_size
-        for i in range(n // b):
-            blk = self.ram.get(seq.block_hash(i))
-            if node is None or blk is None or blk.parent is not node:
-                return pos
-            node, pos = blk, pos + b
-        if pos < n and node is not None:
-            want = seq.block_bytes(pos, n)
-            for child in node.children.get(seq.token(pos), ()):
-                if common_prefix_tokens(child.token_bytes, want) * TOKEN_BYTES >= len(want):
-                    return n
-        return pos
 
     def stats(self) -> CacheStats:
         with self._lock:

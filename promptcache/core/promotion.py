@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from promptcache.core.block import Block
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import BlockHash
 from promptcache.core.ram_tier import RamTier
@@ -31,30 +30,14 @@ class LookupTier(Protocol):
     def touch(self, rows: list[Row]) -> None: ...
 
 
-def _ram_full_path(ram: RamTier, seq: TokenSeq) -> tuple[Block | None, int]:
-    """Deepest resident full block of ``seq`` (verified) and how many full blocks that is."""
-    node = ram.tree.roots.get(seq.root)
-    b = seq.block_size
-    count = 0
-    for i in range(seq.num_full_blocks if node is not None else 0):
-        blk = ram.get(seq.block_hash(i))
-        if (
-            blk is None
-            or blk.parent is not node
-            or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-        ):
-            break
-        node, count = blk, count + 1
-    return node, count
-
-
 def promote(
     ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool
 ) -> int:
     """Copy the SSD continuation of ``seq`` into RAM when it beats ``ram_match``; returns the
     number of blocks promoted."""
     n, b = seq.num_tokens, seq.block_size
-    node, start = _ram_full_path(ram, seq)
+    full = ram.tree.full_path(seq, seq.num_full_blocks)
+    node, start = (full[-1] if full else None), len(full)
     rows = tier.find_chain(seq, start, node.block_hash if node is not None else seq.root)
     if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
         keep = 0

@@ -76,6 +76,24 @@ class PrefixTree:
         if parent.parent is None and parent.num_children == 0 and parent.ref_count == 0:
             self.roots.pop(parent.block_hash, None)
 
+    def full_path(self, seq: TokenSeq, num_blocks: int) -> list[Block]:
+        """Resident full blocks of ``seq[: num_blocks * block_size]`` from its root, each verified
+        against its parent object and stored tokens; stops at the first that is missing."""
+        node = self.roots.get(seq.root)
+        b = seq.block_size
+        path: list[Block] = []
+        for i in range(num_blocks if node is not None else 0):
+            blk = self.index.get(seq.block_hash(i))
+            if (
+                blk is None
+                or blk.parent is not node
+                or blk.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
+            ):
+                break
+            path.append(blk)
+            node = blk
+        return path
+
     def match(self, seq: TokenSeq, requires_checkpoint: bool = False) -> Match:
         """Longest usable cached prefix of ``seq``; leaves at least the last token to compute.
 
