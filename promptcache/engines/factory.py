@@ -35,28 +35,44 @@ def build_engine(
     ssd_dir: str | None = None,
     ssd_budget: str | int = "10GB",
     ssd_retention: float | None = None,
+    kv_bits: int | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
     kind = pick_engine(engine)
-    path = resolve_model(model)
+    if kv_bits and kind != "mlx":
+        raise SystemExit("--kv-bits needs --engine mlx")
+    cls = engine_class(kind)
+    extra = {"kv_bits": kv_bits} if kv_bits else {}
+    return cls.load(
+        resolve_model(model),
+        dtype=dtype,
+        device=device,
+        cache_enabled=cache_enabled,
+        block_size=block_size,
+        ram_budget=ram_budget,
+        prefill_chunk=prefill_chunk,
+        max_context=max_context,
+        policy=policy,
+        ssd_dir=ssd_dir,
+        ssd_budget=ssd_budget,
+        ssd_retention=ssd_retention,
+        **extra,
+    )
+
+
+def engine_class(kind: str) -> Any:
+    """The engine class for ``torch`` or ``mlx``, with a clear message when it cannot load."""
     if kind == "torch":
         from promptcache.engines.torch_engine import TorchEngine
 
-        return TorchEngine.load(
-            path,
-            dtype=dtype,
-            device=device,
-            cache_enabled=cache_enabled,
-            block_size=block_size,
-            ram_budget=ram_budget,
-            prefill_chunk=prefill_chunk,
-            max_context=max_context,
-            policy=policy,
-            ssd_dir=ssd_dir,
-            ssd_budget=ssd_budget,
-            ssd_retention=ssd_retention,
-        )
+        return TorchEngine
     if kind == "mlx":
-        raise SystemExit("the mlx engine is not available in this version yet; use --engine torch")
-    raise SystemExit(f"unknown engine {engine!r}: use auto, torch or mlx")
+        if not importlib.util.find_spec("mlx_lm"):
+            raise SystemExit(
+                'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
+            )
+        from promptcache.engines.mlx_engine import MlxEngine
+
+        return MlxEngine
+    raise SystemExit(f"unknown engine {kind!r}: use auto, torch or mlx")

@@ -45,6 +45,45 @@ def tiny_model(kind: str, seed: int = 0, dtype: str = "float32") -> Any:
     return model.to(getattr(torch, dtype)).eval()
 
 
+MLX_TINY_KINDS = ("llama", "gemma3", "mamba2", "falcon_h1")
+
+
+def mlx_tiny_config(kind: str) -> dict[str, Any]:
+    """mlx-lm model configs: KVCache, RotatingKVCache + KVCache, ArraysCache, and a hybrid whose
+    every layer is a CacheList(ArraysCache, KVCache)."""
+    common = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                  max_position_embeddings=4096)  # fmt: skip
+    if kind == "llama":
+        return dict(model_type="llama", **common, tie_word_embeddings=False)
+    if kind == "gemma3":  # one sliding-window layer (window 16) and one full-attention layer
+        return dict(model_type="gemma3_text", **common, head_dim=16, sliding_window=16,
+                    sliding_window_pattern=2, query_pre_attn_scalar=16)  # fmt: skip
+    if kind == "mamba2":  # pure SSM
+        return dict(model_type="mamba2", vocab_size=256, hidden_size=64, intermediate_size=128,
+                    num_hidden_layers=2, state_size=8, num_heads=4, head_dim=32, n_groups=1,
+                    conv_kernel=4, layer_norm_epsilon=1e-5, use_bias=False, use_conv_bias=True,
+                    time_step_limit=(0.0, float("inf")), time_step_rank="auto",
+                    tie_word_embeddings=True)  # fmt: skip
+    if kind == "falcon_h1":  # hybrid: Mamba2 and attention side by side in every layer
+        return dict(model_type="falcon_h1", **common, head_dim=16, mamba_d_ssm=128, mamba_n_heads=4,
+                    mamba_d_head=32, mamba_d_state=8, mamba_chunk_size=16)  # fmt: skip
+    raise ValueError(f"unknown tiny MLX model kind {kind!r}; known: {', '.join(MLX_TINY_KINDS)}")
+
+
+def mlx_tiny_model(kind: str, seed: int = 0, **overrides: Any) -> Any:
+    import importlib
+
+    import mlx.core as mx
+
+    config = {**mlx_tiny_config(kind), **overrides}
+    arch = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
+    mx.random.seed(seed)
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    mx.eval(model.parameters())
+    return model
+
+
 class ByteTokenizer:
     """A tokenizer for tiny models: one token per byte, ids 3.. ; 0 pad, 1 bos, 2 eos.
 
@@ -56,6 +95,9 @@ class ByteTokenizer:
 
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": [b + 3 for b in text.encode()]}
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [b + 3 for b in text.encode()]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(i - 3 for i in ids if 3 <= i < 259).decode("utf-8", errors="replace")

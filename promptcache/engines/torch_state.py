@@ -27,6 +27,10 @@ class LayerLayout(NamedTuple):
     def requires_checkpoint(self) -> bool:
         return bool(self.snapshot)
 
+    @property
+    def has_positional(self) -> bool:
+        return bool(self.positional)
+
 
 def _is_positional(layer: Any) -> bool:
     return isinstance(layer, DynamicLayer) and not getattr(layer, "is_sliding", False)

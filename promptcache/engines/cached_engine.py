@@ -1,0 +1,335 @@
+"""What every engine shares: chunked prefill that reuses and feeds the prompt cache, then decode.
+
+An engine subclass supplies the model-specific steps (its cache object, one forward pass, block
+slices, checkpoints, restore); this class owns the cache protocol around them, so torch and MLX
+serve the same hits, save at the same points and stream the same events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from promptcache.core.budget import parse_size
+from promptcache.core.cache import Lease, PromptCache
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.ssd_tier import SsdTier
+from promptcache.engines.base import (
+    EngineError,
+    Event,
+    Finished,
+    PrefillDone,
+    PromptTooLongError,
+    SamplingParams,
+    TextDelta,
+)
+from promptcache.engines.textstream import StopTextStream
+
+# config keys that change between saves of the same weights; left out of the model fingerprint
+VOLATILE_CONFIG_KEYS = frozenset(
+    {
+        "_name_or_path",
+        "transformers_version",
+        "torch_dtype",
+        "dtype",
+        "architectures",
+        "_commit_hash",
+    }
+)
+
+
+class Layout(Protocol):
+    @property
+    def requires_checkpoint(self) -> bool:
+        """True when some layer's state is snapshot state (restorable only at checkpoints)."""
+
+    @property
+    def has_positional(self) -> bool:
+        """True when some layer's state is sliced per block."""
+
+
+def sample_token(
+    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None
+) -> int:
+    """Greedy at temperature 0; else temperature, top-k, then top-p (the first token that
+    crosses top_p is kept), sampled with ``rng``."""
+    if params.temperature == 0:
+        return int(np.argmax(logits))
+    x = logits.astype(np.float64) / params.temperature
+    if params.top_k and params.top_k < x.size:
+        kth = np.partition(x, -params.top_k)[-params.top_k]
+        x = np.where(x < kth, -np.inf, x)
+    probs = np.exp(x - x.max())
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-probs, kind="stable")
+        before = np.cumsum(probs[order]) - probs[order]
+        probs[order[before >= params.top_p]] = 0.0
+        probs /= probs.sum()
+    rng = rng or np.random.default_rng()
+    return int(rng.choice(probs.size, p=probs))
+
+
+class CachedEngine:
+    """Subclasses set ``model``, ``tokenizer``, ``layout``, ``fingerprint``, ``max_context``,
+    ``eos_ids`` and call ``_init_cache``; then implement the six model steps below."""
+
+    name = "engine"
+    layout: Layout
+
+    # -- model steps (subclass) -----------------------------------------------------------------
+
+    def new_state(self) -> Any:
+        """An empty per-request model cache."""
+        raise NotImplementedError
+
+    def forward(self, state: Any, ids: list[int]) -> Any:
+        """Run ``ids`` through the model, appending to ``state``; last position's logits."""
+        raise NotImplementedError
+
+    def slice_block(self, state: Any, start: int, end: int) -> Any:
+        """An owning copy of the positional state for positions [start, end)."""
+        raise NotImplementedError
+
+    def take_checkpoint(self, state: Any) -> Any:
+        """A copy of the snapshot state at the current position; None without snapshot layers."""
+        raise NotImplementedError
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> Any:
+        """A fresh state holding a hit: block payloads (with tokens used) and the checkpoint."""
+        raise NotImplementedError
+
+    def crop(self, state: Any, length: int) -> None:
+        """Cut the positional state back to ``length`` (only called without snapshot layers)."""
+        raise NotImplementedError
+
+    def to_numpy(self, logits: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def codec(self) -> PayloadCodec:
+        """How this engine's payloads travel to block files."""
+        raise NotImplementedError
+
+    # -- set-up ---------------------------------------------------------------------------------
+
+    def _init_cache(
+        self,
+        *,
+        tokenizer: Any,
+        model_id: str,
+        cache: PromptCache | None,
+        cache_enabled: bool,
+        block_size: int,
+        ram_budget: int | str | None,
+        prefill_chunk: int,
+        max_context: int | None,
+        model_limit: int,
+        next_tier: Any,
+        policy: str | None,
+        ssd_dir: str | Path | None,
+        ssd_budget: int | str,
+        ssd_retention: float | None,
+    ) -> None:
+        if prefill_chunk <= 0:
+            raise ValueError("prefill_chunk must be positive")
+        self.tokenizer = tokenizer
+        self.model_id = model_id
+        self.prefill_chunk = prefill_chunk
+        self.max_context = min(max_context or model_limit, model_limit)
+        if cache is None and cache_enabled and next_tier is None and ssd_dir is not None:
+            next_tier = SsdTier(
+                ssd_dir,
+                self.fingerprint,
+                codec=self.codec(),
+                budget_bytes=parse_size(ssd_budget),
+                retention_s=ssd_retention,
+            )
+        if cache is None and cache_enabled:
+            cache = PromptCache(
+                self.fingerprint,
+                block_size=block_size,
+                ram_budget=ram_budget,
+                requires_checkpoint=self.layout.requires_checkpoint,
+                next_tier=next_tier,
+                policy=policy,
+            )
+        self.cache = cache
+        self._lock = threading.Lock()
+        # the last request's live state and the sequence it covers: a hit that it also covers is
+        # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
+        self._live: tuple[Any, TokenSeq] | None = None
+
+    # -- prompts --------------------------------------------------------------------------------
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # template errors are the client's (bad roles, bad tool shapes)
+            raise EngineError(f"cannot apply the chat template: {exc}") from exc
+        return self.encode_text(text, special=False)
+
+    def encode_text(self, text: str, special: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=special))
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+    # -- the cache protocol ---------------------------------------------------------------------
+
+    def _save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:
+        assert self.cache is not None
+        self.cache.save(
+            seq,
+            num_tokens,
+            (lambda s, e: self.slice_block(state, s, e)) if self.layout.has_positional else None,
+            self.take_checkpoint(state),
+        )
+
+    def _reuse_live(self, seq: TokenSeq, hit: int) -> Any:
+        if self._live is None:
+            return None
+        state, live = self._live
+        if (
+            live.root != seq.root
+            or live.num_tokens < hit
+            or live.block_bytes(0, hit) != seq.block_bytes(0, hit)
+        ):
+            return None
+        if live.num_tokens != hit:
+            if self.layout.requires_checkpoint:  # recurrent state cannot be rewound
+                return None
+            self.crop(state, hit)
+        return state
+
+    def prefill(
+        self, prompt_ids: list[int], tenant: str = ""
+    ) -> tuple[Any, Any, Lease | None, TokenSeq | None]:
+        """Restore the longest cached prefix, prefill the rest in chunks (saving at each chunk
+        boundary and at the end). Returns the live state, last-token logits, the pinned lease
+        (release it when the request ends) and the sequence."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise EngineError("the prompt is empty")
+        if n >= self.max_context:
+            raise PromptTooLongError(
+                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens"
+            )
+        lease: Lease | None = None
+        seq: TokenSeq | None = None
+        start = 0
+        state = None
+        if self.cache is not None:
+            seq = self.cache.sequence(prompt_ids, tenant=tenant)
+            lease = self.cache.lookup(seq)
+            if lease.num_tokens:
+                state = self._reuse_live(seq, lease.num_tokens)
+                if state is None:
+                    state = self.restore(lease.segments(), lease.checkpoint)
+                start = lease.num_tokens
+        self._live = None  # the live state is now this request's (or stale)
+        try:
+            if state is None:
+                state = self.new_state()
+            pos = start
+            logits = None
+            while pos < n:
+                end = min(n, (pos // self.prefill_chunk + 1) * self.prefill_chunk)
+                logits = self.forward(state, prompt_ids[pos:end])
+                pos = end
+                if seq is not None:
+                    self._save(seq, state, pos)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+        assert logits is not None
+        return state, logits, lease, seq
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        tenant: str = "",
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        params.validate()
+        t0 = time.perf_counter()
+        with self._lock:
+            if cancel is not None and cancel.is_set():  # the client left while queued
+                yield Finished("cancelled", len(prompt_ids), 0, 0, "")
+                return
+            state, logits, lease, seq = self.prefill(prompt_ids, tenant)
+            try:
+                n = len(prompt_ids)
+                cached = lease.num_tokens if lease is not None else 0
+                yield PrefillDone(
+                    n, cached, time.perf_counter() - t0, lease.kind if lease is not None else "off"
+                )
+                rng = np.random.default_rng(params.seed) if params.seed is not None else None
+                max_new = min(params.max_tokens, self.max_context - n)
+                stream = StopTextStream(self.decode, params.stop)
+                generated: list[int] = []
+                reason = "length"
+                next_id = sample_token(self.to_numpy(logits), params, rng)
+                for step in range(max_new):
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancelled"
+                        break
+                    generated.append(next_id)
+                    if next_id in self.eos_ids:
+                        reason = "stop"
+                        break
+                    delta = stream.push(next_id)
+                    if delta:
+                        yield TextDelta(delta, [next_id])
+                    if stream.stopped:
+                        reason = "stop"
+                        break
+                    if step == max_new - 1:
+                        break
+                    logits = self.forward(state, [next_id])
+                    next_id = sample_token(self.to_numpy(logits), params, rng)
+                tail = stream.flush()
+                if tail:
+                    yield TextDelta(tail, [])
+                yield Finished(
+                    reason,
+                    n,
+                    len(generated),
+                    cached,
+                    stream.text,
+                    stream.matched_stop,
+                    list(generated),
+                )
+                # after the reply: feed the last sampled token so the saved state covers prompt +
+                # every generated token, and the next turn hits the assistant's reply too
+                if (
+                    seq is not None
+                    and generated
+                    and reason != "cancelled"
+                    and n + len(generated) < self.max_context
+                ):
+                    self.forward(state, [generated[-1]])
+                    full = seq.extend(generated)
+                    self._save(full, state, n + len(generated))
+                    self._live = (state, full)
+            finally:
+                if lease is not None:
+                    lease.release()
+
+    def cache_stats(self) -> dict[str, Any]:
+        return self.cache.stats().to_dict() if self.cache is not None else {}
+
+    def close(self) -> None:
+        if self.cache is not None:
+            self.cache.close()

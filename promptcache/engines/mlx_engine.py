@@ -1,0 +1,190 @@
+"""MLX/mlx-lm engine: the model steps of ``CachedEngine`` on mlx-lm's cache objects.
+
+Runs wherever MLX does: Apple Silicon (unified memory, Metal) and Linux CPU. Block payloads stay
+MLX arrays in the RAM tier; sizes come from shapes, never from evaluating an array.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
+
+from promptcache.core.cache import PromptCache
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.hashing import digest_bytes, fingerprint_model
+from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine
+from promptcache.engines.mlx_codec import MlxCodec
+from promptcache.engines.mlx_state import (
+    MlxLayout,
+    crop_positional,
+    describe_cache,
+    restore_cache,
+    slice_positional,
+    take_checkpoint,
+)
+
+
+def weights_digest(model: Any) -> str:
+    """Digest of every parameter's name, shape, dtype and a strided sample of its values."""
+    parts = []
+    for name, arr in sorted(tree_flatten(model.parameters())):
+        flat = arr.reshape(-1)
+        sample = np.asarray(flat[:: max(1, flat.size // 256)][:256].astype(mx.float32)).tobytes()
+        parts.append(f"{name}:{tuple(arr.shape)}:{arr.dtype}".encode() + digest_bytes(sample))
+    return digest_bytes(b"|".join(parts)).hex()
+
+
+def _config_of(model: Any) -> dict[str, Any]:
+    args = getattr(model, "args", None)
+    raw = vars(args) if args is not None else {}
+    return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
+
+
+def _legacy_rope_keys(path: Path) -> dict[str, Any]:
+    """transformers 5 writes ``rope_parameters``; mlx-lm's model args read ``rope_theta`` and would
+    silently fall back to their default (a different model). Pass the saved value through."""
+    import json
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+        return {}
+    out: dict[str, Any] = {"rope_theta": rope["rope_theta"]}
+    if rope.get("rope_type", "default") != "default" and "rope_scaling" not in config:
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
+
+
+class MlxEngine(CachedEngine):
+    name = "mlx"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str = "model",
+        cache: PromptCache | None = None,
+        cache_enabled: bool = True,
+        block_size: int = 64,
+        ram_budget: int | str | None = None,
+        prefill_chunk: int = 512,
+        max_context: int | None = None,
+        next_tier: Any = None,
+        policy: str | None = None,
+        ssd_dir: str | Path | None = None,
+        ssd_budget: int | str = "10GB",
+        ssd_retention: float | None = None,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+    ) -> None:
+        self.model = model
+        if kv_bits is not None and kv_bits not in (2, 3, 4, 5, 6, 8):
+            raise ValueError("kv_bits must be one of 2, 3, 4, 5, 6, 8")
+        if kv_group_size not in (32, 64, 128):
+            raise ValueError("kv_group_size must be 32, 64 or 128")
+        args = getattr(model, "args", None)
+        head_dim = getattr(args, "head_dim", None) or (
+            args.hidden_size // args.num_attention_heads if args is not None else None
+        )
+        if kv_bits is not None and head_dim and head_dim % kv_group_size:
+            raise ValueError(f"kv_group_size {kv_group_size} must divide the head size {head_dim}")
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
+        self.layout: MlxLayout = describe_cache(self.new_state())
+        dtype = str(next(v for _, v in tree_flatten(model.parameters())).dtype)
+        quant = f"kv{kv_bits}g{kv_group_size}" if kv_bits else "kv-full"
+        self.fingerprint = fingerprint_model(
+            _config_of(model), weights_digest(model), f"{dtype}:{quant}", self.name
+        )
+        eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or ())
+        if getattr(tokenizer, "eos_token_id", None) is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = eos_ids
+        limit = getattr(getattr(model, "args", None), "max_position_embeddings", None) or 2048
+        self._init_cache(
+            tokenizer=tokenizer,
+            model_id=model_id,
+            cache=cache,
+            cache_enabled=cache_enabled,
+            block_size=block_size,
+            ram_budget=ram_budget,
+            prefill_chunk=prefill_chunk,
+            max_context=max_context,
+            model_limit=limit,
+            next_tier=next_tier,
+            policy=policy,
+            ssd_dir=ssd_dir,
+            ssd_budget=ssd_budget,
+            ssd_retention=ssd_retention,
+        )
+
+    @staticmethod
+    def load_weights(
+        path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+    ) -> tuple[Any, Any]:
+        """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights."""
+        from mlx_lm import load
+
+        model, tokenizer = load(str(path), model_config=_legacy_rope_keys(Path(path)))
+        target = getattr(mx, dtype)
+        if any(
+            v.dtype != target
+            for _, v in tree_flatten(model.parameters())
+            if mx.issubdtype(v.dtype, mx.floating)
+        ):
+            model.set_dtype(target)
+        return model, tokenizer
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs: Any
+    ) -> MlxEngine:
+        path = Path(path)
+        model, tokenizer = cls.load_weights(path, dtype=dtype)
+        return cls(model, tokenizer, model_id=kwargs.pop("model_id", path.name), **kwargs)
+
+    # -- model steps ----------------------------------------------------------------------------
+
+    def new_state(self) -> list[Any]:
+        cache = make_prompt_cache(self.model)
+        if self.kv_bits is None:
+            return cache
+        return [
+            QuantizedKVCache(self.kv_group_size, self.kv_bits) if type(c) is KVCache else c
+            for c in cache
+        ]
+
+    def forward(self, state: list[Any], ids: list[int]) -> mx.array:
+        # the lm head runs on the last position only: earlier positions' logits are never used
+        if len(ids) > 1:
+            self.model(mx.array([ids[:-1]]), cache=state)
+            mx.eval([c.state for c in state])
+        logits = self.model(mx.array([ids[-1:]]), cache=state)[0, -1]
+        mx.eval(logits, [c.state for c in state])
+        return logits
+
+    def slice_block(self, state: list[Any], start: int, end: int) -> Any:
+        return slice_positional(state, self.layout, start, end)
+
+    def take_checkpoint(self, state: list[Any]) -> Any:
+        return take_checkpoint(state, self.layout)
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
+        return restore_cache(self.new_state(), self.layout, segments, checkpoint)
+
+    def crop(self, state: list[Any], length: int) -> None:
+        crop_positional(state, self.layout, length)
+
+    def to_numpy(self, logits: mx.array) -> np.ndarray:
+        return np.asarray(logits.astype(mx.float32))
+
+    def codec(self) -> PayloadCodec:
+        return MlxCodec()
