@@ -90,3 +90,33 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
+
+
+def legacy_rope_keys(config: dict) -> dict:
+    """transformers 5 writes ``rope_parameters``; readers of the older layout (mlx-lm's model args)
+    look for ``rope_theta`` and silently fall back to their default: a different model. These are
+    the older keys for a config that lacks them."""
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
+        return {}
+    out: dict = {"rope_theta": rope["rope_theta"]}
+    if rope.get("rope_type", "default") != "default" and "rope_scaling" not in config:
+        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
+    return out
+
+
+def mlx_ready(path: Path) -> Path:
+    """``path`` itself when any MLX loader reads its config right, else a sibling under the cache
+    root whose config also has the older rope keys (weights and tokenizer are symlinks)."""
+    config = json.loads((path / "config.json").read_text())
+    extra = legacy_rope_keys(config)
+    if not extra:
+        return path
+    out = cache_root() / "models" / f"{path.name}-mlx"
+    out.mkdir(parents=True, exist_ok=True)
+    for item in path.iterdir():
+        link = out / item.name
+        if item.name != "config.json" and not link.exists():
+            link.symlink_to(item.resolve())
+    (out / "config.json").write_text(json.dumps({**config, **extra}, indent=2))
+    return out

@@ -55,7 +55,7 @@ def register_policy(
     return wrap
 
 
-DEFAULT_POLICY = "s3fifo"
+DEFAULT_POLICY = "frecency"
 
 
 def make_policy(name: str | None = None) -> EvictionPolicy:

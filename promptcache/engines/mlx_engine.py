@@ -45,24 +45,6 @@ def _config_of(model: Any) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
 
 
-def _legacy_rope_keys(path: Path) -> dict[str, Any]:
-    """transformers 5 writes ``rope_parameters``; mlx-lm's model args read ``rope_theta`` and would
-    silently fall back to their default (a different model). Pass the saved value through."""
-    import json
-
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    rope = config.get("rope_parameters")
-    if not isinstance(rope, dict) or "rope_theta" in config or "rope_theta" not in rope:
-        return {}
-    out: dict[str, Any] = {"rope_theta": rope["rope_theta"]}
-    if rope.get("rope_type", "default") != "default" and "rope_scaling" not in config:
-        out["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    return out
-
-
 class MlxEngine(CachedEngine):
     name = "mlx"
 
@@ -131,9 +113,14 @@ class MlxEngine(CachedEngine):
         path: str | Path, *, dtype: str = "float32", device: str = "cpu"
     ) -> tuple[Any, Any]:
         """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights."""
+        import json
+
         from mlx_lm import load
 
-        model, tokenizer = load(str(path), model_config=_legacy_rope_keys(Path(path)))
+        from promptcache.models import legacy_rope_keys
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        model, tokenizer = load(str(path), model_config=legacy_rope_keys(config))
         target = getattr(mx, dtype)
         if any(
             v.dtype != target
