@@ -116,7 +116,8 @@ class Server:
         ttft, text, usage = None, "", None
         url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
         with httpx.stream("POST", url, json=body, timeout=600) as r:
-            r.raise_for_status()
+            if r.status_code != 200:
+                raise RuntimeError(f"{self.name}: HTTP {r.status_code}: {r.read().decode()[:500]}")
             for line in r.iter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue

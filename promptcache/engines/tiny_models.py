@@ -136,11 +136,10 @@ _CORPUS = [
 ]
 
 
-def save_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
-    """Write a tiny random-weight model with a small trained byte-level BPE tokenizer and a
-    ChatML template: an HF-format folder that ``promptcache serve --model`` loads like any other."""
+def save_tiny_tokenizer(folder: str) -> Any:
+    """A small trained byte-level BPE tokenizer with a ChatML template, saved to ``folder``."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
@@ -157,12 +156,37 @@ def save_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
     )
     fast.chat_template = CHATML_TEMPLATE
     fast.save_pretrained(folder)
+    return fast
+
+
+def save_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
+    """Write a tiny random-weight transformers model with ``save_tiny_tokenizer``'s tokenizer: an
+    HF-format folder that ``promptcache serve --model`` loads like any other."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    fast = save_tiny_tokenizer(folder)
     config = tiny_config(kind)
     config.vocab_size = len(fast)
     config.eos_token_id = fast.eos_token_id
-    import torch
-
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(folder)
+    return folder
+
+
+def save_mlx_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
+    """Write a tiny random-weight mlx-lm model (weights in MLX layout) with the same tokenizer:
+    a folder that ``mlx_lm.load``, ``mlx_lm.server`` and ``promptcache serve --engine mlx`` read."""
+    import json
+    from pathlib import Path
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    fast = save_tiny_tokenizer(folder)
+    model = mlx_tiny_model(kind, seed, vocab_size=len(fast))
+    mx.save_safetensors(str(Path(folder) / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    config = {**mlx_tiny_config(kind), "vocab_size": len(fast), "eos_token_id": fast.eos_token_id}
+    (Path(folder) / "config.json").write_text(json.dumps(config, indent=2))
     return folder
