@@ -112,22 +112,20 @@ class MlxEngine(CachedEngine):
     def load_weights(
         path: str | Path, *, dtype: str = "float32", device: str = "cpu"
     ) -> tuple[Any, Any]:
-        """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights."""
+        """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights, except in a
+        quantized model (its scales and biases keep the dtype they were quantized with)."""
         import json
 
+        import mlx.nn as nn
         from mlx_lm import load
 
         from promptcache.models import legacy_rope_keys
 
         config = json.loads((Path(path) / "config.json").read_text())
         model, tokenizer = load(str(path), model_config=legacy_rope_keys(config))
-        target = getattr(mx, dtype)
-        if any(
-            v.dtype != target
-            for _, v in tree_flatten(model.parameters())
-            if mx.issubdtype(v.dtype, mx.floating)
-        ):
-            model.set_dtype(target)
+        quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
+        if not any(isinstance(m, quantized) for _, m in model.named_modules()):
+            model.set_dtype(getattr(mx, dtype))
         return model, tokenizer
 
     @classmethod
