@@ -186,7 +186,9 @@ def save_mlx_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
 
     fast = save_tiny_tokenizer(folder)
     model = mlx_tiny_model(kind, seed, vocab_size=len(fast))
-    mx.save_safetensors(str(Path(folder) / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(
+        str(Path(folder) / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
     config = {**mlx_tiny_config(kind), "vocab_size": len(fast), "eos_token_id": fast.eos_token_id}
     (Path(folder) / "config.json").write_text(json.dumps(config, indent=2))
     return folder
