@@ -7,6 +7,8 @@ import pytest
 
 pytest.importorskip("mlx_lm")
 
+from engine_checks import check_hit_lengths, hit_results  # noqa: E402
+
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.mlx_engine import MlxEngine  # noqa: E402
 from promptcache.engines.tiny_models import MLX_TINY_KINDS, ByteTokenizer, mlx_tiny_model  # noqa: E402
@@ -64,26 +66,11 @@ def test_layouts_classify_every_cache_kind(engines):
 
 def test_hits_of_every_kind_match_uncached_logits(engines):
     kind, cached, plain = engines
-    rng = random.Random(1)
-    base = [rng.randrange(3, 256) for _ in range(45)]
-    logits_of(cached, base)
-    queries = {
-        "exact": base,
-        "prefix": base + [5, 6, 7, 8, 9, 10, 11],
-        "mid_block": base[:37] + [9] * 10,
-        "supersequence": base[:29],
-    }
-    for name, query in queries.items():
-        got, (num_cached, hit_kind) = logits_of(cached, query)
-        want, _ = logits_of(plain, query)
-        assert num_cached > 0 and hit_kind == name, (name, num_cached, hit_kind)
-        diff = float(np.abs(got - want).max())
+    results = hit_results(cached, plain, logits_of, lambda a, b: float(np.abs(a - b).max()))
+    for name, num_cached, hit_kind, diff, same_argmax in results:
+        check_hit_lengths(name, num_cached, hit_kind, cached.layout.requires_checkpoint)
         assert diff <= TOL, f"{kind} {name}: cached {num_cached}, max diff {diff}"
-        assert int(got.argmax()) == int(want.argmax())
-        if cached.layout.requires_checkpoint:
-            assert num_cached in (16, 32, 45), "snapshot hits land on checkpoints"
-        elif name != "exact":
-            assert num_cached == {"prefix": 45, "mid_block": 37, "supersequence": 28}[name]
+        assert same_argmax
     cached.cache.check_integrity()
 
 

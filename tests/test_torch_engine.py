@@ -6,6 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from engine_checks import check_hit_lengths, hit_results  # noqa: E402
+
 from promptcache.engines.base import EngineError, PromptTooLongError, SamplingParams  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
@@ -38,29 +40,13 @@ def logits_of(engine, prompt):
 
 def test_hits_of_every_kind_match_uncached_logits(engines):
     kind, cached, plain = engines
-    rng = random.Random(1)
-    base = [rng.randrange(3, 256) for _ in range(45)]
-    logits_of(cached, base)
-    queries = {
-        "exact": base,
-        "prefix": base + [5, 6, 7, 8, 9, 10, 11],
-        "mid_block": base[:37] + [9] * 10,
-        "supersequence": base[:29],
-    }
-    for name, query in queries.items():
-        got, (num_cached, hit_kind) = logits_of(cached, query)
-        want, _ = logits_of(plain, query)
-        assert num_cached > 0, f"{name}: expected a hit"
-        assert hit_kind == name
-        diff = (got - want).abs().max().item()
+    results = hit_results(cached, plain, logits_of, lambda a, b: (a - b).abs().max().item())
+    for name, num_cached, hit_kind, diff, same_argmax in results:
+        check_hit_lengths(name, num_cached, hit_kind, cached.layout.requires_checkpoint)
         aligned = num_cached % CHUNK == 0
         tol = TOL[kind] if TOL[kind] is not None else (1e-6 if aligned else float("inf"))
         assert diff <= max(tol, 1e-6), f"{kind} {name}: cached {num_cached}, max diff {diff}"
-        assert int(got.argmax()) == int(want.argmax()) or not aligned and TOL[kind] is None
-        if cached.layout.requires_checkpoint:
-            assert num_cached in (16, 32, 45), "snapshot hits land on checkpoints"
-        elif name != "exact":
-            assert num_cached == {"prefix": 45, "mid_block": 37, "supersequence": 28}[name]
+        assert bool(same_argmax) or not aligned and TOL[kind] is None
     cached.cache.check_integrity()
 
 

@@ -120,22 +120,25 @@ class CachedEngine:
 
     def _init_cache(
         self,
-        *,
         tokenizer: Any,
-        model_id: str,
-        cache: PromptCache | None,
-        cache_enabled: bool,
-        block_size: int,
-        ram_budget: int | str | None,
-        prefill_chunk: int,
-        max_context: int | None,
+        *,
         model_limit: int,
-        next_tier: Any,
-        policy: str | None,
-        ssd_dir: str | Path | None,
-        ssd_budget: int | str,
-        ssd_retention: float | None,
+        model_id: str = "model",
+        cache: PromptCache | None = None,
+        cache_enabled: bool = True,
+        block_size: int = 64,
+        ram_budget: int | str | None = None,
+        prefill_chunk: int = 512,
+        max_context: int | None = None,
+        next_tier: Any = None,
+        policy: str | None = None,
+        ssd_dir: str | Path | None = None,
+        ssd_budget: int | str = "10GB",
+        ssd_retention: float | None = None,
     ) -> None:
+        """Serving and cache options shared by every engine. ``cache``: an existing cache to
+        use; else one is built (``cache_enabled``) with a RAM tier of ``ram_budget`` and, with
+        ``ssd_dir``, an SSD tier behind it. ``max_context`` is capped at ``model_limit``."""
         if prefill_chunk <= 0:
             raise ValueError("prefill_chunk must be positive")
         self.tokenizer = tokenizer

@@ -14,7 +14,6 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from promptcache.core.cache import PromptCache
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine
@@ -53,21 +52,11 @@ class MlxEngine(CachedEngine):
         model: Any,
         tokenizer: Any,
         *,
-        model_id: str = "model",
-        cache: PromptCache | None = None,
-        cache_enabled: bool = True,
-        block_size: int = 64,
-        ram_budget: int | str | None = None,
-        prefill_chunk: int = 512,
-        max_context: int | None = None,
-        next_tier: Any = None,
-        policy: str | None = None,
-        ssd_dir: str | Path | None = None,
-        ssd_budget: int | str = "10GB",
-        ssd_retention: float | None = None,
         kv_bits: int | None = None,
         kv_group_size: int = 64,
+        **options: Any,
     ) -> None:
+        """``kv_bits``: a quantized KV cache; ``options``: those of ``CachedEngine._init_cache``."""
         self.model = model
         if kv_bits is not None and kv_bits not in (2, 3, 4, 5, 6, 8):
             raise ValueError("kv_bits must be one of 2, 3, 4, 5, 6, 8")
@@ -91,22 +80,7 @@ class MlxEngine(CachedEngine):
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
         limit = getattr(getattr(model, "args", None), "max_position_embeddings", None) or 2048
-        self._init_cache(
-            tokenizer=tokenizer,
-            model_id=model_id,
-            cache=cache,
-            cache_enabled=cache_enabled,
-            block_size=block_size,
-            ram_budget=ram_budget,
-            prefill_chunk=prefill_chunk,
-            max_context=max_context,
-            model_limit=limit,
-            next_tier=next_tier,
-            policy=policy,
-            ssd_dir=ssd_dir,
-            ssd_budget=ssd_budget,
-            ssd_retention=ssd_retention,
-        )
+        self._init_cache(tokenizer, model_limit=limit, **options)
 
     @staticmethod
     def load_weights(

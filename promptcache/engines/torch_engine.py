@@ -10,7 +10,6 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
-from promptcache.core.cache import PromptCache
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine
@@ -38,24 +37,8 @@ def weights_digest(model: torch.nn.Module) -> str:
 class TorchEngine(CachedEngine):
     name = "torch"
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        model_id: str = "model",
-        cache: PromptCache | None = None,
-        cache_enabled: bool = True,
-        block_size: int = 64,
-        ram_budget: int | str | None = None,
-        prefill_chunk: int = 512,
-        max_context: int | None = None,
-        next_tier: Any = None,
-        policy: str | None = None,
-        ssd_dir: str | Path | None = None,
-        ssd_budget: int | str = "10GB",
-        ssd_retention: float | None = None,
-    ) -> None:
+    def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
+        """``options``: the cache and serving options of ``CachedEngine._init_cache``."""
         self.model = model.eval()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -77,20 +60,9 @@ class TorchEngine(CachedEngine):
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
         self._init_cache(
-            tokenizer=tokenizer,
-            model_id=model_id,
-            cache=cache,
-            cache_enabled=cache_enabled,
-            block_size=block_size,
-            ram_budget=ram_budget,
-            prefill_chunk=prefill_chunk,
-            max_context=max_context,
+            tokenizer,
             model_limit=getattr(model.config, "max_position_embeddings", None) or 2048,
-            next_tier=next_tier,
-            policy=policy,
-            ssd_dir=ssd_dir,
-            ssd_budget=ssd_budget,
-            ssd_retention=ssd_retention,
+            **options,
         )
 
     @staticmethod

@@ -1,0 +1,36 @@
+"""Checks both engines' tests share: the same hit queries against a cached and an uncached engine."""
+
+import random
+
+HIT_LENGTHS = {"prefix": 45, "mid_block": 37, "supersequence": 28}  # positional layouts
+CHECKPOINTS = (16, 32, 45)  # chunk boundaries (chunk 16) and the end of the 45-token base
+
+
+def hit_results(cached, plain, logits_of, max_abs_diff):
+    """Save a 45-token prompt, then run an exact, prefix, mid-block and supersequence query on
+    both engines: (query kind, cached tokens, hit kind, max logit difference, same argmax)."""
+    rng = random.Random(1)
+    base = [rng.randrange(3, 256) for _ in range(45)]
+    logits_of(cached, base)
+    queries = {
+        "exact": base,
+        "prefix": base + [5, 6, 7, 8, 9, 10, 11],
+        "mid_block": base[:37] + [9] * 10,
+        "supersequence": base[:29],
+    }
+    out = []
+    for name, query in queries.items():
+        got, (num_cached, hit_kind) = logits_of(cached, query)
+        want, _ = logits_of(plain, query)
+        out.append(
+            (name, num_cached, hit_kind, max_abs_diff(got, want), got.argmax() == want.argmax())
+        )
+    return out
+
+
+def check_hit_lengths(name, num_cached, hit_kind, requires_checkpoint):
+    assert num_cached > 0 and hit_kind == name, (name, num_cached, hit_kind)
+    if requires_checkpoint:
+        assert num_cached in CHECKPOINTS, "snapshot hits land on checkpoints"
+    elif name != "exact":
+        assert num_cached == HIT_LENGTHS[name]
