@@ -34,3 +34,22 @@ def check_hit_lengths(name, num_cached, hit_kind, requires_checkpoint):
         assert num_cached in CHECKPOINTS, "snapshot hits land on checkpoints"
     elif name != "exact":
         assert num_cached == HIT_LENGTHS[name]
+
+
+def token_ids(events):
+    return [t for ev in events if hasattr(ev, "token_ids") for t in ev.token_ids]
+
+
+def greedy_turns(cached, plain, params, num_turns=3):
+    """A 30-token history; each turn both engines generate, then the history grows by the
+    uncached engine's reply and 5 new tokens. Yields (turn, cached events, uncached events,
+    length of the previous turn's prompt + reply)."""
+    rng = random.Random(2)
+    history = [rng.randrange(3, 256) for _ in range(30)]
+    prev_len = 0
+    for turn in range(num_turns):
+        a = list(cached.generate(history, params))
+        b = list(plain.generate(history, params))
+        yield turn, a, b, prev_len
+        prev_len = len(history) + len(b[-1].completion_ids)
+        history = history + b[-1].completion_ids + [rng.randrange(3, 256) for _ in range(5)]

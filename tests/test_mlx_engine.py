@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("mlx_lm")
 
-from engine_checks import check_hit_lengths, hit_results  # noqa: E402
+from engine_checks import check_hit_lengths, greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.mlx_engine import MlxEngine  # noqa: E402
@@ -47,10 +47,6 @@ def logits_of(engine, prompt):
     return engine.to_numpy(logits), cached
 
 
-def token_ids(events):
-    return [t for ev in events if hasattr(ev, "token_ids") for t in ev.token_ids]
-
-
 def test_layouts_classify_every_cache_kind(engines):
     kind, cached, _ = engines
     want = {
@@ -76,19 +72,11 @@ def test_hits_of_every_kind_match_uncached_logits(engines):
 
 def test_greedy_multi_turn_identical_to_uncached(engines):
     kind, cached, plain = engines
-    rng = random.Random(2)
-    history = [rng.randrange(3, 256) for _ in range(30)]
-    params = SamplingParams(max_tokens=10)
-    prev_len = 0
-    for turn in range(3):
-        a = list(cached.generate(history, params))
-        b = list(plain.generate(history, params))
+    for turn, a, b, prev_len in greedy_turns(cached, plain, SamplingParams(max_tokens=10)):
         assert token_ids(a) == token_ids(b), f"{kind} turn {turn}"
         if turn:
-            # the previous prompt and its reply are cached (down to a checkpoint for snapshots)
-            assert a[0].cached_tokens >= (prev_len if not cached.layout.requires_checkpoint else 16)
-        prev_len = len(history) + len(a[-1].completion_ids)
-        history = history + a[-1].completion_ids + [rng.randrange(3, 256) for _ in range(7)]
+            # the previous prompt and its reply are cached (a checkpoint ends the reply)
+            assert a[0].cached_tokens >= prev_len, f"{kind}: turn {turn} should reuse the last turn"
     cached.cache.check_integrity()
 
 

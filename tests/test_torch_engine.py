@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from engine_checks import check_hit_lengths, hit_results  # noqa: E402
+from engine_checks import check_hit_lengths, greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import EngineError, PromptTooLongError, SamplingParams  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
@@ -52,23 +52,11 @@ def test_hits_of_every_kind_match_uncached_logits(engines):
 
 def test_greedy_multi_turn_identical_to_uncached(engines):
     kind, cached, plain = engines
-    rng = random.Random(2)
-    history = [rng.randrange(3, 256) for _ in range(30)]
-    params = SamplingParams(max_tokens=10)
-    prev_len = 0
-    for turn in range(3):
-        a = list(cached.generate(history, params))
-        b = list(plain.generate(history, params))
-        ids_a = [t for ev in a if hasattr(ev, "token_ids") for t in ev.token_ids]
-        ids_b = [t for ev in b if hasattr(ev, "token_ids") for t in ev.token_ids]
+    for turn, a, b, prev_len in greedy_turns(cached, plain, SamplingParams(max_tokens=10)):
         if TOL[kind] is not None or a[0].cached_tokens % CHUNK == 0:
-            assert ids_a == ids_b, f"{kind} turn {turn}"
-        if turn:
-            assert a[0].cached_tokens >= prev_len, (
-                f"{kind}: turn {turn} should reuse the previous turn"
-            )
-        prev_len = len(history)
-        history = history + ids_b + [rng.randrange(3, 256) for _ in range(5)]
+            assert token_ids(a) == token_ids(b), f"{kind} turn {turn}"
+        if turn:  # the previous prompt and its reply (a checkpoint ends the reply)
+            assert a[0].cached_tokens >= prev_len, f"{kind}: turn {turn} should reuse the last turn"
     cached.cache.check_integrity()
     assert cached.cache.stats().num_pinned_blocks == 0
 
