@@ -7,9 +7,10 @@ serve the same hits, save at the same points and stream the same events.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ import numpy as np
 from promptcache.core.budget import parse_size
 from promptcache.core.cache import Lease, PromptCache
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.hashing import digest_bytes
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_tier import SsdTier
 from promptcache.engines.base import (
@@ -42,6 +44,18 @@ VOLATILE_CONFIG_KEYS = frozenset(
         "_commit_hash",
     }
 )
+
+
+def digest_weights(named: Iterable[tuple[str, Any]], to_numpy: Callable[[Any], np.ndarray]) -> str:
+    """Digest of every parameter's name, shape, dtype and a strided sample of 256 of its values
+    (``to_numpy`` converts the sample only, never a whole array)."""
+    parts = []
+    for name, arr in sorted(named, key=lambda item: item[0]):
+        flat = arr.reshape(-1)
+        sample = flat[:: max(1, math.prod(arr.shape) // 256)][:256]
+        data = to_numpy(sample).astype(np.float32).tobytes()
+        parts.append(f"{name}:{tuple(arr.shape)}:{arr.dtype}".encode() + digest_bytes(data))
+    return digest_bytes(b"|".join(parts)).hex()
 
 
 class Layout(Protocol):

@@ -15,8 +15,8 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import digest_bytes, fingerprint_model
-from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine
+from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine, digest_weights
 from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_state import (
     MlxLayout,
@@ -26,16 +26,6 @@ from promptcache.engines.mlx_state import (
     slice_positional,
     take_checkpoint,
 )
-
-
-def weights_digest(model: Any) -> str:
-    """Digest of every parameter's name, shape, dtype and a strided sample of its values."""
-    parts = []
-    for name, arr in sorted(tree_flatten(model.parameters())):
-        flat = arr.reshape(-1)
-        sample = np.asarray(flat[:: max(1, flat.size // 256)][:256].astype(mx.float32)).tobytes()
-        parts.append(f"{name}:{tuple(arr.shape)}:{arr.dtype}".encode() + digest_bytes(sample))
-    return digest_bytes(b"|".join(parts)).hex()
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -73,7 +63,12 @@ class MlxEngine(CachedEngine):
         dtype = str(next(v for _, v in tree_flatten(model.parameters())).dtype)
         quant = f"kv{kv_bits}g{kv_group_size}" if kv_bits else "kv-full"
         self.fingerprint = fingerprint_model(
-            _config_of(model), weights_digest(model), f"{dtype}:{quant}", self.name
+            _config_of(model),
+            digest_weights(
+                tree_flatten(model.parameters()), lambda a: np.asarray(a.astype(mx.float32))
+            ),
+            f"{dtype}:{quant}",
+            self.name,
         )
         eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or ())
         if getattr(tokenizer, "eos_token_id", None) is not None:

@@ -11,8 +11,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import digest_bytes, fingerprint_model
-from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine
+from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine, digest_weights
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_state import (
     LayerLayout,
@@ -22,16 +22,6 @@ from promptcache.engines.torch_state import (
     slice_positional,
     take_checkpoint,
 )
-
-
-def weights_digest(model: torch.nn.Module) -> str:
-    """Digest of every parameter's name, shape, dtype and a strided sample of its values."""
-    parts = []
-    for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        sample = flat[:: max(1, flat.numel() // 256)][:256].float().cpu().numpy().tobytes()
-        parts.append(f"{name}:{tuple(tensor.shape)}:{tensor.dtype}".encode() + digest_bytes(sample))
-    return digest_bytes(b"|".join(parts)).hex()
 
 
 class TorchEngine(CachedEngine):
@@ -45,7 +35,10 @@ class TorchEngine(CachedEngine):
         self.layout: LayerLayout = describe_layers(DynamicCache(config=model.config))
         config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
         self.fingerprint = fingerprint_model(
-            config, weights_digest(model), str(self.dtype), self.name
+            config,
+            digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
+            str(self.dtype),
+            self.name,
         )
         forward_args = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in forward_args
