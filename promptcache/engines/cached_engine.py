@@ -31,6 +31,7 @@ from promptcache.engines.base import (
     SamplingParams,
     TextDelta,
 )
+from promptcache.engines.sampling import sample_token
 from promptcache.engines.textstream import StopTextStream
 
 # config keys that change between saves of the same weights; left out of the model fingerprint
@@ -66,28 +67,6 @@ class Layout(Protocol):
     @property
     def has_positional(self) -> bool:
         """True when some layer's state is sliced per block."""
-
-
-def sample_token(
-    logits: np.ndarray, params: SamplingParams, rng: np.random.Generator | None
-) -> int:
-    """Greedy at temperature 0; else temperature, top-k, then top-p (the first token that
-    crosses top_p is kept), sampled with ``rng``."""
-    if params.temperature == 0:
-        return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
-    if params.top_k and params.top_k < x.size:
-        kth = np.partition(x, -params.top_k)[-params.top_k]
-        x = np.where(x < kth, -np.inf, x)
-    probs = np.exp(x - x.max())
-    probs /= probs.sum()
-    if params.top_p < 1.0:
-        order = np.argsort(-probs, kind="stable")
-        before = np.cumsum(probs[order]) - probs[order]
-        probs[order[before >= params.top_p]] = 0.0
-        probs /= probs.sum()
-    rng = rng or np.random.default_rng()
-    return int(rng.choice(probs.size, p=probs))
 
 
 class CachedEngine:
