@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,6 +168,27 @@ def run_server(
     return rows
 
 
+def print_table(rows: list[dict[str, Any]], repeats: int) -> None:
+    """Per turn: each server's median TTFT over the runs, with the cached tokens it reported."""
+    names = list(dict.fromkeys(r["server"] for r in rows))
+    print(f"\nmedian of {repeats} run(s)")
+    print("\n| turn | prompt tok | " + " | ".join(f"{n} TTFT ms (cached)" for n in names) + " |")
+    print("|---:|---:|" + "---:|" * len(names))
+    for turn in sorted({r["turn"] for r in rows}):
+        by = {n: [r for r in rows if r["turn"] == turn and r["server"] == n] for n in names}
+        first = next(r for r in rows if r["turn"] == turn)
+        label = f"{turn} (restart)" if first["after_restart"] else str(turn)
+        cells = []
+        for n in names:
+            if not by[n]:
+                cells.append("-")
+                continue
+            ms = statistics.median(r["ttft_s"] for r in by[n]) * 1e3
+            cached = by[n][0]["cached_tokens"]
+            cells.append(f"{ms:.0f} ({cached if cached is not None else 'n/a'})")
+        print(f"| {label} | {first['prompt_tokens']} | " + " | ".join(cells) + " |")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -183,30 +205,24 @@ def main() -> int:
     p.add_argument("--restart", choices=("term", "kill"), default="term",
                    help="how the server is stopped before the last turn: SIGTERM (graceful) or SIGKILL (a crash)")  # fmt: skip
     p.add_argument("--servers", default="promptcache,mlx_lm.server,vllm-mlx")
+    p.add_argument("--repeats", type=int, default=1, help="whole runs; the table shows medians")
     p.add_argument("--out", default="bench-out/mlx_peers.json")
     args = p.parse_args()
     model = mlx_ready(resolve_model(args.model))
     conv = tau_conversation(args.conversation, args.index)
     rows: list[dict[str, Any]] = []
-    for name in args.servers.split(","):
-        if name == "vllm-mlx" and not args.vllm_mlx:
-            print("vllm-mlx: not installed (pass --vllm-mlx), skipped")
-            continue
-        rows += run_server(name, model, conv, args)
-    names = list(dict.fromkeys(r["server"] for r in rows))
-    print("\n| turn | prompt tok | " + " | ".join(f"{n} TTFT ms (cached)" for n in names) + " |")
-    print("|---:|---:|" + "---:|" * len(names))
-    for turn in sorted({r["turn"] for r in rows}):
-        by = {r["server"]: r for r in rows if r["turn"] == turn}
-        first = next(iter(by.values()))
-        label = f"{turn} (restart)" if first["after_restart"] else str(turn)
-        cells = [f"{by[n]['ttft_s'] * 1e3:.0f} ({by[n]['cached_tokens'] if by[n]['cached_tokens'] is not None else 'n/a'})"
-                 if n in by else "-" for n in names]  # fmt: skip
-        print(f"| {label} | {first['prompt_tokens']} | " + " | ".join(cells) + " |")
+    for run in range(args.repeats):
+        for name in args.servers.split(","):
+            if name == "vllm-mlx" and not args.vllm_mlx:
+                print("vllm-mlx: not installed (pass --vllm-mlx), skipped")
+                continue
+            print(f"run {run + 1}/{args.repeats}", end=" ")
+            rows += [{**r, "run": run} for r in run_server(name, model, conv, args)]
+    print_table(rows, args.repeats)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model": str(model), "conversation": f"{args.conversation}[{args.index}]",
-                               "max_tokens": args.max_tokens, "restart": args.restart, "rows": rows}, indent=2))  # fmt: skip
+                               "max_tokens": args.max_tokens, "restart": args.restart, "repeats": args.repeats, "rows": rows}, indent=2))  # fmt: skip
     print(f"\nwrote {out}")
     return 0
 
