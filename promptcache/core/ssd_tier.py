@@ -74,9 +74,7 @@ class SsdTier:
         try:
             self.root_dir.mkdir(parents=True, exist_ok=True)
             self.index = SsdIndex(self.root_dir / "index.sqlite")
-        except (
-            Exception
-        ) as exc:  # sqlite3.Error or OSError: read-only or unusable dir: serve from RAM only
+        except Exception as exc:  # sqlite3.Error, OSError: read-only or unusable dir: RAM only
             log.error("SSD tier disabled: cannot open %s: %s", self.root_dir, exc)
             self.stats.last_error = str(exc)
             self.index = None  # type: ignore[assignment]

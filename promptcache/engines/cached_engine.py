@@ -111,6 +111,23 @@ class CachedEngine:
 
     # -- set-up ---------------------------------------------------------------------------------
 
+    @staticmethod
+    def load_weights(
+        path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+    ) -> tuple[Any, Any]:
+        """(model, tokenizer) from a model folder, shareable between engines of this kind."""
+        raise NotImplementedError
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+    ) -> Any:
+        """An engine on the model in ``path``; ``options`` as for ``_init_cache`` (and the
+        engine's own keyword arguments). The model id defaults to the folder name."""
+        path = Path(path)
+        model, tokenizer = cls.load_weights(path, dtype=dtype, device=device)
+        return cls(model, tokenizer, model_id=options.pop("model_id", path.name), **options)
+
     def _init_cache(
         self,
         tokenizer: Any,

@@ -74,7 +74,7 @@ class MlxEngine(CachedEngine):
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
-        limit = getattr(getattr(model, "args", None), "max_position_embeddings", None) or 2048
+        limit = getattr(args, "max_position_embeddings", None) or 2048
         self._init_cache(tokenizer, model_limit=limit, **options)
 
     @staticmethod
@@ -96,14 +96,6 @@ class MlxEngine(CachedEngine):
         if not any(isinstance(m, quantized) for _, m in model.named_modules()):
             model.set_dtype(getattr(mx, dtype))
         return model, tokenizer
-
-    @classmethod
-    def load(
-        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs: Any
-    ) -> MlxEngine:
-        path = Path(path)
-        model, tokenizer = cls.load_weights(path, dtype=dtype)
-        return cls(model, tokenizer, model_id=kwargs.pop("model_id", path.name), **kwargs)
 
     # -- model steps ----------------------------------------------------------------------------
 

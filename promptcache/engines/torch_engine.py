@@ -67,14 +67,6 @@ class TorchEngine(CachedEngine):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
         return model.eval(), tokenizer
 
-    @classmethod
-    def load(
-        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **kwargs: Any
-    ) -> TorchEngine:
-        path = Path(path)
-        model, tokenizer = cls.load_weights(path, dtype=dtype, device=device)
-        return cls(model, tokenizer, model_id=kwargs.pop("model_id", path.name), **kwargs)
-
     # -- model steps ----------------------------------------------------------------------------
 
     def new_state(self) -> DynamicCache:
