@@ -13,13 +13,14 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.policy import EvictionPolicy
 
 _U1 = np.dtype("u1")
 
@@ -84,16 +85,21 @@ def replay(
     requests: list[TraceRequest] | Iterator[TraceRequest],
     capacity_tokens: int,
     *,
-    policy: str | None = None,
+    policy: EvictionPolicy | str | None = None,
     block_size: int = 512,
     trace_block_tokens: int = 512,
     with_output: bool = False,
     check_every: int = 0,
+    before_request: Callable[[int, TraceRequest], None] | None = None,
 ) -> dict[str, Any]:
+    """Replay ``requests``; ``before_request(i, req)`` runs before each one is served (the
+    offline reference policies in benchmarks/ use it to see the future)."""
     cache = PromptCache("replay", block_size=block_size, ram_budget=capacity_tokens, policy=policy)
     t0 = time.perf_counter()
     num = prompt_total = cached_total = 0
     for i, req in enumerate(requests):
+        if before_request is not None:
+            before_request(i, req)
         tokens = prompt_tokens(req, trace_block_tokens)
         seq = cache.sequence(tokens)
         with cache.lookup(seq) as hit:

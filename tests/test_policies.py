@@ -91,6 +91,25 @@ def test_replay_lru_tiny_capacity_matches_reference_simulation():
     assert got["evicted_blocks"] == 5
 
 
+def test_replay_takes_a_policy_object_and_shows_each_request_first():
+    from promptcache.core.policy import make_policy
+
+    trace = hand_made_trace(0)
+    seen: list[tuple[int, TraceRequest]] = []
+    kwargs = dict(block_size=4, trace_block_tokens=8)
+    got = replay(
+        trace,
+        64,
+        policy=make_policy("lru"),
+        before_request=lambda i, r: seen.append((i, r)),
+        **kwargs,
+    )
+    assert seen == list(enumerate(trace))
+    ref = replay(trace, 64, policy="lru", **kwargs)
+    assert (got["policy"], got["cached_tokens"]) == ("lru", ref["cached_tokens"])
+    assert ref["cached_tokens"] > 0 and ref["evicted_blocks"] > 0
+
+
 def test_prompt_tokens_are_deterministic_runs():
     r = TraceRequest(0, 10, 0, [3, 7])
     toks = prompt_tokens(r, 8)

@@ -58,12 +58,13 @@ class FrecencyPolicy:
             x = math.log(gap)
             self._log_gap = x if self._log_gap is None else 0.999 * self._log_gap + 0.001 * x
 
-    def _priority(self, meta: _Meta) -> float:
+    def _priority(self, block: Block, meta: _Meta) -> float:
+        """Lowest goes first; fixed until the block is next used (subclasses may override)."""
         return meta.last + self.window_bytes * math.log(meta.freq)
 
     def _push(self, block: Block, meta: _Meta) -> None:
         self._seq += 1
-        meta.entry = [self._priority(meta), self._seq, block]
+        meta.entry = [self._priority(block, meta), self._seq, block]
         heapq.heappush(self._heap, meta.entry)
         if len(self._heap) > 2 * self._num_listed + 64:  # drop stale entries
             self._heap = [e for e in self._heap if e[2] is not None]

@@ -1,0 +1,173 @@
+"""How much of the offline optimum an online eviction policy can reach on a hash-id trace.
+
+Run: .venv/bin/python benchmarks/policy_ceiling.py --trace ../shared/data/mooncake/conversation_trace.jsonl
+
+Replays the trace through the real core (as `promptcache replay` does) with LRU, the default
+policy, and three policies that are told the future, so the gap can be attributed:
+- ``oracle-new``: the default policy, but new blocks that are never used again go first;
+- ``oracle-all``: the default policy, but any block at its last use goes first;
+- ``belady``: evict the block whose next use is furthest away (the offline optimum).
+It also prints what an online policy can observe about reuse: the chance a block is used again
+given how often it was used so far, and when new blocks are first reused (their age in blocks
+inserted since), which is what separates the three oracles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+from collections import Counter, defaultdict
+
+from promptcache.core.block import Block
+from promptcache.core.policies.frecency import FrecencyPolicy, _Meta
+from promptcache.core.policy import make_policy
+from promptcache.replay import TraceRequest, read_trace, replay
+
+NEVER = 1 << 60
+
+
+class Future:
+    """The request being served and, for each trace hash id, the requests that contain it."""
+
+    def __init__(self, requests: list[TraceRequest], trace_block_tokens: int) -> None:
+        self.requests = requests
+        self.block_tokens = trace_block_tokens
+        self.uses: dict[int, list[int]] = defaultdict(list)
+        for i, req in enumerate(requests):
+            for h in dict.fromkeys(req.hash_ids):
+                self.uses[h].append(i)
+        self.current = 0
+
+    def set_current(self, index: int, req: TraceRequest) -> None:
+        self.current = index
+
+    def next_use(self, block: Block) -> int:
+        """Index of the next request that uses ``block`` (a block of the current request)."""
+        trace_id = self.requests[self.current].hash_ids[block.depth // self.block_tokens]
+        uses = self.uses[trace_id]
+        k = bisect.bisect_right(uses, self.current)
+        return uses[k] if k < len(uses) else NEVER
+
+
+class OraclePolicy(FrecencyPolicy):
+    """Frecency ordering, corrected with knowledge of each block's next use (see module doc)."""
+
+    def __init__(self, future: Future, mode: str) -> None:
+        super().__init__()
+        self.future = future
+        self.mode = mode
+        self.name = mode
+        self._next: dict[int, int] = {}
+
+    def on_insert(self, block: Block) -> None:
+        self._next[id(block)] = self.future.next_use(block)
+        super().on_insert(block)
+
+    def on_access(self, block: Block, is_hit: bool) -> None:
+        self._next[id(block)] = self.future.next_use(block)
+        super().on_access(block, is_hit)
+
+    def on_evict(self, block: Block) -> None:
+        self._next.pop(id(block), None)
+        super().on_evict(block)
+
+    def _priority(self, block: Block, meta: _Meta) -> float:
+        nxt = self._next[id(block)]
+        if self.mode == "belady":
+            return -float(nxt)  # the heap pops the smallest: the furthest next use goes first
+        base = super()._priority(block, meta)
+        is_dead = nxt == NEVER and (self.mode == "oracle-all" or meta.freq == 1)
+        return base - 1e18 if is_dead else base
+
+
+def reuse_profile(requests: list[TraceRequest]) -> tuple[list[dict], list[dict]]:
+    """(P(used again | uses so far), first-reuse hazard by age) from the trace ids alone."""
+    remaining: Counter[int] = Counter(h for r in requests for h in set(r.hash_ids))
+    uses: Counter[int] = Counter()
+    again: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    born: dict[int, int] = {}
+    first_gap: list[int] = []
+    clock = 0
+    for r in requests:
+        for h in dict.fromkeys(r.hash_ids):
+            if h not in born:
+                clock += 1
+                born[h] = clock
+            elif uses[h] == 1:
+                first_gap.append(clock - born[h])
+            uses[h] += 1
+            remaining[h] -= 1
+            row = again[min(uses[h], 8)]
+            row[0] += 1
+            row[1] += remaining[h] > 0
+    by_uses = [
+        {"uses": k if k < 8 else "8+", "accesses": n, "p_used_again": round(a / n, 3)}
+        for k, (n, a) in sorted(again.items())
+    ]
+    first_gap.sort()
+    alive, lo, hazard = len(born), 0, []
+    for hi in [1 << k for k in range(9, 18)] + [NEVER]:
+        n = bisect.bisect_left(first_gap, hi) - bisect.bisect_left(first_gap, lo)
+        hazard.append(
+            {
+                "age_blocks": f"{lo}-{hi if hi != NEVER else 'inf'}",
+                "first_reuses": n,
+                "share_of_new_blocks": round(n / len(born), 4),
+                "hazard": round(n / alive, 4) if alive else 0.0,
+            }
+        )
+        alive -= n
+        lo = hi
+    return by_uses, hazard
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--capacity-tokens", type=int, nargs="+", default=[3_100_000])
+    ap.add_argument("--trace-block-tokens", type=int, default=512)
+    ap.add_argument("--json", help="also write results here")
+    args = ap.parse_args()
+    requests = list(read_trace(args.trace))
+    future = Future(requests, args.trace_block_tokens)
+    rows = []
+    print("| capacity (tokens) | lru | default | oracle-new | oracle-all | belady | replay s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for cap in args.capacity_tokens:
+        row: dict = {"capacity_tokens": cap}
+        seconds = []
+        for label in ("lru", "default", "oracle-new", "oracle-all", "belady"):
+            policy = make_policy(label if label == "lru" else None)
+            if label not in ("lru", "default"):
+                policy = OraclePolicy(future, label)
+            r = replay(
+                requests,
+                cap,
+                policy=policy,
+                block_size=args.trace_block_tokens,
+                trace_block_tokens=args.trace_block_tokens,
+                before_request=future.set_current,
+            )
+            row[label] = round(r["hit_rate"], 4)
+            seconds.append(r["seconds"])
+        rows.append(row)
+        cells = " | ".join(f"{row[k]:.4f}" for k in list(row)[1:])
+        print(f"| {cap:,} | {cells} | {max(seconds):.0f} |", flush=True)
+    by_uses, hazard = reuse_profile(requests)
+    print("\nP(a block is used again | its uses so far):")
+    for d in by_uses:
+        print(f"  uses {d['uses']!s:>2}: {d['p_used_again']:.3f}  ({d['accesses']:,} accesses)")
+    print("\nFirst reuse of a new block, by its age in blocks inserted since:")
+    for d in hazard:
+        print(
+            f"  {d['age_blocks']:>13}: {d['share_of_new_blocks']:.4f} of new blocks,"
+            f" hazard {d['hazard']:.4f}"
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "by_uses": by_uses, "first_reuse": hazard}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
