@@ -138,8 +138,9 @@ def main() -> None:
         row: dict = {"capacity_tokens": cap}
         seconds = []
         for label in ("lru", "default", "oracle-new", "oracle-all", "belady"):
-            policy = make_policy(label if label == "lru" else None)
-            if label not in ("lru", "default"):
+            if label in ("lru", "default"):
+                policy = make_policy(label if label == "lru" else None)
+            else:
                 policy = OraclePolicy(future, label)
             r = replay(
                 requests,
