@@ -1,0 +1,157 @@
+"""The tool-call parser interface: one small parser per chat-template format.
+
+A parser turns a generated assistant reply into (content, calls), renders calls back into the
+same text, and builds an llguidance grammar that forces a well-formed call. Every format shares
+the same content rule: a well-formed call is cut out together with the whitespace on both sides
+of it, and the text pieces left over are joined with one newline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    name: str
+    arguments: str  # JSON text of the arguments object: json.dumps of the parsed value
+
+
+class ParsedReply(NamedTuple):
+    content: str  # the reply with the well-formed calls (and the whitespace around them) cut out
+    calls: list[ToolCall]
+
+
+class ToolCallParser(Protocol):
+    name: str  # "hermes", "llama3_json", "mistral"
+    start_markers: tuple[str, ...]  # text that opens a call; a streamer holds back from here on
+
+    def parse(self, text: str) -> ParsedReply:
+        """Split a whole reply into content and calls. Never raises: a malformed call (bad JSON,
+        unclosed marker, unknown structure) stays in content as the text it was."""
+        ...
+
+    def render(self, content: str, calls: list[ToolCall]) -> str:
+        """The assistant reply as this format writes it, calls after the content.
+        parse(render(c, calls)) == (c, calls) for c without surrounding whitespace and calls
+        whose arguments are canonical (json.dumps of a dict)."""
+        ...
+
+    def call_grammar(
+        self, tools: list[dict], name: str | None = None, parallel: bool = True
+    ) -> str:
+        """An llguidance Lark grammar accepting exactly render("", calls) for one call (or, with
+        parallel, one or more), each call's arguments valid for that tool's JSON schema.
+        name: only that tool. Raises ValueError for no tools or an unknown name."""
+        ...
+
+    def system_prompt(self, tools: list[dict]) -> str:
+        """Prompt text that teaches this format to a model whose chat template has no tools
+        section: the tools as JSON, how to call them, how results come back."""
+        ...
+
+
+def make_call(name: Any, args: Any) -> ToolCall | None:
+    """A ToolCall from a decoded name and arguments, or None when they do not make one.
+    Arguments may be an object or (OpenAI style) a JSON string holding an object."""
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    if not isinstance(name, str) or not name or not isinstance(args, dict):
+        return None
+    return ToolCall(name, json.dumps(args))
+
+
+def decode_json(text: str, pos: int) -> tuple[Any, int] | None:
+    """The JSON value starting at text[pos] and the index just past it, or None."""
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except ValueError:
+        return None
+
+
+def skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def join_content(pieces: Iterable[str]) -> str:
+    """Content from the text between calls: pieces already have their call-side whitespace cut."""
+    return "\n".join(p for p in pieces if p)
+
+
+def cut_calls(text: str, spans: list[tuple[int, int]]) -> str:
+    """text without the [start, end) call spans and the whitespace next to each span."""
+    pieces, pos = [], 0
+    for start, end in spans:
+        piece = text[pos:start]
+        pieces.append(piece.rstrip() if pos == 0 else piece.strip())
+        pos = end
+    if not spans:
+        return text
+    pieces.append(text[pos:].lstrip())
+    return join_content(pieces)
+
+
+def tool_functions(tools: list[dict], name: str | None = None) -> list[dict]:
+    """The "function" dicts of OpenAI-style tools (bare function dicts are accepted too),
+    only `name` when given."""
+    funcs = [t.get("function", t) for t in tools]
+    if name is not None:
+        funcs = [f for f in funcs if f.get("name") == name]
+    if not funcs:
+        raise ValueError(f"no tool named {name!r}" if name else "no tools")
+    return funcs
+
+
+def lark_str(s: str) -> str:
+    """A Lark string literal for s."""
+    return json.dumps(s, ensure_ascii=False)
+
+
+def args_rule(func: dict) -> str:
+    """The Lark right-hand side for a tool's arguments: its JSON schema as %json."""
+    schema = func.get("parameters") or {"type": "object"}
+    return "%json " + json.dumps(schema)
+
+
+def tools_json_lines(tools: list[dict]) -> str:
+    return "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+
+
+def canonical(arguments: str) -> str:
+    """arguments re-serialised as json.dumps does, or unchanged when it is not JSON."""
+    try:
+        return json.dumps(json.loads(arguments))
+    except ValueError:
+        return arguments
+
+
+def grammar_of_calls(
+    funcs: list[dict],
+    around: Any,
+    sep: str,
+    parallel: bool,
+    prefix: str = "",
+    suffix: str = "",
+) -> str:
+    """A Lark grammar: prefix, one call (or, parallel, calls separated by sep), suffix.
+    around(name) gives the literal text before and after a call's arguments object."""
+    alts, rules = [], []
+    for i, func in enumerate(funcs):
+        before, after = around(func["name"])
+        body = " ".join(x for x in (lark_str(before), f"args_{i}", after and lark_str(after)) if x)
+        rules += [f"call_{i}: {body}", f"args_{i}: {args_rule(func)}"]
+        alts.append(f"call_{i}")
+    more = f" ({lark_str(sep)} call)*" if sep else " call*"
+    start = " ".join(x for x in (prefix and lark_str(prefix), "call" + (more if parallel else ""),
+                                  suffix and lark_str(suffix)) if x)  # fmt: skip
+    return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *rules]) + "\n"

@@ -1,0 +1,78 @@
+"""Hermes / Qwen2.5 / Qwen3 tool calls: one JSON object per <tool_call> block.
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Parallel calls are several blocks in a row. The closing tag is found after the JSON object, not
+by searching, so a string argument that contains "</tool_call>" does not cut the call short.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .base import (
+    ParsedReply,
+    ToolCall,
+    canonical,
+    cut_calls,
+    decode_json,
+    grammar_of_calls,
+    make_call,
+    skip_ws,
+    tool_functions,
+    tools_json_lines,
+)
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+
+
+class HermesParser:
+    name = "hermes"
+    start_markers = (OPEN,)
+
+    def parse(self, text: str) -> ParsedReply:
+        spans: list[tuple[int, int]] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while (start := text.find(OPEN, pos)) >= 0:
+            pos = start + len(OPEN)  # if the block is malformed, the tag stays as text
+            decoded = decode_json(text, skip_ws(text, pos))
+            if decoded is None or not isinstance(decoded[0], dict):
+                continue
+            obj, end = decoded
+            args = obj.get("arguments", obj.get("parameters"))
+            call = make_call(obj.get("name"), args)
+            end = skip_ws(text, end)
+            if call is None or not text.startswith(CLOSE, end):
+                continue
+            pos = end + len(CLOSE)
+            spans.append((start, pos))
+            calls.append(call)
+        return ParsedReply(cut_calls(text, spans), calls)
+
+    def render(self, content: str, calls: list[ToolCall]) -> str:
+        blocks = "\n".join(
+            f'{OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": {canonical(c.arguments)}}}\n{CLOSE}'
+            for c in calls
+        )
+        return "\n".join(x for x in (content, blocks) if x)
+
+    def call_grammar(
+        self, tools: list[dict], name: str | None = None, parallel: bool = True
+    ) -> str:
+        def around(fname: str) -> tuple[str, str]:
+            return f'{OPEN}\n{{"name": {json.dumps(fname)}, "arguments": ', f"}}\n{CLOSE}"
+
+        return grammar_of_calls(tool_functions(tools, name), around, "\n", parallel)
+
+    def system_prompt(self, tools: list[dict]) -> str:
+        return (
+            "# Tools\n\nYou can call the functions below to help answer the user. Their JSON "
+            f"signatures are inside <tools></tools> tags:\n<tools>\n{tools_json_lines(tools)}\n"
+            "</tools>\n\nTo call a function, write a JSON object with its name and arguments "
+            f"inside {OPEN}{CLOSE} tags, one block per call:\n{OPEN}\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n'
+            f"{CLOSE}\n\nEach result comes back to you inside <tool_response></tool_response> tags."
+        )

@@ -1,0 +1,113 @@
+"""Mistral tool calls, in either of two styles after the [TOOL_CALLS] marker:
+
+    [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "a1b2c3d4e"}]
+    [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}
+
+The first (v3 tokenizer: Mistral-7B-Instruct-v0.3, Nemo) holds a JSON list of calls, ids ignored;
+the second (v11+: Mistral Small 3.2, Magistral, Devstral) one call per marker, optionally with
+[CALL_ID]id before [ARGS]. render and call_grammar write the style given to the constructor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from .base import (
+    ParsedReply,
+    ToolCall,
+    canonical,
+    cut_calls,
+    decode_json,
+    grammar_of_calls,
+    make_call,
+    skip_ws,
+    tool_functions,
+    tools_json_lines,
+)
+
+MARKER = "[TOOL_CALLS]"
+_NAMED = re.compile(r"([A-Za-z0-9_.\-]+)(?:\[CALL_ID\][A-Za-z0-9_\-]*)?\[ARGS\]")
+
+
+def _as_call(value: Any) -> ToolCall | None:
+    if not isinstance(value, dict) or "arguments" not in value:
+        return None
+    return make_call(value.get("name"), value["arguments"])
+
+
+class MistralParser:
+    name = "mistral"
+    start_markers = (MARKER,)
+
+    def __init__(self, style: Literal["list", "args"] = "list") -> None:
+        self.style = style
+
+    def _calls_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
+        """The calls written just after a marker that ends at pos, and where they end."""
+        pos = skip_ws(text, pos)
+        if text.startswith("[", pos):
+            decoded = decode_json(text, pos)
+            if decoded is None or not isinstance(decoded[0], list) or not decoded[0]:
+                return None
+            calls = [_as_call(v) for v in decoded[0]]
+            return None if None in calls else (calls, decoded[1])  # type: ignore[return-value]
+        calls, end = [], pos
+        while match := _NAMED.match(text, end):  # name[ARGS]{...}, possibly several in a row
+            decoded = decode_json(text, match.end())
+            call = decoded and make_call(match.group(1), decoded[0])
+            if not call:
+                break
+            calls.append(call)
+            end = decoded[1]
+        return (calls, end) if calls else None
+
+    def parse(self, text: str) -> ParsedReply:
+        spans: list[tuple[int, int]] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while (start := text.find(MARKER, pos)) >= 0:
+            pos = start + len(MARKER)  # if what follows is malformed, the marker stays as text
+            found = self._calls_at(text, pos)
+            if found:
+                calls += found[0]
+                pos = found[1]
+                spans.append((start, pos))
+        return ParsedReply(cut_calls(text, spans), calls)
+
+    def render(self, content: str, calls: list[ToolCall]) -> str:
+        if not calls:
+            body = ""
+        elif self.style == "list":
+            items = [
+                {"name": c.name, "arguments": json.loads(canonical(c.arguments))} for c in calls
+            ]
+            body = MARKER + json.dumps(items)
+        else:
+            body = "".join(f"{MARKER}{c.name}[ARGS]{canonical(c.arguments)}" for c in calls)
+        return "\n".join(x for x in (content, body) if x)
+
+    def call_grammar(
+        self, tools: list[dict], name: str | None = None, parallel: bool = True
+    ) -> str:
+        funcs = tool_functions(tools, name)
+        if self.style == "args":
+            return grammar_of_calls(funcs, lambda n: (f"{MARKER}{n}[ARGS]", ""), "", parallel)
+
+        def around(fname: str) -> tuple[str, str]:
+            return f'{{"name": {json.dumps(fname)}, "arguments": ', "}"
+
+        return grammar_of_calls(funcs, around, ", ", parallel, prefix=MARKER + "[", suffix="]")
+
+    def system_prompt(self, tools: list[dict]) -> str:
+        example = (
+            '[TOOL_CALLS][{"name": <function-name>, "arguments": <args-json-object>}, ...]'
+            if self.style == "list"
+            else "[TOOL_CALLS]<function-name>[ARGS]<args-json-object>"
+        )
+        return (
+            "You can call the functions below (JSON signatures):\n"
+            f"{tools_json_lines(tools)}\n\nTo call functions, reply with {example}\n"
+            "Each result comes back to you between [TOOL_RESULTS] and [/TOOL_RESULTS]."
+        )
