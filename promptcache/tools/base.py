@@ -127,10 +127,15 @@ def tools_json_lines(tools: list[dict]) -> str:
     return "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
 
 
+def dump(value: Any) -> str:
+    """JSON as chat templates write it (transformers' tojson): non-ASCII kept as is."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def canonical(arguments: str) -> str:
-    """arguments re-serialised as json.dumps does, or unchanged when it is not JSON."""
+    """Arguments JSON as chat templates write it, or unchanged when it is not JSON."""
     try:
-        return json.dumps(json.loads(arguments))
+        return dump(json.loads(arguments))
     except ValueError:
         return arguments
 

@@ -10,14 +10,13 @@ by searching, so a string argument that contains "</tool_call>" does not cut the
 
 from __future__ import annotations
 
-import json
-
 from .base import (
     ParsedReply,
     ToolCall,
     canonical,
     cut_calls,
     decode_json,
+    dump,
     grammar_of_calls,
     make_call,
     skip_ws,
@@ -54,7 +53,7 @@ class HermesParser:
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         blocks = "\n".join(
-            f'{OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": {canonical(c.arguments)}}}\n{CLOSE}'
+            f'{OPEN}\n{{"name": {dump(c.name)}, "arguments": {canonical(c.arguments)}}}\n{CLOSE}'
             for c in calls
         )
         return "\n".join(x for x in (content, blocks) if x)
@@ -63,7 +62,7 @@ class HermesParser:
         self, tools: list[dict], name: str | None = None, parallel: bool = True
     ) -> str:
         def around(fname: str) -> tuple[str, str]:
-            return f'{OPEN}\n{{"name": {json.dumps(fname)}, "arguments": ', f"}}\n{CLOSE}"
+            return f'{OPEN}\n{{"name": {dump(fname)}, "arguments": ', f"}}\n{CLOSE}"
 
         return grammar_of_calls(tool_functions(tools, name), around, "\n", parallel)
 

@@ -9,7 +9,6 @@ is not call-shaped is skipped whole (a call nested inside it is not a call), and
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .base import (
@@ -18,6 +17,7 @@ from .base import (
     canonical,
     cut_calls,
     decode_json,
+    dump,
     grammar_of_calls,
     make_call,
     skip_ws,
@@ -81,8 +81,7 @@ class Llama3JsonParser:
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         body = "; ".join(
-            f'{{"name": {json.dumps(c.name)}, "parameters": {canonical(c.arguments)}}}'
-            for c in calls
+            f'{{"name": {dump(c.name)}, "parameters": {canonical(c.arguments)}}}' for c in calls
         )
         return "\n".join(x for x in (content, body) if x)
 
@@ -90,7 +89,7 @@ class Llama3JsonParser:
         self, tools: list[dict], name: str | None = None, parallel: bool = True
     ) -> str:
         def around(fname: str) -> tuple[str, str]:
-            return f'{{"name": {json.dumps(fname)}, "parameters": ', "}"
+            return f'{{"name": {dump(fname)}, "parameters": ', "}"
 
         return grammar_of_calls(tool_functions(tools, name), around, "; ", parallel)
 

@@ -10,7 +10,6 @@ the second (v11+: Mistral Small 3.2, Magistral, Devstral) one call per marker, o
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Literal
 
@@ -20,6 +19,7 @@ from .base import (
     canonical,
     cut_calls,
     decode_json,
+    dump,
     grammar_of_calls,
     make_call,
     skip_ws,
@@ -80,10 +80,10 @@ class MistralParser:
         if not calls:
             body = ""
         elif self.style == "list":
-            items = [
-                {"name": c.name, "arguments": json.loads(canonical(c.arguments))} for c in calls
-            ]
-            body = MARKER + json.dumps(items)
+            items = (
+                f'{{"name": {dump(c.name)}, "arguments": {canonical(c.arguments)}}}' for c in calls
+            )
+            body = MARKER + "[" + ", ".join(items) + "]"
         else:
             body = "".join(f"{MARKER}{c.name}[ARGS]{canonical(c.arguments)}" for c in calls)
         return "\n".join(x for x in (content, body) if x)
@@ -96,7 +96,7 @@ class MistralParser:
             return grammar_of_calls(funcs, lambda n: (f"{MARKER}{n}[ARGS]", ""), "", parallel)
 
         def around(fname: str) -> tuple[str, str]:
-            return f'{{"name": {json.dumps(fname)}, "arguments": ', "}"
+            return f'{{"name": {dump(fname)}, "arguments": ', "}"
 
         return grammar_of_calls(funcs, around, ", ", parallel, prefix=MARKER + "[", suffix="]")
 
