@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import llguidance
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -604,7 +605,7 @@ def test_stream_matches_parse(fmt, text):
     rng = random.Random(len(text))
     for _ in range(20):
         cuts = sorted(rng.sample(range(len(text) + 1), min(4, len(text) + 1)))
-        splits.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])])
+        splits.append([text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)])
     for chunks in splits:
         shown, splitter = stream(fmt, chunks)
         assert splitter.finish() == expected
@@ -626,3 +627,97 @@ def test_stream_llama3_prose_with_brace():
     assert s.push("Use a set {1, 2} here") == "Use a set"
     assert s.finish() == ParsedReply("Use a set {1, 2} here", [])
     assert s.rest == " {1, 2} here"
+
+
+# --- grammars, checked with llguidance on a byte-level tokenizer ---
+
+
+class _Bytes:
+    """A tokenizer with one token per byte (and an EOS), as llguidance's TokenizerWrapper wants."""
+
+    eos_token_id, bos_token_id = 256, None
+    tokens = [bytes([i]) for i in range(256)] + [b"<eos>"]
+    special_token_ids = [256]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+TOK = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_Bytes()))
+
+
+def accepts(grammar: str, text: str) -> bool:
+    matcher = llguidance.LLMatcher(TOK, grammar, log_level=0)
+    assert not matcher.is_error(), matcher.get_error()
+    return matcher.consume_tokens(TOK.tokenize_str(text)) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+def test_call_grammar_accepts_rendered_calls(fmt):
+    p = make_parser(fmt)
+    grammar = p.call_grammar(TOOLS)
+    assert llguidance.LLMatcher.validate_grammar(grammar, TOK) == ""
+    one, two = calls_of(PARIS), calls_of(PARIS, TRICKY)
+    assert accepts(grammar, p.render("", one))
+    assert accepts(grammar, p.render("", two))
+    assert accepts(grammar, p.render("", calls_of(("get_weather", {"city": "Oslo"}))))
+    single = p.call_grammar(TOOLS, parallel=False)
+    assert accepts(single, p.render("", one)) and not accepts(single, p.render("", two))
+    only = p.call_grammar(TOOLS, name="search")
+    assert accepts(only, p.render("", calls_of(TRICKY))) and not accepts(only, p.render("", one))
+    no_params = [{"type": "function", "function": {"name": "now"}}]
+    assert accepts(p.call_grammar(no_params), p.render("", calls_of(("now", {}))))
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        ("delete_everything", {"city": "Paris"}),  # unknown tool
+        ("get_weather", {}),  # required argument missing
+        ("get_weather", {"city": 3}),  # wrong type
+        ("get_weather", {"city": "Paris", "unit": "kelvin"}),  # not in the enum
+        ("get_weather", {"city": "Paris", "when": "now"}),  # additionalProperties: false
+        ("search", {"query": "q", "top_k": 1.5}),
+    ],
+)
+def test_call_grammar_rejects_bad_calls(fmt, call):
+    p = make_parser(fmt)
+    assert not accepts(p.call_grammar(TOOLS), p.render("", calls_of(call)))
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+def test_call_grammar_rejects_text_and_bad_requests(fmt):
+    p = make_parser(fmt)
+    assert not accepts(p.call_grammar(TOOLS), p.render("Sure.", calls_of(PARIS)))
+    assert not accepts(p.call_grammar(TOOLS), "")
+    with pytest.raises(ValueError):
+        p.call_grammar(TOOLS, name="nope")
+    with pytest.raises(ValueError):
+        p.call_grammar([])
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+def test_system_prompt_lists_tools_and_format(fmt):
+    p = make_parser(fmt)
+    text = p.system_prompt(TOOLS)
+    assert json.dumps(WEATHER) in text and json.dumps(SEARCH) in text
+    assert any(m in text for m in p.start_markers) or "JSON" in text
+    assert p.parse(text).calls == []  # the prompt's own example is not a call
+
+
+def test_hermes_prompt_through_smollm2_template():
+    """SmolLM2 (the default model) has no tools section: the server puts hermes' prompt first."""
+    assert detect_format(SMOLLM2_TEMPLATE) == ("hermes", False)
+    system = {"role": "system", "content": make_parser("hermes").system_prompt(TOOLS)}
+    text = render_template(SMOLLM2_TEMPLATE, [system, {"role": "user", "content": "hi"}],
+                           add_generation_prompt=True)  # fmt: skip
+    assert text.startswith("<|im_start|>system\n# Tools") and "<tool_call>" in text
+
+
+def test_registry():
+    assert set(parser_names()) >= {"hermes", "llama3_json", "mistral"}
+    for name in parser_names():
+        assert make_parser(name).name in name
+    with pytest.raises(ValueError, match="unknown tool-call format"):
+        make_parser("nope")
