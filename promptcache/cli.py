@@ -126,7 +126,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.server.state import ServerState
 
     engine = engine_from_args(args)
-    state = ServerState(engine)
+    state = ServerState(
+        engine,
+        max_output_tokens=args.max_output_tokens,
+        keep_billing_header=args.keep_billing_header,
+    )
     cache = (
         "off"
         if args.no_cache
@@ -167,6 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(serve, "host", "127.0.0.1", "address to listen on")
     _flag(serve, "port", 8000, "port to listen on", int)
     _flag(serve, "log-level", "info", "uvicorn log level")
+    _flag(
+        serve,
+        "max-output-tokens",
+        None,
+        "at most this many generated tokens per request, whatever max_tokens asks (default: "
+        "the room left in the context)",
+        int,
+    )
+    keep = str(_env("keep-billing-header", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--keep-billing-header",
+        action="store_true",
+        default=keep,
+        help="keep Claude Code's per-session x-anthropic-billing-header system block in the "
+        "prompt (default: dropped, so sessions share their prefix) [env "
+        "PROMPTCACHE_KEEP_BILLING_HEADER]",
+    )
     add_engine_flags(serve)
     serve.set_defaults(func=cmd_serve)
 

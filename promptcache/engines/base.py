@@ -13,7 +13,12 @@ class EngineError(ValueError):
 
 
 class PromptTooLongError(EngineError):
-    pass
+    """The prompt (or prompt + the requested output) does not fit the context."""
+
+    def __init__(self, message: str, num_tokens: int = 0, max_context: int = 0) -> None:
+        super().__init__(message)
+        self.num_tokens = num_tokens
+        self.max_context = max_context
 
 
 @dataclass(slots=True)
@@ -24,6 +29,7 @@ class SamplingParams:
     top_k: int = 0  # 0: off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
+    grammar: str | None = None  # an llguidance grammar the reply must follow (tools, JSON)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -52,7 +58,7 @@ class TextDelta:
 
 @dataclass(slots=True)
 class Finished:
-    reason: str  # "stop" | "length" | "cancelled"
+    reason: str  # "stop" | "length" | "context" (the context window is full) | "cancelled"
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

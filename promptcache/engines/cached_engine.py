@@ -31,6 +31,7 @@ from promptcache.engines.base import (
     SamplingParams,
     TextDelta,
 )
+from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.sampling import sample_token
 from promptcache.engines.textstream import StopTextStream
 
@@ -177,6 +178,7 @@ class CachedEngine:
         # the last request's live state and the sequence it covers: a hit that it also covers is
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self._live: tuple[Any, TokenSeq] | None = None
+        self._ll_tokenizer: Any = None  # built on the first constrained request
 
     # -- prompts --------------------------------------------------------------------------------
 
@@ -235,7 +237,9 @@ class CachedEngine:
             raise EngineError("the prompt is empty")
         if n >= self.max_context:
             raise PromptTooLongError(
-                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens"
+                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens",
+                n,
+                self.max_context,
             )
         lease: Lease | None = None
         seq: TokenSeq | None = None
@@ -277,6 +281,7 @@ class CachedEngine:
     ) -> Iterator[Event]:
         params.validate()
         t0 = time.perf_counter()
+        constraint = self.make_constraint(params.grammar) if params.grammar else None
         with self._lock:
             if cancel is not None and cancel.is_set():  # the client left while queued
                 yield Finished("cancelled", len(prompt_ids), 0, 0, "")
@@ -289,11 +294,12 @@ class CachedEngine:
                     n, cached, time.perf_counter() - t0, lease.kind if lease is not None else "off"
                 )
                 rng = np.random.default_rng(params.seed) if params.seed is not None else None
-                max_new = min(params.max_tokens, self.max_context - n)
+                room = self.max_context - n
+                max_new = min(params.max_tokens, room)
                 stream = StopTextStream(self.decode, params.stop)
                 generated: list[int] = []
-                reason = "length"
-                next_id = sample_token(self.to_numpy(logits), params, rng)
+                reason = "length" if params.max_tokens <= room else "context"
+                next_id = self._sample(logits, params, rng, constraint)
                 for step in range(max_new):
                     if cancel is not None and cancel.is_set():
                         reason = "cancelled"
@@ -305,13 +311,15 @@ class CachedEngine:
                     delta = stream.push(next_id)
                     if delta:
                         yield TextDelta(delta, [next_id])
-                    if stream.stopped:
+                    if constraint is not None:
+                        constraint.accept(next_id)
+                    if stream.stopped or (constraint is not None and constraint.is_stopped):
                         reason = "stop"
                         break
                     if step == max_new - 1:
                         break
                     logits = self.forward(state, [next_id])
-                    next_id = sample_token(self.to_numpy(logits), params, rng)
+                    next_id = self._sample(logits, params, rng, constraint)
                 tail = stream.flush()
                 if tail:
                     yield TextDelta(tail, [])
@@ -339,6 +347,24 @@ class CachedEngine:
             finally:
                 if lease is not None:
                     lease.release()
+
+    def make_constraint(self, grammar: str) -> GrammarConstraint:
+        """A fresh grammar state for one request (raises EngineError on a bad grammar)."""
+        if self._ll_tokenizer is None:
+            self._ll_tokenizer = build_ll_tokenizer(self.tokenizer, self.eos_ids)
+        return GrammarConstraint(self._ll_tokenizer, grammar)
+
+    def _sample(
+        self,
+        logits: Any,
+        params: SamplingParams,
+        rng: np.random.Generator | None,
+        constraint: GrammarConstraint | None,
+    ) -> int:
+        scores = self.to_numpy(logits)
+        if constraint is not None:
+            scores = constraint.mask(scores)
+        return sample_token(scores, params, rng)
 
     def cache_stats(self) -> dict[str, Any]:
         return self.cache.stats().to_dict() if self.cache is not None else {}

@@ -1,4 +1,4 @@
-"""Anthropic-compatible endpoint: /v1/messages (so Claude Code and the anthropic client work)."""
+"""Anthropic-compatible endpoints: /v1/messages and /v1/messages/count_tokens (Claude Code)."""
 
 from __future__ import annotations
 
@@ -10,77 +10,127 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from promptcache.engines.base import Finished, PrefillDone, SamplingParams, TextDelta
-from promptcache.server.schemas import MessagesRequest
-from promptcache.server.state import ServerState
+from promptcache.engines.base import EngineError, Finished, PrefillDone, SamplingParams, TextDelta
+from promptcache.server.chat import Chat
+from promptcache.server.schemas import CountTokensRequest, MessagesRequest
+from promptcache.server.state import Reply, ServerState
+from promptcache.tools import ToolStreamSplitter
+
+# Claude Code's first system block: per-prompt billing metadata, not an instruction; it changes
+# with the first user message and would break the prefix every new session shares
+BILLING_PREFIX = "x-anthropic-billing-header:"
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # another model's reasoning: never rendered
+UNSUPPORTED_MEDIA = ("image", "document")
 
 
-def _text_of(block: dict[str, Any]) -> str:
-    kind = block.get("type")
-    if kind == "text":
-        return str(block.get("text", ""))
-    if kind == "tool_use":
-        return json.dumps(
-            {"tool_use": {"name": block.get("name"), "input": block.get("input", {})}}
+def _unsupported(kind: str) -> EngineError:
+    if kind in UNSUPPORTED_MEDIA:
+        return EngineError(
+            f"content blocks of type {kind!r} are not supported: this server's model has no "
+            "vision or document input yet (text, tool_use, tool_result and thinking blocks are)"
         )
-    if kind == "tool_result":
-        inner = block.get("content", "")
-        if isinstance(inner, list):
-            inner = "".join(_text_of(b) for b in inner)
-        return str(inner)
-    raise ValueError(
-        f"content block of type {kind!r} is not supported (text, tool_use, tool_result)"
+    return EngineError(
+        f"content block of type {kind!r} is not supported "
+        "(text, tool_use, tool_result, thinking, redacted_thinking)"
     )
 
 
-def to_chat(req: MessagesRequest) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+def _text_of(blocks: str | list[dict[str, Any]] | None) -> str:
+    if blocks is None or isinstance(blocks, str):
+        return blocks or ""
+    parts = []
+    for b in blocks:
+        kind = b.get("type")
+        if kind == "text":
+            parts.append(str(b.get("text") or ""))
+        elif kind not in DROPPED_BLOCKS:
+            raise _unsupported(str(kind))
+    return "\n".join(parts)
+
+
+def system_text(req: MessagesRequest | CountTokensRequest, keep_billing: bool) -> str:
+    if req.system is None or isinstance(req.system, str):
+        return req.system or ""
+    texts = [b.text or "" for b in req.system]
+    if not keep_billing:
+        texts = [t for t in texts if not t.startswith(BILLING_PREFIX)]
+    return "\n\n".join(t for t in texts if t)
+
+
+def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = False) -> Chat:
     messages: list[dict[str, Any]] = []
-    if req.system:
-        system = (
-            req.system if isinstance(req.system, str) else "".join(b.text or "" for b in req.system)
-        )
+    system = system_text(req, keep_billing)
+    if system:
         messages.append({"role": "system", "content": system})
     for m in req.messages:
         if isinstance(m.content, str):
             messages.append({"role": m.role, "content": m.content})
             continue
-        results = [b for b in m.content if b.get("type") == "tool_result"]
-        others = [b for b in m.content if b.get("type") != "tool_result"]
-        for b in results:
-            messages.append(
-                {"role": "tool", "content": _text_of(b), "tool_call_id": b.get("tool_use_id")}
-            )
-        if others or not results:
-            messages.append({"role": m.role, "content": "".join(_text_of(b) for b in others)})
-    tools = None
+        texts: list[str] = []
+        calls: list[dict[str, Any]] = []
+        for b in m.content:
+            kind = b.get("type")
+            if kind == "text":
+                texts.append(str(b.get("text") or ""))
+            elif kind == "tool_use" and m.role == "assistant":
+                calls.append(
+                    {"id": b.get("id"), "type": "function",
+                     "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input") or {})}}
+                )  # fmt: skip
+            elif kind == "tool_result" and m.role == "user":
+                content = _text_of(b.get("content"))
+                if b.get("is_error"):
+                    content = "Error: " + content
+                messages.append(
+                    {"role": "tool", "content": content, "tool_call_id": b.get("tool_use_id")}
+                )
+            elif kind not in DROPPED_BLOCKS:
+                raise _unsupported(str(kind))
+        msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+        if calls:
+            msg["tool_calls"] = calls
+        if texts or calls or not any(b.get("type") == "tool_result" for b in m.content):
+            messages.append(msg)
+    chat = Chat(messages)
     if req.tools:
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description or "",
-                    "parameters": t.input_schema,
-                },
-            }
+        chat.tools = [
+            {"type": "function", "function": {
+                "name": t.name, "description": t.description or "",
+                "parameters": t.input_schema or {"type": "object"}}}
             for t in req.tools
-        ]
-    return messages, tools
+        ]  # fmt: skip
+    choice = req.tool_choice or {}
+    kind = choice.get("type", "auto")
+    if kind not in ("auto", "any", "tool", "none"):
+        raise EngineError(f"tool_choice.type must be auto, any, tool or none, not {kind!r}")
+    chat.tool_choice = {"any": "required", "tool": "named"}.get(kind, kind)
+    chat.tool_name = choice.get("name") if kind == "tool" else None
+    chat.parallel_tool_calls = not choice.get("disable_parallel_tool_use", False)
+    fmt = (req.output_config or {}).get("format") or req.output_format
+    if fmt:
+        if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise EngineError("output format: only {type: json_schema, schema: {...}} is supported")
+        chat.response_schema = fmt["schema"]
+    return chat
 
 
-def stop_info(fin: Finished) -> tuple[str, str | None]:
+def stop_info(fin: Finished, reply: Reply) -> tuple[str, str | None]:
+    if reply.calls and fin.reason != "cancelled":
+        return "tool_use", None
     if fin.reason == "length":
         return "max_tokens", None
+    if fin.reason == "context":
+        return "model_context_window_exceeded", None
     if fin.stop_sequence is not None:
         return "stop_sequence", fin.stop_sequence
     return "end_turn", None
 
 
-def usage(fin: Finished) -> dict[str, int]:
+def usage(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, int]:
     return {
-        "input_tokens": fin.prompt_tokens - fin.cached_tokens,
-        "output_tokens": fin.completion_tokens,
-        "cache_read_input_tokens": fin.cached_tokens,
+        "input_tokens": prompt_tokens - cached_tokens,
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": cached_tokens,
         "cache_creation_input_tokens": 0,
     }
 
@@ -89,69 +139,96 @@ def event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
+def content_blocks(reply: Reply) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if reply.content or not reply.calls:
+        blocks.append({"type": "text", "text": reply.content})
+    for cid, call in reply.calls:
+        blocks.append(
+            {"type": "tool_use", "id": cid, "name": call.name, "input": json.loads(call.arguments)}
+        )
+    return blocks
+
+
+async def count_tokens(state: ServerState, request: Request, req: CountTokensRequest) -> Any:
+    chat = to_chat(req, state.keep_billing_header)
+    return {"input_tokens": len(state.formatter.render(chat, state.tenant_of(request)))}
+
+
 async def messages(state: ServerState, request: Request, req: MessagesRequest) -> Any:
-    msgs, tools = to_chat(req)
-    stops = list(req.stop_sequences or [])
-    params = SamplingParams(req.max_tokens, req.temperature, req.top_p, req.top_k, None, stops)
-    params.validate()
-    prompt = state.engine.encode_chat(msgs, tools)
-    state.check_prompt(prompt)
+    chat = to_chat(req, state.keep_billing_header)
+    params = SamplingParams(
+        req.max_tokens, req.temperature, req.top_p, req.top_k, None, list(req.stop_sequences or [])
+    )
+    prep = state.prepare(request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
-    events = state.events(request, prompt, params, state.tenant_of(request))
+    events = state.events(request, prep.prompt, prep.params, prep.tenant)
     if not req.stream:
         fin = None
         async for ev in events:
             if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
-        reason, seq = stop_info(fin)
+        reply = state.finish_reply(chat, prep, fin, "toolu_")
+        reason, seq = stop_info(fin, reply)
         return JSONResponse(
-            {
-                "id": mid,
-                "type": "message",
-                "role": "assistant",
-                "model": model,
-                "content": [{"type": "text", "text": fin.text}],
-                "stop_reason": reason,
-                "stop_sequence": seq,
-                "usage": usage(fin),
-            }
-        )
+            {"id": mid, "type": "message", "role": "assistant", "model": model,
+             "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
+             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
+        )  # fmt: skip
 
-    first = await anext(events)
+    first = await anext(events)  # errors before the first event become a 4xx, not a broken stream
     assert isinstance(first, PrefillDone)
+    splitter = ToolStreamSplitter(state.formatter.parser) if chat.can_call_tools else None
 
     async def stream() -> AsyncIterator[str]:
-        start_usage = {
-            "input_tokens": first.prompt_tokens - first.cached_tokens,
-            "output_tokens": 0,
-            "cache_read_input_tokens": first.cached_tokens,
-            "cache_creation_input_tokens": 0,
-        }
         message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-                   "stop_reason": None, "stop_sequence": None, "usage": start_usage}  # fmt: skip
+                   "stop_reason": None, "stop_sequence": None,
+                   "usage": usage(first.prompt_tokens, first.cached_tokens, 0)}  # fmt: skip
         yield event("message_start", {"message": message})
-        yield event(
-            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-        )
         yield event("ping", {})
+        index, text_open, shown = 0, False, ""
+
+        def text(piece: str) -> list[str]:
+            nonlocal text_open
+            out = []
+            if not text_open:
+                text_open = True
+                block = {"type": "text", "text": ""}
+                out.append(event("content_block_start", {"index": index, "content_block": block}))
+            out.append(event("content_block_delta",
+                             {"index": index, "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
+            return out
+
         async for ev in events:
             if isinstance(ev, TextDelta):
-                yield event(
-                    "content_block_delta",
-                    {"index": 0, "delta": {"type": "text_delta", "text": ev.text}},
-                )
+                piece = splitter.push(ev.text) if splitter is not None else ev.text
+                shown += piece
+                for line in text(piece) if piece else ():
+                    yield line
             elif isinstance(ev, Finished):
-                reason, seq = stop_info(ev)
-                yield event("content_block_stop", {"index": 0})
+                reply = state.finish_reply(chat, prep, ev, "toolu_")
+                rest = reply.content[len(shown) :]
+                if rest or (not text_open and not reply.calls):
+                    for line in text(rest):
+                        yield line
+                if text_open:
+                    yield event("content_block_stop", {"index": index})
+                    index += 1
+                for cid, call in reply.calls:
+                    block = {"type": "tool_use", "id": cid, "name": call.name, "input": {}}
+                    yield event("content_block_start", {"index": index, "content_block": block})
+                    delta = {"type": "input_json_delta", "partial_json": call.arguments}
+                    yield event("content_block_delta", {"index": index, "delta": delta})
+                    yield event("content_block_stop", {"index": index})
+                    index += 1
+                reason, seq = stop_info(ev, reply)
                 yield event(
                     "message_delta",
-                    {
-                        "delta": {"stop_reason": reason, "stop_sequence": seq},
-                        "usage": {"output_tokens": ev.completion_tokens},
-                    },
-                )
+                    {"delta": {"stop_reason": reason, "stop_sequence": seq},
+                     "usage": usage(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens)},
+                )  # fmt: skip
                 yield event("message_stop", {})
 
     return StreamingResponse(stream(), media_type="text/event-stream")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -9,16 +10,24 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from promptcache.engines.base import EngineError
+from promptcache.engines.base import EngineError, PromptTooLongError
 from promptcache.server import anthropic_api, openai_api
-from promptcache.server.errors import describe_validation, error_response
-from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest, MessagesRequest
+from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
+from promptcache.server.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CountTokensRequest,
+    MessagesRequest,
+)
 from promptcache.server.state import ServerState
+
+log = logging.getLogger("promptcache.server")
 
 ENDPOINTS = (
     "/v1/chat/completions",
     "/v1/completions",
     "/v1/messages",
+    "/v1/messages/count_tokens",
     "/v1/models",
     "/v1/cache/stats",
     "/health",
@@ -37,22 +46,45 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics.count_request(path, response.status_code)
         return response
 
+    def reject(request: Request, status: int, message: str, **extra: Any) -> JSONResponse:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, status, message)
+        return error_response(request.url.path, status, message, **extra)
+
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = describe_validation(list(exc.errors()))
-        return error_response(request.url.path, 400, message, param)
+        return reject(request, 400, message, param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(request.url.path, exc.status_code, str(exc.detail))
+        return reject(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(PromptTooLongError)
+    async def on_too_long(request: Request, exc: PromptTooLongError) -> JSONResponse:
+        # each API's own wording: clients parse it (Claude Code compacts on Anthropic's)
+        if is_anthropic_path(request.url.path):
+            message = f"prompt is too long: {exc.num_tokens} tokens > {exc.max_context} maximum"
+            return reject(request, 400, message)
+        message = str(exc)
+        if not message.startswith("This model's"):
+            message = (
+                f"This model's maximum context length is {exc.max_context} tokens. However, your "
+                f"messages resulted in {exc.num_tokens} tokens. Please reduce the length of the "
+                "messages."
+            )
+        return reject(request, 400, message, param="messages", code="context_length_exceeded")
 
     @app.exception_handler(EngineError)
     async def on_engine(request: Request, exc: EngineError) -> JSONResponse:
-        return error_response(request.url.path, 400, str(exc))
+        return reject(request, 400, str(exc))
 
     @app.exception_handler(ValueError)
     async def on_value(request: Request, exc: ValueError) -> JSONResponse:
-        return error_response(request.url.path, 400, str(exc))
+        return reject(request, 400, str(exc))
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run
+        return {"status": "ok", "model": state.model_id}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request, body: ChatCompletionRequest) -> Any:
@@ -65,6 +97,10 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/messages")
     async def messages(request: Request, body: MessagesRequest) -> Any:
         return await anthropic_api.messages(state, request, body)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(request: Request, body: CountTokensRequest) -> Any:
+        return await anthropic_api.count_tokens(state, request, body)
 
     @app.get("/v1/models")
     async def models() -> Any:
@@ -87,7 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/cache/stats")
     async def cache_stats() -> Any:
         stats = state.cache_stats()
-        return {"enabled": bool(stats), **stats}
+        return {"enabled": bool(stats), **stats, "continuity": state.continuity_stats()}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:

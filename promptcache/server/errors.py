@@ -11,7 +11,9 @@ def is_anthropic_path(path: str) -> bool:
     return path.startswith("/v1/messages")
 
 
-def error_response(path: str, status: int, message: str, param: str | None = None) -> JSONResponse:
+def error_response(
+    path: str, status: int, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
     kind = {
         400: "invalid_request_error",
         404: "not_found_error",
@@ -22,7 +24,7 @@ def error_response(path: str, status: int, message: str, param: str | None = Non
     if is_anthropic_path(path):
         body = {"type": "error", "error": {"type": kind, "message": message}}
     else:
-        body = {"error": {"message": message, "type": kind, "param": param, "code": None}}
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(body, status_code=status)
 
 

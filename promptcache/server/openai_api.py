@@ -11,9 +11,18 @@ from typing import Any
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.requests import Request
 
-from promptcache.engines.base import Finished, PrefillDone, SamplingParams, TextDelta
+from promptcache.engines.base import (
+    EngineError,
+    Finished,
+    PrefillDone,
+    PromptTooLongError,
+    SamplingParams,
+    TextDelta,
+)
+from promptcache.server.chat import Chat
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
-from promptcache.server.state import ServerState
+from promptcache.server.state import Prepared, Reply, ServerState
+from promptcache.tools import ToolStreamSplitter
 
 
 def sampling_from(
@@ -31,9 +40,15 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         if isinstance(content, list):
             texts = []
             for part in content:
-                if part.get("type") not in ("text", "input_text"):
-                    raise ValueError(
-                        f"message content part of type {part.get('type')!r} is not supported (text only)"
+                kind = part.get("type")
+                if kind in ("image_url", "input_image", "input_audio", "file"):
+                    raise EngineError(
+                        f"message content parts of type {kind!r} are not supported: this "
+                        "server's model has no image, audio or file input yet (text only)"
+                    )
+                if kind not in ("text", "input_text"):
+                    raise EngineError(
+                        f"message content part of type {kind!r} is not supported (text only)"
                     )
                 texts.append(str(part.get("text", "")))
             content = "".join(texts)
@@ -51,6 +66,42 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
+def to_chat(req: ChatCompletionRequest) -> Chat:
+    chat = Chat(chat_messages(req), list(req.tools or []))
+    for tool in chat.tools:
+        if tool.get("type", "function") != "function" or not (tool.get("function") or {}).get(
+            "name"
+        ):
+            raise EngineError("tools: each tool must be {type: function, function: {name, ...}}")
+    choice = req.tool_choice if req.tool_choice is not None else "auto"
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name")
+        if not name:
+            raise EngineError("tool_choice: a named choice needs function.name")
+        chat.tool_choice, chat.tool_name = "named", name
+    elif choice in ("auto", "none", "required"):
+        chat.tool_choice = choice
+    else:
+        raise EngineError(
+            f"tool_choice must be none, auto, required or a named function, not {choice!r}"
+        )
+    chat.parallel_tool_calls = req.parallel_tool_calls
+    fmt = req.response_format or {"type": "text"}
+    kind = fmt.get("type")
+    if kind == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema")
+        if not isinstance(schema, dict):
+            raise EngineError("response_format.json_schema.schema must be a JSON schema object")
+        chat.response_schema = schema
+    elif kind == "json_object":
+        chat.response_schema = {"type": "object"}
+    elif kind != "text":
+        raise EngineError(
+            f"response_format.type must be text, json_object or json_schema, not {kind!r}"
+        )
+    return chat
+
+
 def usage(fin: Finished) -> dict[str, Any]:
     return {
         "prompt_tokens": fin.prompt_tokens,
@@ -60,18 +111,39 @@ def usage(fin: Finished) -> dict[str, Any]:
     }
 
 
-def finish_reason(fin: Finished) -> str:
-    return "length" if fin.reason == "length" else "stop"
+def finish_reason(fin: Finished, reply: Reply | None = None) -> str:
+    if reply is not None and reply.calls and fin.reason != "cancelled":
+        return "tool_calls"
+    return "length" if fin.reason in ("length", "context") else "stop"
 
 
 def sse(data: Any) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
+def tool_calls(reply: Reply) -> list[dict[str, Any]]:
+    return [
+        {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for cid, c in reply.calls
+    ]
+
+
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest) -> Any:
+    explicit = req.max_completion_tokens or req.max_tokens
     params = sampling_from(req, state.default_max_tokens)
-    prompt = state.engine.encode_chat(chat_messages(req), req.tools)
-    return await _respond(state, request, req, params, prompt, chat=True)
+    chat = to_chat(req)
+    prep = state.prepare(request, chat, params)
+    limit = state.engine.max_context
+    if explicit and len(prep.prompt) + prep.params.max_tokens > limit:
+        raise PromptTooLongError(
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{len(prep.prompt) + prep.params.max_tokens} tokens ({len(prep.prompt)} in the "
+            f"messages, {prep.params.max_tokens} in the completion). Please reduce the length of "
+            "the messages or completion.",
+            len(prep.prompt),
+            limit,
+        )
+    return await _respond(state, request, req, prep, chat)
 
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest) -> Any:
@@ -85,50 +157,49 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
                 raise ValueError("prompt: exactly one prompt per request is supported")
             p = p[0]
         prompt = state.engine.encode_text(str(p))
-    return await _respond(state, request, req, params, prompt, chat=False)
+    params.validate()
+    state.check_prompt(prompt)
+    if state.max_output_tokens:
+        params.max_tokens = min(params.max_tokens, state.max_output_tokens)
+    prep = Prepared(prompt, params, state.tenant_of(request, req.user))
+    return await _respond(state, request, req, prep, None)
 
 
 async def _respond(
-    state: ServerState,
-    request: Request,
-    req: Any,
-    params: SamplingParams,
-    prompt: list[int],
-    chat: bool,
+    state: ServerState, request: Request, req: Any, prep: Prepared, chat: Chat | None
 ) -> Any:
-    params.validate()
-    state.check_prompt(prompt)
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
     model = req.model or state.model_id
     obj = "chat.completion" if chat else "text_completion"
-    events = state.events(request, prompt, params, state.tenant_of(request, req.user))
+    events = state.events(request, prep.prompt, prep.params, prep.tenant)
     if not req.stream:
-        text, fin = "", None
+        fin = None
         async for ev in events:
-            if isinstance(ev, TextDelta):
-                text += ev.text
-            elif isinstance(ev, Finished):
+            if isinstance(ev, Finished):
                 fin = ev
         assert fin is not None
-        choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason(fin), "logprobs": None}
-        if chat:
-            choice["message"] = {"role": "assistant", "content": fin.text}
+        choice: dict[str, Any] = {"index": 0, "logprobs": None}
+        if chat is not None:
+            reply = state.finish_reply(chat, prep, fin, "call_")
+            message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+            if reply.calls:
+                message["tool_calls"] = tool_calls(reply)
+            else:
+                message["content"] = reply.content
+            choice["message"] = message
+            choice["finish_reason"] = finish_reason(fin, reply)
         else:
             choice["text"] = fin.text
-        body = {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": model,
-            "choices": [choice],
-            "usage": usage(fin),
-        }
+            choice["finish_reason"] = finish_reason(fin)
+        body = {"id": rid, "object": obj, "created": created, "model": model,
+                "choices": [choice], "usage": usage(fin)}  # fmt: skip
         return JSONResponse(body)
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     first = await anext(events)  # errors before the first event become a 4xx, not a broken stream
     assert isinstance(first, PrefillDone)
+    splitter = ToolStreamSplitter(state.formatter.parser) if chat and chat.can_call_tools else None
 
     def chunk(delta: dict[str, Any] | None, text: str | None, reason: str | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
@@ -136,35 +207,39 @@ async def _respond(
             choice["delta"] = delta or {}
         else:
             choice["text"] = text or ""
-        out = {
-            "id": rid,
-            "object": obj + (".chunk" if chat else ""),
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        }
+        out = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
+               "model": model, "choices": [choice]}  # fmt: skip
         if include_usage:
             out["usage"] = None
         return out
 
     async def stream() -> AsyncIterator[str]:
         yield sse(chunk({"role": "assistant", "content": ""}, "", None))
+        shown = ""
         async for ev in events:
             if isinstance(ev, TextDelta):
-                yield sse(chunk({"content": ev.text}, ev.text, None))
+                piece = splitter.push(ev.text) if splitter is not None else ev.text
+                shown += piece
+                if piece:
+                    yield sse(chunk({"content": piece}, piece, None))
             elif isinstance(ev, Finished):
-                yield sse(chunk({}, "", finish_reason(ev)))
+                reply = state.finish_reply(chat, prep, ev, "call_") if chat else None
+                if reply is not None:
+                    rest = reply.content[len(shown) :]
+                    if rest:
+                        yield sse(chunk({"content": rest}, rest, None))
+                    for i, (cid, call) in enumerate(reply.calls):
+                        head = {"index": i, "id": cid, "type": "function",
+                                "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+                        yield sse(chunk({"tool_calls": [head]}, None, None))
+                        args = {"index": i, "function": {"arguments": call.arguments}}
+                        yield sse(chunk({"tool_calls": [args]}, None, None))
+                yield sse(chunk({}, "", finish_reason(ev, reply)))
                 if include_usage:
                     yield sse(
-                        {
-                            "id": rid,
-                            "object": obj + (".chunk" if chat else ""),
-                            "created": created,
-                            "model": model,
-                            "choices": [],
-                            "usage": usage(ev),
-                        }
-                    )
+                        {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
+                         "model": model, "choices": [], "usage": usage(ev)}
+                    )  # fmt: skip
         yield "data: [DONE]\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")

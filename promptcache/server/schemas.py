@@ -41,7 +41,9 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -55,7 +57,7 @@ class AnthropicBlock(_Loose):
 
 
 class AnthropicMessage(_Loose):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # "system" anywhere: Claude Code sends it
     content: str | list[dict[str, Any]]
 
 
@@ -65,15 +67,25 @@ class AnthropicTool(_Loose):
     input_schema: dict[str, Any] = Field(default_factory=dict)
 
 
-class MessagesRequest(_Loose):
+class CountTokensRequest(_Loose):
+    """A Messages request without sampling: what /v1/messages/count_tokens takes. Fields a
+    local model has no use for (cache_control, metadata, thinking, context_management,
+    output_config's effort, beta headers) are accepted and ignored."""
+
     model: str = ""
-    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[AnthropicBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     temperature: float = Field(default=1.0, ge=0, le=1)
     top_p: float = Field(default=1.0, gt=0, le=1)
     top_k: int = Field(default=0, ge=0)
     stream: bool = False
-    tools: list[AnthropicTool] | None = None
     metadata: dict[str, Any] | None = None

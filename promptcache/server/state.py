@@ -1,9 +1,9 @@
-"""What every endpoint shares: the engine, the metrics, tenant resolution."""
+"""What every endpoint shares: the engine, the chat formatter, the metrics, tenant resolution."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
@@ -15,20 +15,42 @@ from promptcache.engines.base import (
     PromptTooLongError,
     SamplingParams,
 )
+from promptcache.server.chat import Chat, ChatFormatter, new_call_id
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.streaming import run_events
+from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
 
 
+class Prepared(NamedTuple):
+    prompt: list[int]
+    params: SamplingParams
+    tenant: str
+
+
+class Reply(NamedTuple):
+    content: str
+    calls: list[tuple[str, ToolCall]]  # (call id, call)
+
+
 class ServerState:
     def __init__(
-        self, engine: Engine, *, model_id: str | None = None, default_max_tokens: int = 512
+        self,
+        engine: Engine,
+        *,
+        model_id: str | None = None,
+        default_max_tokens: int = 512,
+        max_output_tokens: int | None = None,
+        keep_billing_header: bool = False,
     ) -> None:
         self.engine = engine
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
+        self.max_output_tokens = max_output_tokens
+        self.keep_billing_header = keep_billing_header
         self.metrics = ServerMetrics()
+        self.formatter = ChatFormatter(engine)
 
     def tenant_of(self, request: Request, user: str | None = None) -> str:
         """Cache namespace of a request: the tenant header, else empty (one shared tenant).
@@ -39,10 +61,36 @@ class ServerState:
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
-        if len(prompt) >= self.engine.max_context:
+        limit = self.engine.max_context
+        if len(prompt) >= limit:
             raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens, over this server's context of {self.engine.max_context} tokens"
+                f"the prompt has {len(prompt)} tokens, over this server's context of {limit} tokens",
+                len(prompt),
+                limit,
             )
+
+    def prepare(self, request: Request, chat: Chat, params: SamplingParams) -> Prepared:
+        """Render, check and constrain a chat request; raises a 4xx-mapped error when it can't
+        be served. ``params.max_tokens`` is capped by ``--max-output-tokens``."""
+        tenant = self.tenant_of(request)
+        prompt = self.formatter.render(chat, tenant)
+        self.check_prompt(prompt)
+        params.grammar = self.formatter.grammar(chat)
+        if self.max_output_tokens:
+            params.max_tokens = min(params.max_tokens, self.max_output_tokens)
+        params.validate()
+        self.formatter.check_continuity(chat, tenant, prompt)
+        return Prepared(prompt, params, tenant)
+
+    def finish_reply(self, chat: Chat, prep: Prepared, fin: Finished, id_prefix: str) -> Reply:
+        """Tool calls parsed out of a finished reply (with fresh ids); remembered so that the
+        next turn renders this reply to the same tokens."""
+        parsed = self.formatter.parse(chat, fin.text)
+        if fin.reason != "cancelled":
+            self.formatter.remember(
+                prep.tenant, parsed, fin.text, prep.prompt + list(fin.completion_ids)
+            )
+        return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
 
     async def events(
         self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
@@ -64,3 +112,6 @@ class ServerState:
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()
+
+    def continuity_stats(self) -> dict[str, Any]:
+        return self.formatter.replies.stats()

@@ -1,0 +1,221 @@
+"""From an API request to prompt tokens and back: tools, tool calls, structured output.
+
+Both APIs convert their request into a ``Chat`` (OpenAI-shaped messages). ``ChatFormatter``
+renders it with the model's chat template so that every turn re-renders the history to the same
+tokens the previous turn saw (the prefix the cache holds), and parses tool calls out of replies
+in the format that template teaches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from promptcache.engines.base import EngineError
+from promptcache.engines.grammar import check_grammar, hf_tokenizer_of, json_schema_grammar
+from promptcache.server.continuity import ReplyMemory
+from promptcache.tools import ParsedReply, ToolCall, detect_format, make_parser
+
+log = logging.getLogger("promptcache.server")
+
+
+@dataclass(slots=True)
+class Chat:
+    """One request, API-neutral. ``messages``: role, content (str), and for assistant turns
+    ``tool_calls`` ([{id, type, function: {name, arguments (JSON text)}}]); tool results have
+    role "tool" and ``tool_call_id``."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function tools
+    tool_choice: str = "auto"  # "auto" | "none" | "required" | "named"
+    tool_name: str | None = None  # the forced tool when tool_choice is "named"
+    parallel_tool_calls: bool = True
+    response_schema: dict[str, Any] | None = None  # the reply must be JSON valid for it
+
+    @property
+    def can_call_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class ChatFormatter:
+    """The model's chat template, its tool-call format, and the memory of recent replies."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        template = getattr(hf_tokenizer_of(engine.tokenizer), "chat_template", None)
+        self.tool_format, self.native_tools = detect_format(
+            template if isinstance(template, str) else None
+        )
+        self.parser = make_parser(self.tool_format)
+        self.replies = ReplyMemory()
+        self._warned = False
+
+    # -- prompt --------------------------------------------------------------------------------
+
+    def render(self, chat: Chat, tenant: str = "") -> list[int]:
+        """Prompt token ids for ``chat`` (generation prompt added)."""
+        messages = [self._message(m, tenant) for m in chat.messages]
+        tools: list[dict[str, Any]] | None = chat.tools or None
+        if tools and not self.native_tools:
+            if not self._warned:
+                self._warned = True
+                log.info(
+                    "the chat template of %s has no tools section: tools are described in the "
+                    "system prompt and calls are read in the %s format",
+                    self.engine.model_id,
+                    self.tool_format,
+                )
+            messages = _with_system_text(messages, self.parser.system_prompt(tools))
+            tools = None
+        if not self.native_tools:
+            messages = _results_as_user(messages)
+        try:
+            return self.engine.encode_chat(messages, tools)
+        except EngineError:
+            if not _has_late_system(messages):
+                raise
+        # templates that allow a system message only first: later ones become user turns
+        return self.engine.encode_chat(_late_system_as_user(messages), tools)
+
+    def _message(self, m: dict[str, Any], tenant: str) -> dict[str, Any]:
+        calls = m.get("tool_calls")
+        if m.get("role") != "assistant" or not calls:
+            return m
+        parsed = [_call_of(c) for c in calls]
+        if self.native_tools:  # templates expect arguments as a mapping
+            out = dict(m)
+            out["tool_calls"] = [
+                {"type": "function", "id": c.get("id"),
+                 "function": {"name": p.name, "arguments": json.loads(p.arguments)}}
+                for c, p in zip(calls, parsed, strict=True)
+            ]  # fmt: skip
+            return out
+        content = str(m.get("content") or "")
+        raw = self.replies.raw_text(tenant, content, parsed)
+        text = raw if raw is not None else self.parser.render(content, parsed)
+        return {"role": "assistant", "content": text}
+
+    def grammar(self, chat: Chat) -> str | None:
+        """The grammar the reply must follow, or None; raises EngineError (400) when invalid."""
+        grammar = None
+        if chat.tools and chat.tool_choice in ("required", "named"):
+            try:
+                grammar = self.parser.call_grammar(
+                    chat.tools, chat.tool_name, chat.parallel_tool_calls
+                )
+            except ValueError as exc:
+                raise EngineError(f"tool_choice: {exc}") from exc
+        elif chat.response_schema is not None:
+            grammar = json_schema_grammar(chat.response_schema)
+        if grammar is not None:
+            check_grammar(grammar)
+        return grammar
+
+    # -- reply ---------------------------------------------------------------------------------
+
+    def parse(self, chat: Chat, text: str) -> ParsedReply:
+        if not chat.can_call_tools:
+            return ParsedReply(text, [])
+        reply = self.parser.parse(text)
+        known = {t["function"]["name"] for t in chat.tools}
+        if any(c.name not in known for c in reply.calls):  # a made-up tool is no call
+            return ParsedReply(text, [])
+        return reply
+
+    def remember(self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int]) -> None:
+        """Keep the raw reply and the sequence it ended (for the next turn's continuity)."""
+        self.replies.add(tenant, reply.content, reply.calls, raw, tokens)
+
+    def check_continuity(self, chat: Chat, tenant: str, prompt: list[int]) -> None:
+        """Does ``prompt`` still hold the tokens of the turn that produced its last assistant
+        message? A gap is counted, kept for /v1/cache/stats and logged."""
+        last = next((m for m in reversed(chat.messages) if m.get("role") == "assistant"), None)
+        if last is None:
+            return
+        calls = [_call_of(c) for c in last.get("tool_calls") or []]
+
+        def locate(token: int) -> tuple[int, str]:
+            for k in range(1, len(chat.messages) + 1):
+                part = Chat(chat.messages[:k], chat.tools, chat.tool_choice)
+                if len(self.render(part, tenant)) > token:
+                    return k - 1, str(chat.messages[k - 1].get("role"))
+            return len(chat.messages) - 1, str(chat.messages[-1].get("role"))
+
+        gap = self.replies.check(
+            tenant, str(last.get("content") or ""), calls, prompt, self.engine.decode, locate
+        )
+        if gap is not None:
+            log.info(
+                "history re-rendered differently from the tokens of the turn before: message %d "
+                "(%s), token %d: expected %r, found %r",
+                gap.message_index, gap.role, gap.token_index, gap.expected, gap.found,
+            )  # fmt: skip
+
+
+def new_call_id(prefix: str) -> str:
+    return prefix + uuid.uuid4().hex[:24]
+
+
+def _call_of(call: dict[str, Any]) -> ToolCall:
+    fn = call.get("function") or {}
+    args = fn.get("arguments")
+    if isinstance(args, dict):
+        args = json.dumps(args)
+    try:
+        value = json.loads(args or "{}")
+    except (TypeError, ValueError):
+        raise EngineError(
+            f"tool_calls: arguments of {fn.get('name')!r} are not a JSON object"
+        ) from None
+    if not isinstance(value, dict) or not fn.get("name"):
+        raise EngineError("tool_calls: each call needs a function name and object arguments")
+    return ToolCall(str(fn["name"]), json.dumps(value))
+
+
+def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0])
+        first["content"] = f"{first.get('content') or ''}\n\n{text}".lstrip()
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
+
+def _results_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Tool results as user turns in <tool_response> tags (what the fallback prompt teaches);
+    results in a row, and the user text right after them, share one turn."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m.get("role") != "tool":
+            if m.get("role") == "user" and out and out[-1].get("_results"):
+                out[-1]["content"] += "\n" + str(m.get("content") or "")
+                out[-1].pop("_results")
+                continue
+            out.append(m)
+            continue
+        block = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
+        if out and out[-1].get("_results"):
+            out[-1]["content"] += "\n" + block
+        else:
+            out.append({"role": "user", "content": block, "_results": True})
+    for m in out:
+        m.pop("_results", None)
+    return out
+
+
+def _has_late_system(messages: list[dict[str, Any]]) -> bool:
+    return any(m.get("role") == "system" for m in messages[1:])
+
+
+def _late_system_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if i and m.get("role") == "system":
+            m = {"role": "user", "content": f"<system>\n{m.get('content') or ''}\n</system>"}
+        if out and m["role"] == "user" and out[-1]["role"] == "user":
+            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out

@@ -1,0 +1,124 @@
+"""Turn-to-turn continuity: the next request should re-render the last reply to the same tokens.
+
+A model's reply is saved in the cache as the tokens it generated. A client sends the reply back
+as content and tool calls, which the template (or our fallback format) renders again; where that
+text differs (whitespace, key order inside a call), the prefix breaks. ``ReplyMemory`` keeps the
+raw text of recent replies, keyed by what the client sees, so the history renders to the exact
+text; and records, per request, whether the history still matches the tokens of the turn before
+(a gap says which message and which token differ).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from promptcache.tools import ToolCall
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    message_index: int  # the first message whose tokens differ from the previous turn's
+    role: str
+    token_index: int  # position in the prompt where the tokens first differ
+    expected: str  # text of the previous turn's tokens from there (a few tokens)
+    found: str  # text of this prompt's tokens from there
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "message_index": self.message_index,
+            "role": self.role,
+            "token_index": self.token_index,
+            "expected": self.expected,
+            "found": self.found,
+        }
+
+
+@dataclass(slots=True)
+class _Reply:
+    raw: str
+    tokens: np.ndarray  # prompt + generated ids of the turn that produced this reply
+
+
+def _key(tenant: str, content: str, calls: list[ToolCall]) -> tuple[Any, ...]:
+    return (tenant, content.strip(), tuple((c.name, c.arguments) for c in calls))
+
+
+class ReplyMemory:
+    """Bounded (``capacity`` replies, LRU) and per tenant: one tenant never gets another's text."""
+
+    def __init__(self, capacity: int = 128, num_gaps: int = 20) -> None:
+        self._replies: OrderedDict[tuple[Any, ...], _Reply] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self.num_checked = 0
+        self.num_exact = 0
+        self.gaps: deque[Gap] = deque(maxlen=num_gaps)
+
+    def add(
+        self, tenant: str, content: str, calls: list[ToolCall], raw: str, tokens: list[int]
+    ) -> None:
+        with self._lock:
+            key = _key(tenant, content, calls)
+            self._replies[key] = _Reply(raw, np.asarray(tokens, dtype=np.uint32))
+            self._replies.move_to_end(key)
+            while len(self._replies) > self._capacity:
+                self._replies.popitem(last=False)
+
+    def _get(self, tenant: str, content: str, calls: list[ToolCall]) -> _Reply | None:
+        with self._lock:
+            return self._replies.get(_key(tenant, content, calls))
+
+    def raw_text(self, tenant: str, content: str, calls: list[ToolCall]) -> str | None:
+        """The text the model generated for a reply the client now sends back, if remembered."""
+        reply = self._get(tenant, content, calls)
+        return reply.raw if reply is not None else None
+
+    def check(
+        self,
+        tenant: str,
+        content: str,
+        calls: list[ToolCall],
+        prompt: list[int],
+        decode: Callable[[list[int]], str],
+        locate: Callable[[int], tuple[int, str]],
+    ) -> Gap | None:
+        """Compare ``prompt`` with the tokens of the turn that produced the reply (``content``,
+        ``calls``) it sends back; record and return the gap if they differ. ``locate(i)`` gives
+        (message index, role) of the message holding prompt token i."""
+        reply = self._get(tenant, content, calls)
+        if reply is None:
+            return None
+        before = reply.tokens
+        n = min(len(before), len(prompt))
+        diff = np.flatnonzero(before[:n] != np.asarray(prompt[:n], dtype=np.uint32))
+        with self._lock:
+            self.num_checked += 1
+            if not diff.size and len(prompt) >= len(before):
+                self.num_exact += 1
+                return None
+        at = int(diff[0]) if diff.size else n
+        index, role = locate(at)
+        gap = Gap(
+            index,
+            role,
+            at,
+            decode([int(t) for t in before[at : at + 8]]),
+            decode(prompt[at : at + 8]),
+        )
+        with self._lock:
+            self.gaps.append(gap)
+        return gap
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "checked_turns": self.num_checked,
+                "exact_turns": self.num_exact,
+                "recent_gaps": [g.to_dict() for g in self.gaps],
+            }
