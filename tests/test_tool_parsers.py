@@ -6,6 +6,7 @@ import json
 import random
 
 import llguidance
+import llguidance.hf
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -721,3 +722,45 @@ def test_registry():
         assert make_parser(name).name in name
     with pytest.raises(ValueError, match="unknown tool-call format"):
         make_parser("nope")
+
+
+@pytest.fixture(scope="module")
+def bpe():
+    """A byte-level BPE tokenizer trained here (no hub) with the markers as added tokens, as in
+    Qwen2.5 (<tool_call>, not special) and Mistral ([TOOL_CALLS], [ARGS], special)."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["</s>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator(
+        [json.dumps({"name": "get_weather", "arguments": PARIS[1]})] * 10, trainer
+    )
+    tok.add_tokens([AddedToken(m, normalized=False) for m in ("<tool_call>", "</tool_call>")])
+    tok.add_special_tokens([AddedToken(m, normalized=False) for m in ("[TOOL_CALLS]", "[ARGS]")])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>")
+    return hf, llguidance.hf.from_tokenizer(hf)
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+def test_call_grammar_with_bpe_and_marker_tokens(fmt, bpe):
+    """Multi-byte tokens across grammar pieces, and markers the tokenizer has as one token:
+    call_grammar(special_tokens=...) writes those as <[id]>, which the model's tokens match."""
+    hf, llg = bpe
+    p = make_parser(fmt)
+    special = {m: hf.convert_tokens_to_ids(m) for m in p.markers}
+    grammar = p.call_grammar(TOOLS, special_tokens=special)
+    assert llguidance.LLMatcher.validate_grammar(grammar, llg) == ""
+    quotes = ("search", {"query": 'a "}{" \\ ü', "top_k": 3})  # the tokenizer would cut a marker
+    for calls in (calls_of(PARIS), calls_of(PARIS, quotes)):
+        ids = hf.encode(p.render("", calls), add_special_tokens=False)
+        assert len(ids) < len(p.render("", calls).encode())  # really multi-byte tokens
+        matcher = llguidance.LLMatcher(llg, grammar, log_level=0)
+        assert matcher.consume_tokens(ids) and matcher.is_accepting(), matcher.get_error()
+    bad = hf.encode(
+        p.render("", calls_of(("get_weather", {"town": "x"}))), add_special_tokens=False
+    )
+    assert not llguidance.LLMatcher(llg, grammar, log_level=0).consume_tokens(bad)

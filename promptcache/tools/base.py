@@ -9,7 +9,8 @@ of it, and the text pieces left over are joined with one newline.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -30,6 +31,7 @@ class ParsedReply(NamedTuple):
 class ToolCallParser(Protocol):
     name: str  # "hermes", "llama3_json", "mistral"
     start_markers: tuple[str, ...]  # text that opens a call; a streamer holds back from here on
+    markers: tuple[str, ...]  # all marker text call_grammar writes (for special_tokens)
 
     def parse(self, text: str) -> ParsedReply:
         """Split a whole reply into content and calls. Never raises: a malformed call (bad JSON,
@@ -117,6 +119,18 @@ def lark_str(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
+def lark_text(s: str, special: Mapping[str, int] | None) -> str:
+    """Lark for the literal text s, with each marker in `special` as its token (<[id]>)."""
+    if not special:
+        return lark_str(s)
+    parts, pos = [], 0
+    for m in re.finditer("|".join(map(re.escape, sorted(special, key=len, reverse=True))), s):
+        parts += [lark_str(s[pos : m.start()])] if m.start() > pos else []
+        parts.append(f"<[{special[m.group()]}]>")
+        pos = m.end()
+    return " ".join(parts + ([lark_str(s[pos:])] if pos < len(s) else []))
+
+
 def args_rule(func: dict) -> str:
     """The Lark right-hand side for a tool's arguments: its JSON schema as %json."""
     schema = func.get("parameters") or {"type": "object"}
@@ -145,18 +159,23 @@ def grammar_of_calls(
     around: Any,
     sep: str,
     parallel: bool,
+    special: Mapping[str, int] | None = None,
     prefix: str = "",
     suffix: str = "",
 ) -> str:
     """A Lark grammar: prefix, one call (or, parallel, calls separated by sep), suffix.
     around(name) gives the literal text before and after a call's arguments object."""
+
+    def text(s: str) -> str:
+        return lark_text(s, special) if s else ""
+
     alts, rules = [], []
     for i, func in enumerate(funcs):
         before, after = around(func["name"])
-        body = " ".join(x for x in (lark_str(before), f"args_{i}", after and lark_str(after)) if x)
+        body = " ".join(x for x in (text(before), f"args_{i}", text(after)) if x)
         rules += [f"call_{i}: {body}", f"args_{i}: {args_rule(func)}"]
         alts.append(f"call_{i}")
-    more = f" ({lark_str(sep)} call)*" if sep else " call*"
-    start = " ".join(x for x in (prefix and lark_str(prefix), "call" + (more if parallel else ""),
-                                  suffix and lark_str(suffix)) if x)  # fmt: skip
+    more = f" ({text(sep)} call)*" if sep else " call*"
+    calls = "call" + (more if parallel else "")
+    start = " ".join(x for x in (text(prefix), calls, text(suffix)) if x)
     return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *rules]) + "\n"

@@ -10,6 +10,8 @@ by searching, so a string argument that contains "</tool_call>" does not cut the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from .base import (
     ParsedReply,
     ToolCall,
@@ -30,6 +32,7 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesParser:
     name = "hermes"
     start_markers = (OPEN,)
+    markers = (OPEN, CLOSE)
 
     def parse(self, text: str) -> ParsedReply:
         spans: list[tuple[int, int]] = []
@@ -59,12 +62,16 @@ class HermesParser:
         return "\n".join(x for x in (content, blocks) if x)
 
     def call_grammar(
-        self, tools: list[dict], name: str | None = None, parallel: bool = True
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
     ) -> str:
         def around(fname: str) -> tuple[str, str]:
             return f'{OPEN}\n{{"name": {dump(fname)}, "arguments": ', f"}}\n{CLOSE}"
 
-        return grammar_of_calls(tool_functions(tools, name), around, "\n", parallel)
+        return grammar_of_calls(tool_functions(tools, name), around, "\n", parallel, special_tokens)
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (

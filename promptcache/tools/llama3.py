@@ -9,6 +9,7 @@ is not call-shaped is skipped whole (a call nested inside it is not a call), and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .base import (
@@ -43,6 +44,7 @@ def _as_call(value: Any) -> ToolCall | None:
 class Llama3JsonParser:
     name = "llama3_json"
     start_markers = (TAG, "{")
+    markers = ()
 
     def _run(self, text: str, pos: int) -> tuple[list[ToolCall], int]:
         """The calls in a row starting at pos and the index just past the last one."""
@@ -86,12 +88,16 @@ class Llama3JsonParser:
         return "\n".join(x for x in (content, body) if x)
 
     def call_grammar(
-        self, tools: list[dict], name: str | None = None, parallel: bool = True
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
     ) -> str:
         def around(fname: str) -> tuple[str, str]:
             return f'{{"name": {dump(fname)}, "parameters": ', "}"
 
-        return grammar_of_calls(tool_functions(tools, name), around, "; ", parallel)
+        return grammar_of_calls(tool_functions(tools, name), around, "; ", parallel, special_tokens)
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (

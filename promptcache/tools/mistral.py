@@ -11,6 +11,7 @@ the second (v11+: Mistral Small 3.2, Magistral, Devstral) one call per marker, o
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from .base import (
@@ -40,6 +41,7 @@ def _as_call(value: Any) -> ToolCall | None:
 class MistralParser:
     name = "mistral"
     start_markers = (MARKER,)
+    markers = (MARKER, "[ARGS]")
 
     def __init__(self, style: Literal["list", "args"] = "list") -> None:
         self.style = style
@@ -89,16 +91,24 @@ class MistralParser:
         return "\n".join(x for x in (content, body) if x)
 
     def call_grammar(
-        self, tools: list[dict], name: str | None = None, parallel: bool = True
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
     ) -> str:
         funcs = tool_functions(tools, name)
         if self.style == "args":
-            return grammar_of_calls(funcs, lambda n: (f"{MARKER}{n}[ARGS]", ""), "", parallel)
+            return grammar_of_calls(
+                funcs, lambda n: (f"{MARKER}{n}[ARGS]", ""), "", parallel, special_tokens
+            )
 
         def around(fname: str) -> tuple[str, str]:
             return f'{{"name": {dump(fname)}, "arguments": ', "}"
 
-        return grammar_of_calls(funcs, around, ", ", parallel, prefix=MARKER + "[", suffix="]")
+        return grammar_of_calls(
+            funcs, around, ", ", parallel, special_tokens, prefix=MARKER + "[", suffix="]"
+        )
 
     def system_prompt(self, tools: list[dict]) -> str:
         example = (
