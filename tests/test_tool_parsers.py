@@ -613,6 +613,30 @@ def test_stream_matches_parse(fmt, text):
         assert shown + splitter.rest == expected.content
 
 
+FRAGMENTS = {
+    "hermes": ["<tool_call>", "</tool_call>", "<tool", '{"name": "f", "arguments": {}}'],
+    "llama3_json": ["<|python_tag|>", "<|py", "{", "}", ";", '{"name": "f", "parameters": {}}'],
+    "mistral": ["[TOOL_CALLS]", "[TOOL_", "f[ARGS]", "[", "]", '[{"name": "f", "arguments": {}}]'],
+}
+
+
+@pytest.mark.parametrize("fmt", PARSERS)
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_stream_property(fmt, data):
+    """Any mix of prose, markers, calls and debris, in any chunking: shown + rest == content."""
+    p = make_parser(fmt)
+    good = [p.render("", calls_of(("f", {"a": "}"}))), p.render("", calls_of(PARIS, NESTED))]
+    pieces = FRAGMENTS[fmt.removesuffix("_args")] + good
+    pieces += ["Hello", " ", "\n", "x y", "ü"]
+    text = "".join(data.draw(st.lists(st.sampled_from(pieces), max_size=12)))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    chunks = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    shown, splitter = stream(fmt, chunks)
+    assert splitter.finish() == p.parse(text)
+    assert shown + splitter.rest == p.parse(text).content
+
+
 def test_stream_holds_back_marker_prefixes():
     s = ToolStreamSplitter(make_parser("hermes"))
     assert s.push("Hello <tool") == "Hello"

@@ -30,9 +30,9 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
 class HermesParser:
-    name = "hermes"
-    start_markers = (OPEN,)
-    markers = (OPEN, CLOSE)
+    name: str = "hermes"
+    start_markers: tuple[str, ...] = (OPEN,)
+    markers: tuple[str, ...] = (OPEN, CLOSE)
 
     def parse(self, text: str) -> ParsedReply:
         spans: list[tuple[int, int]] = []
@@ -44,7 +44,9 @@ class HermesParser:
             if decoded is None or not isinstance(decoded[0], dict):
                 continue
             obj, end = decoded
-            args = obj.get("arguments", obj.get("parameters"))
+            args = obj.get(
+                "arguments", obj.get("parameters", {})
+            )  # a no-argument call may omit them
             call = make_call(obj.get("name"), args)
             end = skip_ws(text, end)
             if call is None or not text.startswith(CLOSE, end):

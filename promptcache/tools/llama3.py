@@ -42,9 +42,9 @@ def _as_call(value: Any) -> ToolCall | None:
 
 
 class Llama3JsonParser:
-    name = "llama3_json"
-    start_markers = (TAG, "{")
-    markers = ()
+    name: str = "llama3_json"
+    start_markers: tuple[str, ...] = (TAG, "{")
+    markers: tuple[str, ...] = ()
 
     def _run(self, text: str, pos: int) -> tuple[list[ToolCall], int]:
         """The calls in a row starting at pos and the index just past the last one."""

@@ -39,9 +39,9 @@ def _as_call(value: Any) -> ToolCall | None:
 
 
 class MistralParser:
-    name = "mistral"
-    start_markers = (MARKER,)
-    markers = (MARKER, "[ARGS]")
+    name: str = "mistral"
+    start_markers: tuple[str, ...] = (MARKER,)
+    markers: tuple[str, ...] = (MARKER, "[ARGS]")
 
     def __init__(self, style: Literal["list", "args"] = "list") -> None:
         self.style = style
@@ -53,16 +53,18 @@ class MistralParser:
             decoded = decode_json(text, pos)
             if decoded is None or not isinstance(decoded[0], list) or not decoded[0]:
                 return None
-            calls = [_as_call(v) for v in decoded[0]]
-            return None if None in calls else (calls, decoded[1])  # type: ignore[return-value]
-        calls, end = [], pos
+            listed = [_as_call(v) for v in decoded[0]]
+            valid = [c for c in listed if c is not None]
+            return (valid, decoded[1]) if len(valid) == len(listed) else None
+        calls: list[ToolCall] = []
+        end = pos
         while match := _NAMED.match(text, end):  # name[ARGS]{...}, possibly several in a row
-            decoded = decode_json(text, match.end())
-            call = decoded and make_call(match.group(1), decoded[0])
-            if not call:
+            args = decode_json(text, match.end())
+            call = make_call(match.group(1), args[0]) if args else None
+            if args is None or call is None:
                 break
             calls.append(call)
-            end = decoded[1]
+            end = args[1]
         return (calls, end) if calls else None
 
     def parse(self, text: str) -> ParsedReply:
