@@ -40,16 +40,24 @@ class ToolCallParser(Protocol):
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         """The assistant reply as this format writes it, calls after the content.
-        parse(render(c, calls)) == (c, calls) for c without surrounding whitespace and calls
-        whose arguments are canonical (json.dumps of a dict)."""
+        JSON is written as chat templates write it (non-ASCII as is). parse(render(c, calls)) ==
+        (c, calls) for c without surrounding whitespace and arguments that are JSON objects
+        in canonical form (json.dumps)."""
         ...
 
     def call_grammar(
-        self, tools: list[dict], name: str | None = None, parallel: bool = True
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
     ) -> str:
         """An llguidance Lark grammar accepting exactly render("", calls) for one call (or, with
-        parallel, one or more), each call's arguments valid for that tool's JSON schema.
-        name: only that tool. Raises ValueError for no tools or an unknown name."""
+        parallel, one or more), each call's arguments valid for that tool's JSON schema
+        (`%json {schema}`; a tool without "parameters" takes any object). name: only that tool.
+        special_tokens: marker text -> token id for the `markers` the tokenizer has as single
+        added/special tokens; llguidance never matches such a token against literal text, so
+        they are written as <[id]>. Raises ValueError for no tools or an unknown name."""
         ...
 
     def system_prompt(self, tools: list[dict]) -> str:
