@@ -15,7 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from promptcache.engines.base import EngineError
-from promptcache.engines.grammar import check_grammar, hf_tokenizer_of, json_schema_grammar
+from promptcache.engines.grammar import (
+    check_grammar,
+    hf_tokenizer_of,
+    json_schema_grammar,
+    styled_schema,
+)
 from promptcache.server.continuity import ReplyMemory
 from promptcache.tools import ParsedReply, ToolCall, detect_format, make_parser
 
@@ -52,6 +57,9 @@ class ChatFormatter:
         self.parser = make_parser(self.tool_format)
         self.replies = ReplyMemory()
         self._warned = False
+        # markers the tokenizer holds as one added token: grammars must name them by id
+        added = getattr(hf_tokenizer_of(engine.tokenizer), "get_added_vocab", dict)()
+        self._marker_tokens = {m: added[m] for m in self.parser.markers if m in added}
 
     # -- prompt --------------------------------------------------------------------------------
 
@@ -104,7 +112,10 @@ class ChatFormatter:
         if chat.tools and chat.tool_choice in ("required", "named"):
             try:
                 grammar = self.parser.call_grammar(
-                    chat.tools, chat.tool_name, chat.parallel_tool_calls
+                    [_styled(t) for t in chat.tools],
+                    chat.tool_name,
+                    chat.parallel_tool_calls,
+                    special_tokens=self._marker_tokens,
                 )
             except ValueError as exc:
                 raise EngineError(f"tool_choice: {exc}") from exc
@@ -173,6 +184,12 @@ def _call_of(call: dict[str, Any]) -> ToolCall:
     if not isinstance(value, dict) or not fn.get("name"):
         raise EngineError("tool_calls: each call needs a function name and object arguments")
     return ToolCall(str(fn["name"]), json.dumps(value))
+
+
+def _styled(tool: dict[str, Any]) -> dict[str, Any]:
+    fn = tool.get("function") or {}
+    params = fn.get("parameters") or {"type": "object"}
+    return {**tool, "function": {**fn, "parameters": styled_schema(params)}}
 
 
 def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
