@@ -18,11 +18,25 @@ import numpy as np
 
 from promptcache.engines.base import EngineError
 
+# JSON written as json.dumps writes it: no free whitespace, so a reply renders back to the same
+# text (and tokens) and a weak model cannot spend its budget on blanks; unknown keywords ignored
+JSON_STYLE = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": True,
+}
+
+
+def styled_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with ``JSON_STYLE`` as its llguidance options (for ``%json`` in Lark)."""
+    return {**schema, "x-guidance": {**JSON_STYLE, **schema.get("x-guidance", {})}}
+
 
 def json_schema_grammar(schema: dict[str, Any]) -> str:
-    """A grammar for one JSON value valid under ``schema`` (compact: no free whitespace)."""
+    """A grammar for one JSON value valid under ``schema``, written in ``JSON_STYLE``."""
     try:
-        return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(schema)))
+        return str(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(styled_schema(schema))))
     except Exception as exc:
         raise EngineError(f"invalid JSON schema: {exc}") from exc
 
