@@ -120,3 +120,88 @@ def mlx_ready(path: Path) -> Path:
             link.symlink_to(item.resolve())
     (out / "config.json").write_text(json.dumps({**config, **extra}, indent=2))
     return out
+
+
+class ContextExtensionError(SystemExit):
+    """``max_context`` asks for more than the model's native context and the model cannot be
+    extended. A SystemExit so that ``serve`` and ``bench`` stop with the message, not a traceback."""
+
+    def __init__(self, native: int, max_context: int, reason: str) -> None:
+        super().__init__(
+            f"--max-context {max_context} is above the model's native context of {native} "
+            f"tokens and cannot be reached: {reason}. Use --max-context {native} or less."
+        )
+        self.native, self.max_context, self.reason = native, max_context, reason
+
+    def __str__(self) -> str:
+        return str(self.code)
+
+
+def native_context(config: dict) -> int:
+    """The context the model was trained for (2048 when the config does not say: the engines'
+    fallback too)."""
+    return int(config.get("max_position_embeddings") or 2048)
+
+
+def _rope_kind(params: dict) -> str:
+    return str(params.get("rope_type") or params.get("type") or "default")
+
+
+def _plain_rope(config: dict) -> tuple[dict | None, str]:
+    """(the unscaled RoPE settings, "") for a plain-RoPE config, else (None, why not)."""
+    model_type = config.get("model_type") or "this model"
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and params:
+        if "rope_theta" not in params and all(isinstance(v, dict) for v in params.values()):
+            return None, (
+                f"{model_type} has separate RoPE settings per layer type ({', '.join(params)}), "
+                "which promptcache does not rescale"
+            )
+        if _rope_kind(params) != "default":
+            return None, f"its RoPE is already scaled ({_describe_scaling(params)})"
+        return {k: v for k, v in params.items() if k not in ("rope_type", "type")}, ""
+    legacy = config.get("rope_scaling")
+    if isinstance(legacy, dict) and _rope_kind(legacy) != "default":
+        return None, f"its RoPE is already scaled ({_describe_scaling(legacy)})"
+    if config.get("rope_theta") is not None:
+        rope = {"rope_theta": config["rope_theta"]}
+        if config.get("partial_rotary_factor") is not None:
+            rope["partial_rotary_factor"] = config["partial_rotary_factor"]
+        return rope, ""
+    return None, (
+        f"{model_type} has no rotary position embeddings (RoPE) for YaRN to rescale "
+        "(state-space and other RoPE-free models keep the context they were built with)"
+    )
+
+
+def _describe_scaling(params: dict) -> str:
+    factor = params.get("factor")
+    return f"rope_type {_rope_kind(params)!r}" + (f", factor {factor:g}" if factor else "")
+
+
+def rope_scaling_for(config: dict, max_context: int | None) -> dict | None:
+    """The YaRN ``rope_parameters`` (transformers 5 layout) that stretch the model's plain RoPE to
+    ``max_context`` tokens, or None when ``max_context`` fits the native context. ``config`` is a
+    config.json dict, in the transformers 5 (``rope_parameters``) or older (``rope_theta``)
+    layout. Raises ContextExtensionError for a model without plain RoPE."""
+    native = native_context(config)
+    if not max_context or max_context <= native:
+        return None
+    rope, reason = _plain_rope(config)
+    if rope is None:
+        raise ContextExtensionError(native, max_context, reason)
+    return {
+        **rope,  # rope_theta (and partial_rotary_factor) unchanged
+        "rope_type": "yarn",
+        "factor": max_context / native,
+        "original_max_position_embeddings": native,
+    }
+
+
+def context_extension_note(rope: dict) -> str:
+    """The start-up line that says the context was stretched, and by what."""
+    native = rope["original_max_position_embeddings"]
+    return (
+        f"context extended from {native} to {round(native * rope['factor'])} tokens by YaRN RoPE "
+        f"scaling (factor {rope['factor']:g})"
+    )

@@ -114,9 +114,15 @@ class CachedEngine:
 
     @staticmethod
     def load_weights(
-        path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
     ) -> tuple[Any, Any]:
-        """(model, tokenizer) from a model folder, shareable between engines of this kind."""
+        """(model, tokenizer) from a model folder, shareable between engines of this kind. A
+        ``max_context`` above the model's native context loads it with YaRN RoPE scaling, or
+        raises ``promptcache.models.ContextExtensionError`` when the model cannot be extended."""
         raise NotImplementedError
 
     @classmethod
@@ -126,7 +132,9 @@ class CachedEngine:
         """An engine on the model in ``path``; ``options`` as for ``_init_cache`` (and the
         engine's own keyword arguments). The model id defaults to the folder name."""
         path = Path(path)
-        model, tokenizer = cls.load_weights(path, dtype=dtype, device=device)
+        model, tokenizer = cls.load_weights(
+            path, dtype=dtype, device=device, max_context=options.get("max_context")
+        )
         return cls(model, tokenizer, model_id=options.pop("model_id", path.name), **options)
 
     def _init_cache(
@@ -155,7 +163,19 @@ class CachedEngine:
         self.tokenizer = tokenizer
         self.model_id = model_id
         self.prefill_chunk = prefill_chunk
+        # load_weights applied (RoPE scaling raises model_limit) or refused a larger max_context;
+        # one reaching here came with a model loaded without it: capped, and said so
         self.max_context = min(max_context or model_limit, model_limit)
+        if max_context and max_context > model_limit:
+            import logging
+
+            logging.getLogger("promptcache").warning(
+                "max_context %d is above the model's context of %d tokens: capped (load the model "
+                "with load_weights(..., max_context=%d) to extend it)",
+                max_context,
+                model_limit,
+                max_context,
+            )
         if cache is None and cache_enabled and next_tier is None and ssd_dir is not None:
             next_tier = SsdTier(
                 ssd_dir,

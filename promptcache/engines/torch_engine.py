@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
@@ -22,6 +23,9 @@ from promptcache.engines.torch_state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.models import context_extension_note, rope_scaling_for
+
+log = logging.getLogger("promptcache")
 
 
 class TorchEngine(CachedEngine):
@@ -30,6 +34,8 @@ class TorchEngine(CachedEngine):
     def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
         """``options``: the cache and serving options of ``CachedEngine._init_cache``."""
         self.model = model.eval()
+        # the YaRN settings load_weights applied to reach max_context, or None (native RoPE)
+        self.rope_scaling: dict | None = getattr(model, "promptcache_rope_scaling", None)
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.layout: LayerLayout = describe_layers(DynamicCache(config=model.config))
@@ -60,12 +66,30 @@ class TorchEngine(CachedEngine):
 
     @staticmethod
     def load_weights(
-        path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
     ) -> tuple[Any, Any]:
-        """(model, tokenizer) from an HF folder, for sharing one model between engines."""
+        """(model, tokenizer) from an HF folder, for sharing one model between engines. A
+        ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
+        ContextExtensionError when it has no plain RoPE to scale)."""
+        config = AutoConfig.from_pretrained(path)
+        rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
         tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device)
-        return model.eval(), tokenizer
+        if rope is not None:  # before the weights load: the rotary tables are built from config
+            config.rope_parameters = rope
+            config.max_position_embeddings = max_context
+        model = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=getattr(torch, dtype)
+        )
+        model = model.to(device).eval()
+        # read back by TorchEngine (an engine built on a shared model reports it too)
+        object.__setattr__(model, "promptcache_rope_scaling", rope)
+        if rope is not None:
+            log.info("%s: %s", Path(path).name, context_extension_note(rope))
+        return model, tokenizer
 
     # -- model steps ----------------------------------------------------------------------------
 
