@@ -68,7 +68,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "max-context",
         None,
-        "refuse prompts longer than this many tokens (default: the model's)",
+        "context window in tokens: refuse longer prompts; above the model's native context, "
+        "extend it by YaRN RoPE scaling (RoPE models only; others exit with the reason) "
+        "(default: the model's)",
         int,
     )
     _flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
@@ -122,6 +124,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from promptcache.models import context_extension_note
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
@@ -148,6 +151,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"promptcache: serving {state.model_id} ({engine.name}) on http://{args.host}:{args.port}  cache {cache}",
         flush=True,
     )
+    if getattr(engine, "rope_scaling", None):  # say so: quality past the native context may drop
+        print(f"promptcache: {context_extension_note(engine.rope_scaling)}", flush=True)
     try:
         uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
     finally:

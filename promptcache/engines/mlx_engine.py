@@ -6,6 +6,8 @@ MLX arrays in the RAM tier; sizes come from shapes, never from evaluating an arr
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,26 @@ from promptcache.engines.mlx_state import (
 )
 
 
+def _mlx_rope_scaling(config: dict[str, Any], max_context: int | None) -> dict[str, Any] | None:
+    """``rope_scaling_for`` checked against the mlx-lm model args the config loads into: they
+    must take ``rope_scaling``, and their rope_theta default stands in for a config without one."""
+    from mlx_lm.utils import _get_classes
+
+    from promptcache.models import ContextExtensionError, native_context, rope_scaling_for
+
+    native = native_context(config)
+    if not max_context or max_context <= native:
+        return None
+    fields = {f.name: f for f in dataclasses.fields(_get_classes(config)[1])}
+    if "rope_scaling" not in fields:
+        reason = f"mlx-lm's {config.get('model_type')} model takes no RoPE scaling"
+        raise ContextExtensionError(native, max_context, reason)
+    theta = fields.get("rope_theta")
+    if "rope_theta" not in config and "rope_parameters" not in config and theta is not None:
+        config = {**config, "rope_theta": theta.default}
+    return rope_scaling_for(config, max_context)
+
+
 def _config_of(model: Any) -> dict[str, Any]:
     args = getattr(model, "args", None)
     raw = vars(args) if args is not None else {}
@@ -48,6 +70,8 @@ class MlxEngine(CachedEngine):
     ) -> None:
         """``kv_bits``: a quantized KV cache; ``options``: those of ``CachedEngine._init_cache``."""
         self.model = model
+        # the YaRN settings load_weights applied to reach max_context, or None (native RoPE)
+        self.rope_scaling: dict | None = getattr(model, "promptcache_rope_scaling", None)
         if kv_bits is not None and kv_bits not in (2, 3, 4, 5, 6, 8):
             raise ValueError("kv_bits must be one of 2, 3, 4, 5, 6, 8")
         if kv_group_size not in (32, 64, 128):
@@ -79,22 +103,43 @@ class MlxEngine(CachedEngine):
 
     @staticmethod
     def load_weights(
-        path: str | Path, *, dtype: str = "float32", device: str = "cpu"
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
     ) -> tuple[Any, Any]:
         """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights, except in a
-        quantized model (its scales and biases keep the dtype they were quantized with)."""
+        quantized model (its scales and biases keep the dtype they were quantized with). A
+        ``max_context`` above the native context loads the model with YaRN RoPE scaling (or
+        raises ContextExtensionError when it cannot be extended)."""
         import json
 
         import mlx.nn as nn
         from mlx_lm import load
 
-        from promptcache.models import legacy_rope_keys
+        from promptcache.models import context_extension_note, legacy_rope_keys
 
         config = json.loads((Path(path) / "config.json").read_text())
-        model, tokenizer = load(str(path), model_config=legacy_rope_keys(config))
+        model_config = legacy_rope_keys(config)
+        rope = _mlx_rope_scaling({**config, **model_config}, max_context)
+        if rope is not None:
+            # "type" too: some mlx-lm model args insist on it; initialize_rope reads either
+            model_config["rope_scaling"] = {**rope, "type": "yarn"}
+            model_config["max_position_embeddings"] = max_context
+        model, tokenizer = load(str(path), model_config=model_config)
         quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
         if not any(isinstance(m, quantized) for _, m in model.named_modules()):
             model.set_dtype(getattr(mx, dtype))
+        if rope is not None:
+            args = getattr(model, "args", None)
+            if args is not None:  # some model args have no such field: the engine reads it here
+                args.max_position_embeddings = max_context
+            logging.getLogger("promptcache").info(
+                "%s: %s", Path(path).name, context_extension_note(rope)
+            )
+        # object.__setattr__: an mlx Module stores a dict attribute as a child module's params
+        object.__setattr__(model, "promptcache_rope_scaling", rope)
         return model, tokenizer
 
     # -- model steps ----------------------------------------------------------------------------
