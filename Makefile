@@ -3,8 +3,11 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# the real Claude Code CLI, for the agent end-to-end test (npm; skipped where npm is missing)
+CLAUDE_CODE_VERSION := 2.1.197
+CLAUDE := .tools/claude-code-$(CLAUDE_CODE_VERSION)/node_modules/.bin/claude
 
-.PHONY: install serve test bench lint fmt clean
+.PHONY: install claude-code serve test bench lint fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,11 +19,19 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(CLAUDE):
+	@if command -v npm >/dev/null; then \
+		npm install -s --no-audit --no-fund --prefix .tools/claude-code-$(CLAUDE_CODE_VERSION) \
+			@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION); \
+	else echo "npm not found: the Claude Code end-to-end test will be skipped"; fi
+
+claude-code: $(CLAUDE)
+
 serve: install
 	$(BIN)/promptcache serve $(ARGS)
 
-test: install
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: install claude-code
+	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/core_bench.py
@@ -33,4 +44,4 @@ fmt: install
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .tools build *.egg-info

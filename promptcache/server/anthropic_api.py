@@ -114,11 +114,13 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
     return chat
 
 
-def stop_info(fin: Finished, reply: Reply) -> tuple[str, str | None]:
+def stop_info(fin: Finished, reply: Reply, is_capped: bool = False) -> tuple[str, str | None]:
     if reply.calls and fin.reason != "cancelled":
         return "tool_use", None
     if fin.reason == "length":
-        return "max_tokens", None
+        # a reply cut by the server's own cap is its whole turn: clients read max_tokens as
+        # their limit and fail or retry (Claude Code stops with "exceeded ... maximum")
+        return ("end_turn" if is_capped else "max_tokens"), None
     if fin.reason == "context":
         return "model_context_window_exceeded", None
     if fin.stop_sequence is not None:
@@ -171,7 +173,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                 fin = ev
         assert fin is not None
         reply = state.finish_reply(chat, prep, fin, "toolu_")
-        reason, seq = stop_info(fin, reply)
+        reason, seq = stop_info(fin, reply, prep.is_capped)
         return JSONResponse(
             {"id": mid, "type": "message", "role": "assistant", "model": model,
              "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
@@ -223,7 +225,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                     yield event("content_block_delta", {"index": index, "delta": delta})
                     yield event("content_block_stop", {"index": index})
                     index += 1
-                reason, seq = stop_info(ev, reply)
+                reason, seq = stop_info(ev, reply, prep.is_capped)
                 yield event(
                     "message_delta",
                     {"delta": {"stop_reason": reason, "stop_sequence": seq},

@@ -159,9 +159,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
         prompt = state.engine.encode_text(str(p))
     params.validate()
     state.check_prompt(prompt)
-    if state.max_output_tokens:
-        params.max_tokens = min(params.max_tokens, state.max_output_tokens)
-    prep = Prepared(prompt, params, state.tenant_of(request, req.user))
+    prep = Prepared(prompt, params, state.tenant_of(request, req.user), state.cap_output(params))
     return await _respond(state, request, req, prep, None)
 
 

@@ -27,6 +27,7 @@ class Prepared(NamedTuple):
     prompt: list[int]
     params: SamplingParams
     tenant: str
+    is_capped: bool = False  # --max-output-tokens lowered the client's max_tokens
 
 
 class Reply(NamedTuple):
@@ -76,11 +77,17 @@ class ServerState:
         prompt = self.formatter.render(chat, tenant)
         self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
-        if self.max_output_tokens:
-            params.max_tokens = min(params.max_tokens, self.max_output_tokens)
+        is_capped = self.cap_output(params)
         params.validate()
         self.formatter.check_continuity(chat, tenant, prompt)
-        return Prepared(prompt, params, tenant)
+        return Prepared(prompt, params, tenant, is_capped)
+
+    def cap_output(self, params: SamplingParams) -> bool:
+        """Apply --max-output-tokens; True when it lowered the client's max_tokens."""
+        if not self.max_output_tokens or params.max_tokens <= self.max_output_tokens:
+            return False
+        params.max_tokens = self.max_output_tokens
+        return True
 
     def finish_reply(self, chat: Chat, prep: Prepared, fin: Finished, id_prefix: str) -> Reply:
         """Tool calls parsed out of a finished reply (with fresh ids); remembered so that the
