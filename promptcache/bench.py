@@ -235,7 +235,9 @@ def run_bench(args: argparse.Namespace) -> int:
     kind = pick_engine(args.engine)
     engine_cls = engine_class(kind)
     path = resolve_model(args.model)
-    model, tokenizer = engine_cls.load_weights(path, dtype=args.dtype, device=args.device)
+    model, tokenizer = engine_cls.load_weights(
+        path, dtype=args.dtype, device=args.device, max_context=args.max_context
+    )
     if args.conversation:
         conv, source = (
             tau_conversation(args.conversation, args.index),
