@@ -133,6 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         engine,
         max_output_tokens=args.max_output_tokens,
         keep_billing_header=args.keep_billing_header,
+        limits=limits_from_args(args),
     )
     cache = (
         "off"
@@ -158,6 +159,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def limits_from_args(args: argparse.Namespace) -> Any:
+    from promptcache.server.guard import LOOPBACK_HOSTS, load_api_keys
+    from promptcache.server.state import Limits
+
+    keys = load_api_keys(args.api_keys)
+    loopback = args.host in LOOPBACK_HOSTS
+    if not keys and not loopback:
+        logging.getLogger("promptcache").warning(
+            "listening on %s WITHOUT API keys: anyone who can reach it can use any tenant's "
+            "cache and read every tenant's stats; set --api-keys (see README, Threat model)",
+            args.host,
+        )
+    return Limits(
+        max_queue=args.max_queue,
+        request_timeout_s=args.request_timeout or None,
+        max_body_bytes=args.max_body_bytes,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_stop_strings=args.max_stop_strings,
+        api_keys=keys,
+        loopback_only=loopback,
+    )
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -193,6 +217,24 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt (default: dropped, so sessions share their prefix) [env "
         "PROMPTCACHE_KEEP_BILLING_HEADER]",
     )
+    _flag(
+        serve,
+        "api-keys",
+        None,
+        "file of `KEY TENANT [admin]` lines: every request needs a "
+        "key and its tenant comes from the key (also PROMPTCACHE_API_KEYS=KEY=TENANT[:admin],...)",
+    )
+    _flag(serve, "max-queue", 32, "requests running or waiting for the engine; more get 429", int)
+    _flag(
+        serve,
+        "request-timeout",
+        900.0,
+        "seconds a request may take from arrival to its last token (0: none)",
+        float,
+    )
+    _flag(serve, "max-body-bytes", 16 * 2**20, "largest request body accepted (413 above)", int)
+    _flag(serve, "max-prompt-tokens", None, "prompt tokens per request (default: the context)", int)
+    _flag(serve, "max-stop-strings", 16, "stop strings per request (each up to 512 chars)", int)
     add_engine_flags(serve)
     serve.set_defaults(func=cmd_serve)
 

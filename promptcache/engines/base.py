@@ -12,6 +12,10 @@ class EngineError(ValueError):
     """A request the engine cannot serve as asked (the server answers 400)."""
 
 
+class EngineTimeoutError(EngineError):
+    """The request's time budget ran out before its first token (the server answers 503)."""
+
+
 class PromptTooLongError(EngineError):
     """The prompt (or prompt + the requested output) does not fit the context."""
 
@@ -30,6 +34,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None  # an llguidance grammar the reply must follow (tools, JSON)
+    timeout_s: float | None = None  # time budget from arrival; decoding stops when it runs out
 
     def validate(self) -> None:
         if self.max_tokens < 1:
@@ -58,7 +63,8 @@ class TextDelta:
 
 @dataclass(slots=True)
 class Finished:
-    reason: str  # "stop" | "length" | "context" (the context window is full) | "cancelled"
+    # "stop" | "length" | "context" (the context window is full) | "timeout" | "cancelled"
+    reason: str
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -74,6 +80,7 @@ class Engine(Protocol):
     name: str
     model_id: str
     max_context: int
+    vocab_size: int  # token ids are in [0, vocab_size)
 
     def encode_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +25,7 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_tier import SsdTier
 from promptcache.engines.base import (
     EngineError,
+    EngineTimeoutError,
     Event,
     Finished,
     PrefillDone,
@@ -34,6 +36,7 @@ from promptcache.engines.base import (
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.sampling import sample_token
 from promptcache.engines.textstream import StopTextStream
+from promptcache.engines.turns import FairTurns, StepTimeout
 
 # config keys that change between saves of the same weights; left out of the model fingerprint
 VOLATILE_CONFIG_KEYS = frozenset(
@@ -58,6 +61,22 @@ def digest_weights(named: Iterable[tuple[str, Any]], to_numpy: Callable[[Any], n
         data = to_numpy(sample).astype(np.float32).tobytes()
         parts.append(f"{name}:{tuple(arr.shape)}:{arr.dtype}".encode() + digest_bytes(data))
     return digest_bytes(b"|".join(parts)).hex()
+
+
+@dataclass(slots=True)
+class _Running:
+    """One request on the engine between its steps."""
+
+    prompt: list[int]
+    seq: TokenSeq | None = None
+    lease: Lease | None = None
+    state: Any = None
+    logits: Any = None
+    pos: int = 0  # prompt tokens in ``state``
+
+    @property
+    def cached(self) -> int:
+        return self.lease.num_tokens if self.lease is not None else 0
 
 
 class Layout(Protocol):
@@ -194,7 +213,7 @@ class CachedEngine:
                 policy=policy,
             )
         self.cache = cache
-        self._lock = threading.Lock()
+        self.turns = FairTurns()  # one step (prefill chunk or token) at a time, FIFO
         # the last request's live state and the sequence it covers: a hit that it also covers is
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self._live: tuple[Any, TokenSeq] | None = None
@@ -214,6 +233,13 @@ class CachedEngine:
         return self.encode_text(text, special=False)
 
     def encode_text(self, text: str, special: bool = True) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\ud800") from JSON
+            raise EngineError(
+                f"the text has an invalid character at position {exc.start} "
+                f"({text[exc.start]!r}, an unpaired surrogate)"
+            ) from None
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
     def decode(self, ids: list[int]) -> str:
@@ -246,12 +272,8 @@ class CachedEngine:
             self.crop(state, hit)
         return state
 
-    def prefill(
-        self, prompt_ids: list[int], tenant: str = ""
-    ) -> tuple[Any, Any, Lease | None, TokenSeq | None]:
-        """Restore the longest cached prefix, prefill the rest in chunks (saving at each chunk
-        boundary and at the end). Returns the live state, last-token logits, the pinned lease
-        (release it when the request ends) and the sequence."""
+    def _begin(self, prompt_ids: list[int], tenant: str) -> _Running:
+        """Look the prompt up and restore the longest cached prefix (pinned until released)."""
         n = len(prompt_ids)
         if n == 0:
             raise EngineError("the prompt is empty")
@@ -261,36 +283,48 @@ class CachedEngine:
                 n,
                 self.max_context,
             )
-        lease: Lease | None = None
-        seq: TokenSeq | None = None
-        start = 0
-        state = None
+        run = _Running(prompt_ids)
         if self.cache is not None:
-            seq = self.cache.sequence(prompt_ids, tenant=tenant)
-            lease = self.cache.lookup(seq)
-            if lease.num_tokens:
-                state = self._reuse_live(seq, lease.num_tokens)
-                if state is None:
-                    state = self.restore(lease.segments(), lease.checkpoint)
-                start = lease.num_tokens
+            run.seq = self.cache.sequence(prompt_ids, tenant=tenant)
+            run.lease = self.cache.lookup(run.seq)
+            if run.lease.num_tokens:
+                try:
+                    run.state = self._reuse_live(run.seq, run.lease.num_tokens)
+                    if run.state is None:
+                        run.state = self.restore(run.lease.segments(), run.lease.checkpoint)
+                except BaseException:
+                    run.lease.release()
+                    raise
+                run.pos = run.lease.num_tokens
         self._live = None  # the live state is now this request's (or stale)
-        try:
-            if state is None:
-                state = self.new_state()
-            pos = start
-            logits = None
-            while pos < n:
-                end = min(n, (pos // self.prefill_chunk + 1) * self.prefill_chunk)
-                logits = self.forward(state, prompt_ids[pos:end])
-                pos = end
-                if seq is not None:
-                    self._save(seq, state, pos)
-        except BaseException:
-            if lease is not None:
-                lease.release()
-            raise
-        assert logits is not None
-        return state, logits, lease, seq
+        if run.state is None:
+            run.state = self.new_state()
+        return run
+
+    def _prefill_chunk(self, run: _Running) -> None:
+        """One prefill step: the next chunk, saved at its end."""
+        end = min(len(run.prompt), (run.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        run.logits = self.forward(run.state, run.prompt[run.pos : end])
+        run.pos = end
+        if run.seq is not None:
+            self._save(run.seq, run.state, run.pos)
+
+    def prefill(
+        self, prompt_ids: list[int], tenant: str = ""
+    ) -> tuple[Any, Any, Lease | None, TokenSeq | None]:
+        """The whole prompt in one turn: restore the longest cached prefix, prefill the rest in
+        chunks (saving at each boundary). Returns the state, last-token logits, the pinned lease
+        (release it when done) and the sequence."""
+        with self.turns.step():
+            run = self._begin(prompt_ids, tenant)
+            try:
+                while run.pos < len(prompt_ids):
+                    self._prefill_chunk(run)
+            except BaseException:
+                if run.lease is not None:
+                    run.lease.release()
+                raise
+        return run.state, run.logits, run.lease, run.seq
 
     def generate(
         self,
@@ -302,71 +336,96 @@ class CachedEngine:
         params.validate()
         t0 = time.perf_counter()
         constraint = self.make_constraint(params.grammar) if params.grammar else None
-        with self._lock:
-            if cancel is not None and cancel.is_set():  # the client left while queued
-                yield Finished("cancelled", len(prompt_ids), 0, 0, "")
-                return
-            state, logits, lease, seq = self.prefill(prompt_ids, tenant)
+        deadline = None if params.timeout_s is None else time.monotonic() + params.timeout_s
+
+        def step() -> Any:  # one turn on the engine, or StepTimeout once the deadline passes
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise StepTimeout
+            return self.turns.step(left)
+
+        def is_cancelled() -> bool:
+            return cancel is not None and cancel.is_set()
+
+        n = len(prompt_ids)
+        run: _Running | None = None
+        try:
             try:
-                n = len(prompt_ids)
-                cached = lease.num_tokens if lease is not None else 0
-                yield PrefillDone(
-                    n, cached, time.perf_counter() - t0, lease.kind if lease is not None else "off"
-                )
-                rng = np.random.default_rng(params.seed) if params.seed is not None else None
-                room = self.max_context - n
-                max_new = min(params.max_tokens, room)
-                stream = StopTextStream(self.decode, params.stop)
-                generated: list[int] = []
-                reason = "length" if params.max_tokens <= room else "context"
+                if is_cancelled():  # the client left while queued
+                    yield Finished("cancelled", n, 0, 0, "")
+                    return
+                with step():
+                    run = self._begin(prompt_ids, tenant)
+                while run.pos < n:
+                    if is_cancelled():  # nobody waits for this prefill any more
+                        yield Finished("cancelled", n, 0, run.cached, "")
+                        return
+                    with step():
+                        self._prefill_chunk(run)
+            except StepTimeout:
+                raise EngineTimeoutError(
+                    f"the request did not get through prefill within its time budget "
+                    f"({params.timeout_s:g} s); the server is busy, try again later"
+                ) from None
+            yield PrefillDone(
+                n, run.cached, time.perf_counter() - t0, run.lease.kind if run.lease else "off"
+            )
+            seed = params.seed
+            rng = np.random.default_rng(seed % 2**64) if seed is not None else None
+            room = self.max_context - n
+            max_new = min(params.max_tokens, room)
+            stream = StopTextStream(self.decode, params.stop)
+            generated: list[int] = []
+            reason = "length" if params.max_tokens <= room else "context"
+            next_id = self._sample(run.logits, params, rng, constraint)
+            for step_index in range(max_new):
+                if is_cancelled():
+                    reason = "cancelled"
+                    break
+                generated.append(next_id)
+                if next_id in self.eos_ids:
+                    reason = "stop"
+                    break
+                delta = stream.push(next_id)
+                if delta:
+                    yield TextDelta(delta, [next_id])
+                if constraint is not None:
+                    constraint.accept(next_id)
+                if stream.stopped or (constraint is not None and constraint.is_stopped):
+                    reason = "stop"
+                    break
+                if step_index == max_new - 1:
+                    break
+                try:
+                    with step():
+                        logits = self.forward(run.state, [next_id])
+                except StepTimeout:
+                    reason = "timeout"
+                    break
                 next_id = self._sample(logits, params, rng, constraint)
-                for step in range(max_new):
-                    if cancel is not None and cancel.is_set():
-                        reason = "cancelled"
-                        break
-                    generated.append(next_id)
-                    if next_id in self.eos_ids:
-                        reason = "stop"
-                        break
-                    delta = stream.push(next_id)
-                    if delta:
-                        yield TextDelta(delta, [next_id])
-                    if constraint is not None:
-                        constraint.accept(next_id)
-                    if stream.stopped or (constraint is not None and constraint.is_stopped):
-                        reason = "stop"
-                        break
-                    if step == max_new - 1:
-                        break
-                    logits = self.forward(state, [next_id])
-                    next_id = self._sample(logits, params, rng, constraint)
-                tail = stream.flush()
-                if tail:
-                    yield TextDelta(tail, [])
-                yield Finished(
-                    reason,
-                    n,
-                    len(generated),
-                    cached,
-                    stream.text,
-                    stream.matched_stop,
-                    list(generated),
-                )
-                # after the reply: feed the last sampled token so the saved state covers prompt +
-                # every generated token, and the next turn hits the assistant's reply too
-                if (
-                    seq is not None
-                    and generated
-                    and reason != "cancelled"
-                    and n + len(generated) < self.max_context
-                ):
-                    self.forward(state, [generated[-1]])
-                    full = seq.extend(generated)
-                    self._save(full, state, n + len(generated))
-                    self._live = (state, full)
-            finally:
-                if lease is not None:
-                    lease.release()
+            tail = stream.flush()
+            if tail:
+                yield TextDelta(tail, [])
+            yield Finished(
+                reason, n, len(generated), run.cached, stream.text, stream.matched_stop,
+                list(generated),
+            )  # fmt: skip
+            # after the reply: feed the last sampled token so the saved state covers prompt +
+            # every generated token, and the next turn hits the assistant's reply too
+            if (
+                run.seq is not None
+                and generated
+                and reason not in ("cancelled", "timeout")
+                and n + len(generated) < self.max_context
+            ):
+                with self.turns.step():
+                    self.forward(run.state, [generated[-1]])
+                    full = run.seq.extend(generated)
+                    self._save(full, run.state, n + len(generated))
+                    self._live = (run.state, full)
+        finally:
+            if run is not None and run.lease is not None:
+                run.lease.release()
 
     def make_constraint(self, grammar: str) -> GrammarConstraint:
         """A fresh grammar state for one request (raises EngineError on a bad grammar)."""

@@ -98,6 +98,7 @@ class MlxEngine(CachedEngine):
         if getattr(tokenizer, "eos_token_id", None) is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
+        self.vocab_size = int(getattr(args, "vocab_size", 0) or len(tokenizer.vocab))
         limit = getattr(args, "max_position_embeddings", None) or 2048
         self._init_cache(tokenizer, model_limit=limit, **options)
 

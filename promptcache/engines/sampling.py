@@ -14,7 +14,9 @@ def sample_token(
     crosses top_p is kept), sampled with ``rng``."""
     if params.temperature == 0:
         return int(np.argmax(logits))
-    x = logits.astype(np.float64) / params.temperature
+    x = logits.astype(np.float64)
+    # shift before dividing: a tiny temperature then gives -inf for all but the best, not NaN
+    x = (x - x.max()) / params.temperature
     if params.top_k and params.top_k < x.size:
         kth = np.partition(x, -params.top_k)[-params.top_k]
         x = np.where(x < kth, -np.inf, x)

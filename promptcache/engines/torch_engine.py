@@ -58,6 +58,7 @@ class TorchEngine(CachedEngine):
         if tokenizer.eos_token_id is not None:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._init_cache(
             tokenizer,
             model_limit=getattr(model.config, "max_position_embeddings", None) or 2048,

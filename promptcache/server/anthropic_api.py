@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from promptcache.engines.base import EngineError, Finished, PrefillDone, SamplingParams, TextDelta
@@ -15,6 +17,8 @@ from promptcache.server.chat import Chat
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.state import Reply, ServerState
 from promptcache.tools import ToolStreamSplitter
+
+log = logging.getLogger("promptcache.server")
 
 # Claude Code's first system block: per-prompt billing metadata, not an instruction; it changes
 # with the first user message and would break the prefix every new session shares
@@ -117,6 +121,8 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
 def stop_info(fin: Finished, reply: Reply, is_capped: bool = False) -> tuple[str, str | None]:
     if reply.calls and fin.reason != "cancelled":
         return "tool_use", None
+    if fin.reason == "timeout":  # the server's time budget, like its token cap: turn over
+        return "end_turn", None
     if fin.reason == "length":
         # a reply cut by the server's own cap is its whole turn: clients read max_tokens as
         # their limit and fail or retry (Claude Code stops with "exceeded ... maximum")
@@ -154,7 +160,8 @@ def content_blocks(reply: Reply) -> list[dict[str, Any]]:
 
 async def count_tokens(state: ServerState, request: Request, req: CountTokensRequest) -> Any:
     chat = to_chat(req, state.keep_billing_header)
-    return {"input_tokens": len(state.formatter.render(chat, state.tenant_of(request)))}
+    prompt = await run_in_threadpool(state.formatter.render, chat, state.tenant_of(request))
+    return {"input_tokens": len(prompt)}
 
 
 async def messages(state: ServerState, request: Request, req: MessagesRequest) -> Any:
@@ -162,7 +169,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     params = SamplingParams(
         req.max_tokens, req.temperature, req.top_p, req.top_k, None, list(req.stop_sequences or [])
     )
-    prep = state.prepare(request, chat, params)
+    prep = await run_in_threadpool(state.prepare, request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
     events = state.events(request, prep.prompt, prep.params, prep.tenant)
@@ -185,6 +192,15 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     splitter = ToolStreamSplitter(state.formatter.parser) if chat.can_call_tools else None
 
     async def stream() -> AsyncIterator[str]:
+        try:
+            async for line in body():
+                yield line
+        except Exception as exc:  # once streaming, an error is an event and a clean end
+            log.exception("stream %s failed", mid)
+            message = f"generation failed ({type(exc).__name__}); see the server log"
+            yield event("error", {"error": {"type": "api_error", "message": message}})
+
+    async def body() -> AsyncIterator[str]:
         message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": usage(first.prompt_tokens, first.cached_tokens, 0)}  # fmt: skip

@@ -1,4 +1,4 @@
-"""The FastAPI application: routes, error shapes, request counting."""
+"""The FastAPI application: routes and error shapes (the front door is ``guard.py``)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from promptcache.engines.base import EngineError, PromptTooLongError
+from promptcache.engines.base import EngineError, EngineTimeoutError, PromptTooLongError
 from promptcache.server import anthropic_api, openai_api
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
+from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
     CountTokensRequest,
     MessagesRequest,
 )
-from promptcache.server.state import ServerState
+from promptcache.server.state import QueueFullError, ServerState
 
 log = logging.getLogger("promptcache.server")
 
@@ -39,12 +40,17 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="promptcache", version="0.1.0")
     app.state.pc = state
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Any) -> Any:
-        response = await call_next(request)
-        path = request.url.path if request.url.path in ENDPOINTS else "other"
-        state.metrics.count_request(path, response.status_code)
-        return response
+    def count(path: str, status: int) -> None:
+        state.metrics.count_request(path if path in ENDPOINTS else "other", status)
+
+    limits = state.limits
+    app.add_middleware(
+        Guard,
+        count=count,
+        max_body_bytes=limits.max_body_bytes,
+        api_keys=limits.api_keys,
+        loopback_only=limits.loopback_only,
+    )
 
     def reject(request: Request, status: int, message: str, **extra: Any) -> JSONResponse:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, status, message)
@@ -73,6 +79,22 @@ def create_app(state: ServerState) -> FastAPI:
                 "messages."
             )
         return reject(request, 400, message, param="messages", code="context_length_exceeded")
+
+    @app.exception_handler(BodyTooLarge)
+    async def on_body(request: Request, exc: BodyTooLarge) -> JSONResponse:
+        return reject(request, 413, str(exc))
+
+    @app.exception_handler(EngineTimeoutError)
+    async def on_timeout(request: Request, exc: EngineTimeoutError) -> JSONResponse:
+        response = reject(request, 503, str(exc))
+        response.headers["retry-after"] = "5"
+        return response
+
+    @app.exception_handler(QueueFullError)
+    async def on_queue_full(request: Request, exc: QueueFullError) -> JSONResponse:
+        response = reject(request, 429, str(exc))
+        response.headers["retry-after"] = str(exc.retry_after_s)
+        return response
 
     @app.exception_handler(EngineError)
     async def on_engine(request: Request, exc: EngineError) -> JSONResponse:

@@ -16,9 +16,13 @@ def error_response(
 ) -> JSONResponse:
     kind = {
         400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
         404: "not_found_error",
         413: "request_too_large",
+        421: "invalid_request_error",
         429: "rate_limit_error",
+        503: "overloaded_error",
     }.get(status, "api_error")
     body: dict[str, Any]
     if is_anthropic_path(path):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from promptcache.engines.base import (
@@ -23,6 +25,8 @@ from promptcache.server.chat import Chat
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.state import Prepared, Reply, ServerState
 from promptcache.tools import ToolStreamSplitter
+
+log = logging.getLogger("promptcache.server")
 
 
 def sampling_from(
@@ -132,7 +136,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     explicit = req.max_completion_tokens or req.max_tokens
     params = sampling_from(req, state.default_max_tokens)
     chat = to_chat(req)
-    prep = state.prepare(request, chat, params)
+    prep = await run_in_threadpool(state.prepare, request, chat, params)
     limit = state.engine.max_context
     if explicit and len(prep.prompt) + prep.params.max_tokens > limit:
         raise PromptTooLongError(
@@ -151,13 +155,16 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     p = req.prompt
     if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
         prompt = list(p)  # type: ignore[arg-type]
+        vocab = state.engine.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise EngineError(f"prompt: token ids must be in [0, {vocab}) for this model")
     else:
         if isinstance(p, list):
             if len(p) != 1:
                 raise ValueError("prompt: exactly one prompt per request is supported")
             p = p[0]
-        prompt = state.engine.encode_text(str(p))
-    params.validate()
+        prompt = await run_in_threadpool(state.engine.encode_text, str(p))
+    state.check_params(params)
     state.check_prompt(prompt)
     prep = Prepared(prompt, params, state.tenant_of(request, req.user), state.cap_output(params))
     return await _respond(state, request, req, prep, None)
@@ -213,6 +220,17 @@ async def _respond(
 
     async def stream() -> AsyncIterator[str]:
         yield sse(chunk({"role": "assistant", "content": ""}, "", None))
+        try:
+            async for line in body():
+                yield line
+        except Exception as exc:  # once streaming, an error is an event and a clean end
+            log.exception("stream %s failed", rid)
+            error = {"message": f"generation failed ({type(exc).__name__}); see the server log",
+                     "type": "server_error", "param": None, "code": None}  # fmt: skip
+            yield sse({"error": error})
+        yield "data: [DONE]\n\n"
+
+    async def body() -> AsyncIterator[str]:
         shown = ""
         async for ev in events:
             if isinstance(ev, TextDelta):
@@ -238,6 +256,5 @@ async def _respond(
                         {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
                          "model": model, "choices": [], "usage": usage(ev)}
                     )  # fmt: skip
-        yield "data: [DONE]\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream")

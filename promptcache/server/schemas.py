@@ -1,4 +1,5 @@
-"""Request bodies at the HTTP edge (pydantic). Unknown fields are accepted and ignored."""
+"""Request bodies at the HTTP edge (pydantic). Unknown fields are accepted and ignored; known
+fields are strictly typed (``"max_tokens": "8"`` is a 400, not 8)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class ChatMessage(_Loose):

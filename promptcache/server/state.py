@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from starlette.requests import Request
 
 from promptcache.engines.base import (
     Engine,
+    EngineError,
     Event,
     Finished,
     PrefillDone,
@@ -16,11 +18,37 @@ from promptcache.engines.base import (
     SamplingParams,
 )
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
+from promptcache.server.guard import KeyGrant
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
+
+
+class QueueFullError(Exception):
+    """Too many requests waiting for the engine (the server answers 429 with Retry-After)."""
+
+    def __init__(self, limit: int, retry_after_s: int = 2) -> None:
+        super().__init__(
+            f"the server is busy: {limit} requests are already running or queued (--max-queue); "
+            "retry later"
+        )
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one request may ask of the server (flags with defaults a laptop survives)."""
+
+    max_queue: int = 32  # requests running or waiting for the engine
+    request_timeout_s: float | None = 900.0  # from arrival to the last token
+    max_body_bytes: int = 16 * 2**20
+    max_prompt_tokens: int | None = None  # default: the context
+    max_stop_strings: int = 16
+    max_stop_chars: int = 512
+    api_keys: dict[str, KeyGrant] = field(default_factory=dict)  # key digest -> grant
+    loopback_only: bool = True  # refuse foreign Host headers (DNS rebinding)
 
 
 class Prepared(NamedTuple):
@@ -44,6 +72,7 @@ class ServerState:
         default_max_tokens: int = 512,
         max_output_tokens: int | None = None,
         keep_billing_header: bool = False,
+        limits: Limits | None = None,
     ) -> None:
         self.engine = engine
         self.model_id = model_id or engine.model_id
@@ -52,17 +81,28 @@ class ServerState:
         self.keep_billing_header = keep_billing_header
         self.metrics = ServerMetrics()
         self.formatter = ChatFormatter(engine)
+        self.limits = limits or Limits()
+        self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
 
     def tenant_of(self, request: Request, user: str | None = None) -> str:
-        """Cache namespace of a request: the tenant header, else empty (one shared tenant).
-
-        Requests in different tenants never share a cached block."""
+        """Cache namespace of a request: with API keys the key's tenant only; without, the
+        tenant header, else empty (one shared tenant). Tenants never share a cached block."""
+        grant = request.scope.get("state", {}).get("grant")
+        if grant is not None:
+            return str(grant.tenant)
         return request.headers.get(TENANT_HEADER, "")
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
             raise ValueError("the prompt is empty")
         limit = self.engine.max_context
+        if self.limits.max_prompt_tokens and len(prompt) > self.limits.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"the prompt has {len(prompt)} tokens; this server takes at most "
+                f"{self.limits.max_prompt_tokens} per request (--max-prompt-tokens)",
+                len(prompt),
+                self.limits.max_prompt_tokens,
+            )
         if len(prompt) >= limit:
             raise PromptTooLongError(
                 f"the prompt has {len(prompt)} tokens, over this server's context of {limit} tokens",
@@ -78,9 +118,21 @@ class ServerState:
         self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
         is_capped = self.cap_output(params)
-        params.validate()
+        self.check_params(params)
         self.formatter.check_continuity(chat, tenant, prompt)
         return Prepared(prompt, params, tenant, is_capped)
+
+    def check_params(self, params: SamplingParams) -> None:
+        """Stop-string limits and the time budget; then the engine's own checks."""
+        lim = self.limits
+        if len(params.stop) > lim.max_stop_strings:
+            raise EngineError(
+                f"at most {lim.max_stop_strings} stop strings per request, not {len(params.stop)}"
+            )
+        if any(len(s) > lim.max_stop_chars for s in params.stop):
+            raise EngineError(f"a stop string may have at most {lim.max_stop_chars} characters")
+        params.timeout_s = lim.request_timeout_s
+        params.validate()
 
     def cap_output(self, params: SamplingParams) -> bool:
         """Apply --max-output-tokens; True when it lowered the client's max_tokens."""
@@ -100,6 +152,18 @@ class ServerState:
         return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
 
     async def events(
+        self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
+    ) -> AsyncIterator[Event]:
+        if self.num_active >= self.limits.max_queue:
+            raise QueueFullError(self.limits.max_queue)
+        self.num_active += 1
+        try:
+            async for ev in self._events(request, prompt, params, tenant):
+                yield ev
+        finally:
+            self.num_active -= 1
+
+    async def _events(
         self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
     ) -> AsyncIterator[Event]:
         prefill: PrefillDone | None = None
