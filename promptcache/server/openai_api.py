@@ -118,7 +118,7 @@ def usage(fin: Finished) -> dict[str, Any]:
 def finish_reason(fin: Finished, reply: Reply | None = None) -> str:
     if reply is not None and reply.calls and fin.reason != "cancelled":
         return "tool_calls"
-    return "length" if fin.reason in ("length", "context") else "stop"
+    return "length" if fin.reason in ("length", "context", "timeout") else "stop"
 
 
 def sse(data: Any) -> str:
