@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,6 +23,7 @@ from promptcache.server.schemas import (
     MessagesRequest,
 )
 from promptcache.server.state import QueueFullError, ServerState
+from promptcache.server.streaming import cancel_all
 
 log = logging.getLogger("promptcache.server")
 
@@ -36,9 +39,18 @@ ENDPOINTS = (
 )
 
 
+STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+
+
 def create_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="promptcache", version="0.1.0")
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        cancel_all()  # on shutdown nobody waits for a generation: stop them at the next step
+
+    app = FastAPI(title="promptcache", version="0.1.0", lifespan=lifespan)
     app.state.pc = state
+    app.openapi = lambda: openapi_schema(app)  # type: ignore[method-assign]
 
     def count(path: str, status: int) -> None:
         state.metrics.count_request(path if path in ENDPOINTS else "other", status)
@@ -63,7 +75,9 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return reject(request, exc.status_code, str(exc.detail))
+        response = reject(request, exc.status_code, str(exc.detail))
+        response.headers.update(exc.headers or {})  # e.g. Allow on a 405
+        return response
 
     @app.exception_handler(PromptTooLongError)
     async def on_too_long(request: Request, exc: PromptTooLongError) -> JSONResponse:
@@ -154,3 +168,27 @@ def create_app(state: ServerState) -> FastAPI:
         )
 
     return app
+
+
+def openapi_schema(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, saying what the server does: request errors are 400, not 422."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        text = {"schema": {"type": "string"}}
+        for path, item in schema.get("paths", {}).items():
+            for op in item.values():
+                responses = op.get("responses", {})
+                if "422" in responses:
+                    bad = responses.pop("422")
+                    bad["description"] = "Invalid request"
+                    responses["400"] = bad
+                ok = responses.get("200", {}).setdefault("content", {})
+                if path in STREAMING_PATHS:  # "stream": true answers with server-sent events
+                    ok["text/event-stream"] = {}
+                elif path == "/metrics":
+                    ok.clear()
+                    ok["text/plain"] = text
+        app.openapi_schema = schema
+    return app.openapi_schema

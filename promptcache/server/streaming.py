@@ -19,6 +19,13 @@ from promptcache.engines.base import Event, Finished
 
 _DONE = object()
 _executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="promptcache-gen")
+_active: set[threading.Event] = set()  # cancel events of generations in flight
+
+
+def cancel_all() -> None:
+    """Stop every generation at its next step (server shutdown)."""
+    for cancel in list(_active):
+        cancel.set()
 
 
 async def run_events(
@@ -28,6 +35,7 @@ async def run_events(
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[Any] = asyncio.Queue()
     cancel = threading.Event()
+    _active.add(cancel)
 
     def work() -> None:
         try:
@@ -36,6 +44,7 @@ async def run_events(
         except BaseException as exc:  # delivered to the awaiting request
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
+            _active.discard(cancel)
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
     loop.run_in_executor(_executor, work)
