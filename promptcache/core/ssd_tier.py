@@ -2,18 +2,23 @@
 
 Every new block is written through in the background (a writer thread, bounded queue; when full,
 writes are dropped and counted, never blocking a request), so a crash keeps what was written.
-Lookups walk the SQLite index; promotion reads files back, verifying checksums. A damaged file
-is moved to ``quarantine/`` and never served.
+Lookups walk the SQLite index; promotion reads files back, verifying checksums and chained
+hashes. A damaged file is moved to ``quarantine/`` and never served. The model's folder is
+private (0700/0600) and locked by one process for the tier's life (``ssd_lock``); after a write
+error the tier backs off and tries again (``ssd_health``), so it comes back once space is back.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import queue
 import re
 import shutil
+import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -21,17 +26,28 @@ from typing import Any
 from promptcache.core.block_file import (
     SUFFIX,
     CorruptBlockError,
+    commit_temp,
     decode_block,
     encode_block,
     prefetch_files,
-    read_file,
-    write_atomic,
+    read_open_file,
+    verify_identity,
+    write_temp,
 )
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.hashing import BlockHash
+from promptcache.core.private_fs import (
+    FILE_MODE,
+    make_private_dirs,
+    tighten_shared_parent,
+    tighten_tree,
+)
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.ssd_capacity import enforce_capacity
+from promptcache.core.ssd_health import WriteHealth
 from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_reconcile import reconcile_dir
+from promptcache.core.ssd_lock import CacheDirLock, CacheDirLockedError
+from promptcache.core.ssd_reconcile import matches_row, reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.tier import BlockRecord
 from promptcache.core.tree import common_prefix_tokens
@@ -39,6 +55,11 @@ from promptcache.core.tree import common_prefix_tokens
 log = logging.getLogger("promptcache.ssd")
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 DEFAULT_SSD_BUDGET = 10 * 10**9
+MAX_TENANT_NAMES = 4096  # namespace root -> tenant for folder names; bounded against header spam
+
+
+class BlockEvictedError(CorruptBlockError):
+    """The block was evicted between lookup and read: the hit ends there; nothing is damaged."""
 
 
 class SsdTier:
@@ -54,37 +75,64 @@ class SsdTier:
         budget_bytes: int = DEFAULT_SSD_BUDGET,
         retention_s: float | None = None,
         queue_blocks: int = 64,
+        retry_s: float = 5.0,
     ) -> None:
+        """Raises CacheDirLockedError when another process uses this model's cache folder; any
+        other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
         self.model = model_fingerprint
-        self.root_dir = Path(cache_dir) / model_fingerprint[:16]
+        self.cache_dir = Path(cache_dir)
+        self.root_dir = self.cache_dir / model_fingerprint[:16]
         self.quarantine_dir = self.root_dir / "quarantine"
         self.codec = codec or TreeCodec()
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
         self.stats = SsdStats()
-        self._tenants: dict[BlockHash, str] = {}
+        self.health = WriteHealth(retry_s)
+        self._tenants: OrderedDict[BlockHash, str] = OrderedDict()
         # queued hashes -> whether a queued record carries a checkpoint (a block may be queued
         # again when its checkpoint is attached after the first write-through)
         self._pending: dict[BlockHash, bool] = {}
         self._pending_lock = threading.Lock()
-        # files and index rows change together under this lock (writer, eviction, quarantine)
-        self._files_lock = threading.RLock()
+        # files and index rows change together under this lock (writer, eviction, quarantine);
+        # readers open files under it too, so an open file is one the index still holds
+        self.files_lock = threading.RLock()
         self._queue: queue.Queue[BlockRecord | None] = queue.Queue(maxsize=queue_blocks)
         self._closed = False
-        try:
-            self.root_dir.mkdir(parents=True, exist_ok=True)
-            self.index = SsdIndex(self.root_dir / "index.sqlite")
-        except Exception as exc:  # sqlite3.Error, OSError: read-only or unusable dir: RAM only
-            log.error("SSD tier disabled: cannot open %s: %s", self.root_dir, exc)
-            self.stats.last_error = str(exc)
-            self.index = None  # type: ignore[assignment]
-            self._closed = True
-            return
-        self.reconcile()
+        self._dir_lock = CacheDirLock(self.root_dir)
+        self.index: SsdIndex | None = None
+        self._open()
         self._writer = threading.Thread(
             target=self._write_loop, name="promptcache-ssd-writer", daemon=True
         )
         self._writer.start()
+
+    def _open(self) -> bool:
+        """Folder, lock, index, reconcile; False (tier off, retried) on an unusable folder."""
+        try:
+            make_private_dirs(self.root_dir)
+            tighten_shared_parent(self.cache_dir)
+            self._dir_lock.acquire()
+        except CacheDirLockedError:
+            raise
+        except OSError as exc:
+            return self._open_failed(exc)
+        try:
+            tighten_tree(self.root_dir)
+            index = SsdIndex(self.root_dir / "index.sqlite")
+            with self.files_lock:
+                self.index = index
+                reconcile_dir(self, index)
+        except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: the index cannot be created
+            self.index = None
+            self._dir_lock.release()
+            return self._open_failed(exc)
+        return True
+
+    def _open_failed(self, exc: BaseException) -> bool:
+        delay = self.health.failed()
+        self.stats.error(f"{type(exc).__name__}: {exc}")
+        log.error("SSD tier off: cannot use %s: %s (retrying in %.0f s)", self.root_dir, exc, delay)
+        return False
 
     @property
     def is_enabled(self) -> bool:
@@ -93,37 +141,45 @@ class SsdTier:
     # -- namespaces --------------------------------------------------------------------------
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
-        if root not in self._tenants and self.index is not None:
+        """Remember the tenant's name for folder names; its record is written with its first
+        block (and pruned with its last), so namespaces without blocks leave nothing on disk."""
+        with self._pending_lock:
             self._tenants[root] = tenant
-            try:
-                self.index.set_tenant(root, tenant)
-            except Exception as exc:
-                self.stats.write_errors += 1
-                self.stats.last_error = str(exc)
+            self._tenants.move_to_end(root)
+            if len(self._tenants) > MAX_TENANT_NAMES:
+                self._tenants.popitem(last=False)
+
+    def _tenant(self, root: BlockHash) -> str:
+        with self._pending_lock:
+            return self._tenants.get(root, "")
 
     def _path_for(self, root: BlockHash, block_hash: BlockHash) -> Path:
-        tenant = re.sub(r"[^A-Za-z0-9_.-]", "_", self._tenants.get(root, ""))[:40] or "default"
+        tenant = re.sub(r"[^A-Za-z0-9_.-]", "_", self._tenant(root))[:40] or "default"
         h = block_hash.hex()
         return self.root_dir / f"{tenant}-{root.hex()[:8]}" / h[:2] / (h + SUFFIX)
 
     # -- writes ------------------------------------------------------------------------------
 
     def put(self, record: BlockRecord) -> bool:
-        if self._closed:
+        index = self.index
+        if self._closed or index is None:
+            return False
+        if not self.health.may_write():  # backing off after a write error
+            self.stats.add(skipped_writes=1)
             return False
         has_checkpoint = record.checkpoint is not None
         with self._pending_lock:
             queued = self._pending.get(record.block_hash)
             if queued is not None and (queued or not has_checkpoint):
                 return True
-        row = self.index.get(record.block_hash)
+        row = index.get(record.block_hash)
         if row is not None and (row.has_checkpoint or record.checkpoint is None):
             return True
         with self._pending_lock:
             try:
                 self._queue.put_nowait(record)
             except queue.Full:
-                self.stats.dropped_writes += 1
+                self.stats.add(dropped_writes=1)
                 return False
             self._pending[record.block_hash] = has_checkpoint or bool(queued)
         return True
@@ -131,40 +187,65 @@ class SsdTier:
     def _write_loop(self) -> None:
         last_enforce = 0.0
         while True:
-            record = self._queue.get()
+            if self.index is None and not self._closed and self.health.may_write():
+                self._reopen()
+            try:
+                # while off, wake up to retry opening the folder; otherwise wait for work
+                wait = max(0.05, self.health.seconds_to_retry()) if self.index is None else None
+                record = self._queue.get(timeout=wait)
+            except queue.Empty:
+                continue
             if record is None:
                 self._queue.task_done()
                 break
             try:
+                if not self.health.may_write():
+                    self.stats.add(skipped_writes=1)
+                    continue
                 self._write(record)
+                if self.health.succeeded():
+                    self.stats.add(num_recoveries=1)
+                    log.warning("SSD writes work again (after %s)", self.stats.get("last_error"))
                 # the budget holds again before the write counts as done (flush() waits for it)
                 if time.monotonic() - last_enforce > 1.0 or self._queue.empty():
                     self.enforce_capacity()
                     last_enforce = time.monotonic()
             except Exception as exc:  # disk full, read-only, ...: keep serving from RAM
-                self.stats.write_errors += 1
-                self.stats.last_error = f"{type(exc).__name__}: {exc}"
-                if self.stats.write_errors in (1, 10, 100) or self.stats.write_errors % 1000 == 0:
-                    log.warning("SSD write failed (%d so far): %s", self.stats.write_errors, exc)
+                delay = self.health.failed()
+                self.stats.error(f"{type(exc).__name__}: {exc}", write_errors=1)
+                errors = self.stats.get("write_errors")
+                if errors in (1, 10, 100) or errors % 1000 == 0:
+                    log.warning(
+                        "SSD write failed (%d so far): %s; retrying in %.0f s", errors, exc, delay
+                    )
             finally:
                 with self._pending_lock:
                     if self._pending.get(record.block_hash) == (record.checkpoint is not None):
                         del self._pending[record.block_hash]
                 self._queue.task_done()
 
+    def _reopen(self) -> None:
+        try:
+            opened = self._open()
+        except CacheDirLockedError as exc:
+            opened = self._open_failed(exc)
+        if opened:
+            self.health.succeeded()
+            self.stats.add(num_recoveries=1)
+            log.warning("SSD tier on again in %s", self.root_dir)
+
     def _write(self, record: BlockRecord) -> None:
+        index = self.index
+        assert index is not None
         root = record.root
         path = self._path_for(root, record.block_hash)
         data = encode_block(record, root, self.model, self.codec)
-        with self._files_lock:
-            self._write_file(record, root, path, data)
-
-    def _write_file(self, record: BlockRecord, root: BlockHash, path: Path, data: bytes) -> None:
-        write_atomic(path, data)
-        now = time.time()
-        old = self.index.get(record.block_hash)
-        self.index.upsert(
-            Row(
+        tmp = write_temp(path, data)  # the slow part (fsync) outside the lock: reads go on
+        with self.files_lock:
+            commit_temp(tmp, path)
+            now = time.time()
+            old = index.get(record.block_hash)
+            row = Row(
                 record.block_hash,
                 record.parent_hash,
                 root,
@@ -180,9 +261,8 @@ class SsdTier:
                 old.created if old else now,
                 now,
             )  # fmt: skip
-        )
-        self.stats.num_writes += 1
-        self.stats.bytes_written += len(data)
+            index.upsert(row, self._tenant(root))
+        self.stats.add(num_writes=1, bytes_written=len(data))
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued write is on disk; False on timeout."""
@@ -200,42 +280,19 @@ class SsdTier:
         self._closed = True
         self._queue.put(None)
         self._writer.join(timeout=30)
-        self.index.close()
+        with self.files_lock:
+            if self.index is not None:
+                self.index.close()
+            self._dir_lock.release()
 
     # -- capacity ----------------------------------------------------------------------------
 
     def enforce_capacity(self) -> None:
-        if self.index is None:
+        index = self.index
+        if index is None:
             return
-        with self._files_lock:
-            self._enforce_capacity()
-
-    def _enforce_capacity(self) -> None:
-        if self.retention_s is not None:
-            cutoff = time.time() - self.retention_s
-            while True:
-                old = [r for r in self.index.lru_leaves(256) if r.last_access < cutoff]
-                if not old:
-                    break
-                self._delete(old)
-                self.stats.num_expired += len(old)
-        _, used = self.index.totals()
-        while used > self.budget_bytes:
-            leaves = self.index.lru_leaves(64)
-            if not leaves:
-                break
-            for r in leaves:
-                if used <= self.budget_bytes:
-                    break
-                self._delete([r])
-                self.stats.num_evictions += 1
-                used -= r.file_bytes
-
-    def _delete(self, rows: list[Row]) -> None:
-        with self._files_lock:
-            for r in rows:
-                (self.root_dir / r.path).unlink(missing_ok=True)
-            self.index.delete(r.block_hash for r in rows)
+        with self.files_lock:
+            enforce_capacity(self, index)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -281,17 +338,26 @@ class SsdTier:
         return rows
 
     def read(self, row: Row) -> tuple[Any, Any]:
-        """(payload, checkpoint) of an indexed block; a damaged file is quarantined and raises.
+        """(payload, checkpoint) of an indexed block; a damaged file is quarantined and raises
+        CorruptBlockError; a block evicted since the lookup raises BlockEvictedError.
         (Reload latency and throughput are recorded per promotion, by ``read_many``.)"""
         path = self.root_dir / row.path
+        with self.files_lock:  # eviction cannot delete it between this check and the open
+            current = self.index.get(row.block_hash) if self.index is not None else None
+            if current is None or current.path != row.path:
+                self.stats.add(num_read_races=1)
+                raise BlockEvictedError(f"{row.path} was evicted before it was read")
+            try:
+                f = io.FileIO(path, "rb")  # read outside the lock
+            except OSError as exc:
+                self.quarantine(path, row, str(exc))
+                raise CorruptBlockError(str(exc)) from None
         try:
-            data = read_file(path)
+            with f:
+                data = read_open_file(f)
             info, payload, checkpoint = decode_block(data, self.codec)
-            if (
-                info.block_hash != row.block_hash
-                or info.model != self.model
-                or info.token_bytes != row.token_bytes
-            ):
+            verify_identity(info, path.stem)
+            if info.model != self.model or not matches_row(info, row):
                 raise CorruptBlockError("file does not hold the indexed block")
         except (OSError, CorruptBlockError) as exc:
             self.quarantine(path, row, str(exc))
@@ -318,60 +384,62 @@ class SsdTier:
         return out
 
     def touch(self, rows: list[Row]) -> None:
+        index = self.index
+        if index is None:
+            return
         try:
-            self.index.touch((r.block_hash for r in rows), time.time())
+            index.touch((r.block_hash for r in rows), time.time())
         except Exception as exc:
-            self.stats.last_error = str(exc)
+            self.stats.error(f"{type(exc).__name__}: {exc}")
 
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
         log.warning("quarantined %s: %s", path.name, reason)
-        with self._files_lock:
-            self._quarantine(path, row)
-
-    def _quarantine(self, path: Path, row: Row | None) -> None:
-        self.stats.num_quarantined += 1
-        try:
-            if path.exists():
-                self.quarantine_dir.mkdir(parents=True, exist_ok=True)
-                shutil.move(
-                    str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}"
-                )
-        except OSError as exc:
-            self.stats.last_error = str(exc)
-        if row is not None:
-            self.index.delete([row.block_hash])
-
-    # -- start-up ----------------------------------------------------------------------------
-
-    def reconcile(self) -> None:
-        """Make index and files agree again after a crash (see ``ssd_reconcile``)."""
-        reconcile_dir(self)
+        with self.files_lock:
+            self.stats.add(num_quarantined=1)
+            try:
+                if path.exists():
+                    make_private_dirs(self.quarantine_dir)
+                    shutil.move(
+                        str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}"
+                    )
+            except OSError as exc:
+                self.stats.error(f"{type(exc).__name__}: {exc}")
+            if row is not None and self.index is not None:
+                self.index.delete([row.block_hash])
 
     # -- checks ------------------------------------------------------------------------------
 
     def used_bytes(self) -> int:
-        return self.index.totals()[1] if self.index is not None else 0
+        index = self.index
+        return index.totals()[1] if index is not None else 0
 
     def check_integrity(self) -> None:
-        """Bytes accounted in the index == bytes of the indexed files <= budget (writes flushed)."""
-        if self.index is None:
+        """Bytes accounted in the index == bytes of the indexed files <= budget (writes flushed);
+        every indexed file private; a namespace record only for a namespace with blocks."""
+        index = self.index
+        if index is None:
             return
         self.flush()
-        with self._files_lock:
-            rows = self.index.all_rows()
+        with self.files_lock:
+            rows = index.all_rows()
             held = 0
             for r in rows:
-                size = (self.root_dir / r.path).stat().st_size
-                assert size == r.file_bytes, (
-                    f"{r.path}: {size} bytes on disk, {r.file_bytes} indexed"
+                st = (self.root_dir / r.path).stat()
+                assert st.st_size == r.file_bytes, (
+                    f"{r.path}: {st.st_size} bytes on disk, {r.file_bytes} indexed"
                 )
-                held += size
+                assert st.st_mode & 0o777 == FILE_MODE, f"{r.path}: mode {st.st_mode & 0o777:o}"
+                held += st.st_size
             assert held == self.used_bytes()
+            roots = {r.root for r in rows}
+            assert set(index.tenants()) <= roots, "namespace records without blocks"
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
         )
 
     def describe(self) -> dict[str, Any]:
-        n, used = self.index.totals() if self.index is not None else (0, 0)
-        return {**self.stats.to_dict(), "num_blocks": n, "used_bytes": used, "budget_bytes": self.budget_bytes,
-                "queued_writes": self._queue.qsize(), "enabled": self.index is not None}  # fmt: skip
+        index = self.index
+        n, used = index.totals() if index is not None else (0, 0)
+        return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
+                "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
+                "enabled": index is not None}  # fmt: skip
