@@ -7,6 +7,7 @@ kernel drops the lock when its holder dies, even by kill -9, so a crash never le
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -42,9 +43,12 @@ class CacheDirLock:
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {purpose}\n".encode(), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {purpose}\n".encode(), 0)
+        except OSError:  # a full disk: the lock holds without its note of who holds it
+            pass
 
     def holder_pid(self) -> int | None:
         """The PID written by the holder (None when unknown or not yet written)."""
@@ -63,7 +67,8 @@ class CacheDirLock:
         if fd is None:
             return
         try:
-            os.ftruncate(fd, 0)
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
             fcntl.flock(fd, fcntl.LOCK_UN)
         finally:
             os.close(fd)

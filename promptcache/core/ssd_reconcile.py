@@ -30,10 +30,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("promptcache.ssd")
 
 
-def check_file(path: Path, data: bytes, model: str) -> BlockFileMeta:
-    """Everything a file must satisfy to be indexed; raises CorruptBlockError (OldFormatError)."""
+def check_file(path: Path, data: bytes, model: str | None) -> BlockFileMeta:
+    """Everything a file must satisfy to be indexed (of ``model`` unless None); raises
+    CorruptBlockError (OldFormatError for an older format)."""
     info = check_block(data)
-    if info.model != model:
+    if model is not None and info.model != model:
         raise CorruptBlockError("file belongs to another model")
     verify_identity(info, path.stem)
     return info

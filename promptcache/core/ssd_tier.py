@@ -131,7 +131,7 @@ class SsdTier:
     def _open_failed(self, exc: BaseException) -> bool:
         delay = self.health.failed()
         self.stats.error(f"{type(exc).__name__}: {exc}")
-        log.error("SSD tier off: cannot use %s: %s (retrying in %.0f s)", self.root_dir, exc, delay)
+        log.error("SSD tier off: cannot use %s: %s (retrying in %.1f s)", self.root_dir, exc, delay)
         return False
 
     @property
@@ -216,7 +216,7 @@ class SsdTier:
                 errors = self.stats.get("write_errors")
                 if errors in (1, 10, 100) or errors % 1000 == 0:
                     log.warning(
-                        "SSD write failed (%d so far): %s; retrying in %.0f s", errors, exc, delay
+                        "SSD write failed (%d so far): %s; retrying in %.1f s", errors, exc, delay
                     )
             finally:
                 with self._pending_lock:
