@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xxhash
-from core_helpers import assert_restores, make_slicer
+from core_helpers import assert_restores, conversation, make_slicer
 from safetensors.numpy import save as st_save
 from test_ssd import BLOCK, block_file_at, files, make_cache, save, tmpfs
 
@@ -423,3 +423,80 @@ def test_stats_snapshots_are_consistent_while_threads_update_them():
     for t in adders:
         t.join()
     assert stats.to_dict()["num_hits"] == 20000
+
+
+# -- kill -9 while the write queue is full ------------------------------------------------------
+
+WRITER = """
+import sys, time
+sys.path.insert(0, sys.argv[3])
+from core_helpers import conversation, make_slicer
+import promptcache.core.ssd_tier as ssd
+from promptcache.core.cache import PromptCache
+
+real_commit = ssd.commit_temp
+
+def slow_commit(tmp, path):  # widen both crash windows: temp on disk, renamed but not indexed
+    time.sleep(0.004)
+    real_commit(tmp, path)
+    time.sleep(0.004)
+
+ssd.commit_temp = slow_commit
+tier = ssd.SsdTier(sys.argv[1], "model-k", queue_blocks=100_000)
+cache = PromptCache("model-k", block_size=4, ram_budget=10**8, next_tier=tier)
+k = int(sys.argv[2])
+while True:
+    toks = conversation(k)
+    cache.save(cache.sequence(toks), None, make_slicer(toks))
+    print(f"SAVED {k} {tier._queue.qsize()}", flush=True)
+    k += 1
+"""
+
+
+def test_kill_9_with_writes_queued_recovers_every_time(tmp_path):
+    cache_dir = tmp_path / "cache"
+    tests_dir = str(Path(__file__).parent)
+    saved: list[int] = []
+    totals = {"num_temp_removed": 0, "num_reindexed": 0, "num_rows_dropped": 0}
+    next_k, rounds, served = 0, 0, 0
+    while rounds < 5 or (
+        rounds < 15 and not (totals["num_temp_removed"] and totals["num_reindexed"])
+    ):
+        rounds += 1
+        proc = subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(cache_dir), str(next_k), tests_dir],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        try:
+            queued = 0
+            while queued < 40:  # kill only with a backlog of writes
+                line = proc.stdout.readline()
+                assert line.startswith("SAVED"), line
+                _, k, queued = line.split()
+                saved.append(int(k))
+                queued = int(queued)
+            time.sleep(0.01 * (rounds % 4))
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        next_k = saved[-1] + 1
+        tier = SsdTier(cache_dir, "model-k")  # the kernel released the dead writer's lock
+        cache = PromptCache("model-k", block_size=4, ram_budget=10**8, next_tier=tier)
+        assert not list(cache_dir.rglob(".tmp-*")), f"round {rounds}: temp files survived"
+        cache.check_integrity()
+        for k in saved[-20:]:
+            query = conversation(k) + [9]
+            with cache.lookup(cache.sequence(query)) as hit:
+                assert_restores(hit, query)  # exactly what an uncached run computes, or nothing
+                served += hit.num_tokens
+        st = cache.stats().tiers["ssd"]
+        assert st["num_quarantined"] == 0
+        for key in totals:
+            totals[key] += st[key]
+        cache.close()
+    assert totals["num_temp_removed"] and totals["num_reindexed"], (rounds, totals)
+    assert served > 0
+    out = cli(cache_dir, "verify")
+    assert out.returncode == 0, out.stdout
