@@ -20,6 +20,7 @@ from safetensors.numpy import save as st_save
 from test_ssd import BLOCK, block_file_at, files, make_cache, save, tmpfs
 
 import promptcache.core.block_file as bf
+import promptcache.core.ssd_tier as ssd_module
 from promptcache.core.cache import PromptCache
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.ssd_tier import SsdTier
@@ -202,14 +203,12 @@ def holder(cache_dir):
 
 
 def test_second_process_on_one_folder_refuses_naming_folder_and_pid(tmp_path):
-    from promptcache.core.ssd_lock import CacheDirLockedError
-
     cache_dir = tmp_path / "cache"
     with holder(cache_dir) as proc:
         tmp = cache_dir / "model-a" / "default-0" / "00" / ".tmp-x.safetensors.1"
         tmp.parent.mkdir(parents=True)
         tmp.write_bytes(b"the holder's write in flight")
-        with pytest.raises(CacheDirLockedError) as err:
+        with pytest.raises(RuntimeError) as err:  # CacheDirLockedError
             SsdTier(cache_dir, "model-a")
         assert str(cache_dir / "model-a") in str(err.value) and f"PID {proc.pid}" in str(err.value)
         assert tmp.exists(), "the refused tier's clean-up deleted the holder's temp file"
@@ -225,7 +224,7 @@ def test_second_process_on_one_folder_refuses_naming_folder_and_pid(tmp_path):
         proc.wait()
     tier = SsdTier(cache_dir, "model-a")
     assert not tmp.exists()  # now its own start-up cleans the dead writer's temp file
-    with pytest.raises(CacheDirLockedError):
+    with pytest.raises(RuntimeError):
         SsdTier(cache_dir, "model-a")  # a second tier in the same process refuses too
     tier.close()
     assert cli(cache_dir, "clear").returncode == 0
@@ -260,10 +259,11 @@ def test_namespace_records_are_pruned_with_their_last_block(tmp_path):
 # -- 8: the tier comes back after write errors --------------------------------------------------
 
 
-def test_tier_off_at_start_up_comes_back_when_the_folder_is_usable(tmp_path):
+def test_tier_off_at_start_up_comes_back_when_the_folder_is_usable(tmp_path, monkeypatch):
+    monkeypatch.setattr(ssd_module, "RETRY_S", 0.1, raising=False)
     blocker = tmp_path / "cache"
     blocker.write_text("a file where the folder should be")
-    tier = SsdTier(blocker, "model-a", retry_s=0.1)
+    tier = SsdTier(blocker, "model-a")
     cache = PromptCache("model-a", block_size=BLOCK, ram_budget=10**6, next_tier=tier)
     save(cache, A)
     st = cache.stats().tiers["ssd"]
@@ -282,12 +282,13 @@ def test_tier_off_at_start_up_comes_back_when_the_folder_is_usable(tmp_path):
     cache.close()
 
 
-def test_real_full_disk_backs_off_then_writes_again(tmp_path):
+def test_real_full_disk_backs_off_then_writes_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(ssd_module, "RETRY_S", 0.1, raising=False)
     with tmpfs(tmp_path / "small", "1m") as mnt:
         junk = mnt / "junk"
         with contextlib.suppress(OSError), open(junk, "wb") as f:
             f.write(b"x" * 2**22)  # the disk is full before the server starts
-        tier = SsdTier(mnt, "model-a", retry_s=0.1)
+        tier = SsdTier(mnt, "model-a")
         cache = PromptCache("model-a", block_size=BLOCK, ram_budget=10**8, next_tier=tier)
         assert not tier.is_enabled
         junk.unlink()

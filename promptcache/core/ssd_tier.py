@@ -55,6 +55,7 @@ from promptcache.core.tree import common_prefix_tokens
 log = logging.getLogger("promptcache.ssd")
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 DEFAULT_SSD_BUDGET = 10 * 10**9
+RETRY_S = 5.0  # first cool-down after a write error (it doubles while errors go on)
 MAX_TENANT_NAMES = 4096  # namespace root -> tenant for folder names; bounded against header spam
 
 
@@ -75,7 +76,7 @@ class SsdTier:
         budget_bytes: int = DEFAULT_SSD_BUDGET,
         retention_s: float | None = None,
         queue_blocks: int = 64,
-        retry_s: float = 5.0,
+        retry_s: float | None = None,
     ) -> None:
         """Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
@@ -87,7 +88,7 @@ class SsdTier:
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
         self.stats = SsdStats()
-        self.health = WriteHealth(retry_s)
+        self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
         self._tenants: OrderedDict[BlockHash, str] = OrderedDict()
         # queued hashes -> whether a queued record carries a checkpoint (a block may be queued
         # again when its checkpoint is attached after the first write-through)
