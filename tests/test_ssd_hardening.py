@@ -432,18 +432,19 @@ WRITER = """
 import sys, time
 sys.path.insert(0, sys.argv[3])
 from core_helpers import conversation, make_slicer
-import promptcache.core.ssd_tier as ssd
+import promptcache.core.ssd_write as ssd_write
 from promptcache.core.cache import PromptCache
+from promptcache.core.ssd_tier import SsdTier
 
-real_commit = ssd.commit_temp
+real_commit = ssd_write.commit_temp
 
 def slow_commit(tmp, path):  # widen both crash windows: temp on disk, renamed but not indexed
     time.sleep(0.004)
     real_commit(tmp, path)
     time.sleep(0.004)
 
-ssd.commit_temp = slow_commit
-tier = ssd.SsdTier(sys.argv[1], "model-k", queue_blocks=100_000)
+ssd_write.commit_temp = slow_commit
+tier = SsdTier(sys.argv[1], "model-k", queue_blocks=100_000)
 cache = PromptCache("model-k", block_size=4, ram_budget=10**8, next_tier=tier)
 k = int(sys.argv[2])
 while True:
