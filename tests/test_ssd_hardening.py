@@ -175,7 +175,16 @@ def test_existing_open_folder_is_tightened_at_start_up(tmp_path):
     cache.check_integrity()  # asserts every indexed file is 0600
     got = modes(tmp_path / "cache")
     assert all(m in (0o700, 0o600) for m in got.values()), got
+    assert (tmp_path / "cache").stat().st_mode & 0o777 == 0o700
     cache.close()
+    # a --cache-dir that holds other things (a home, a project) keeps its mode
+    shared = tmp_path / "project"
+    shared.mkdir(mode=0o755)
+    (shared / "notes.txt").write_text("not ours")
+    tier = SsdTier(shared, "model-a")
+    assert shared.stat().st_mode & 0o777 == 0o755
+    assert tier.root_dir.stat().st_mode & 0o777 == 0o700
+    tier.close()
 
 
 # -- 8: one process per folder ------------------------------------------------------------------

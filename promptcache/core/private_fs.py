@@ -64,12 +64,16 @@ def tighten_tree(root: Path) -> int:
     return changed
 
 
-def tighten_shared_parent(path: Path) -> None:
-    """Make the ``--cache-dir`` itself 0700 when it is ours alone: owned by this user and not a
-    sticky shared folder such as /tmp (tightening that would lock everyone else out)."""
+def tighten_cache_dir(path: Path, marker: str) -> None:
+    """Make the ``--cache-dir`` itself 0700 when it is a cache folder and nothing else: owned by
+    this user, not sticky, and every entry a model folder holding ``marker``. A folder that
+    holds other things (a home, a project, /tmp) is left alone: a chmod there would surprise."""
     try:
         st = path.stat()
+        entries = list(path.iterdir())
     except OSError:
         return
-    if st.st_uid == os.geteuid() and not st.st_mode & stat.S_ISVTX:
+    if st.st_uid != os.geteuid() or st.st_mode & stat.S_ISVTX:
+        return
+    if all(e.is_dir() and not e.is_symlink() and (e / marker).exists() for e in entries):
         tighten(path, DIR_MODE)

@@ -27,13 +27,13 @@ from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import (
     FILE_MODE,
     make_private_dirs,
-    tighten_shared_parent,
+    tighten_cache_dir,
     tighten_tree,
 )
 from promptcache.core.ssd_capacity import enforce_capacity
 from promptcache.core.ssd_health import WriteHealth
 from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_lock import CacheDirLock, CacheDirLockedError
+from promptcache.core.ssd_lock import LOCK_NAME, CacheDirLock, CacheDirLockedError
 from promptcache.core.ssd_read import SsdReads
 from promptcache.core.ssd_reconcile import reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
@@ -94,8 +94,8 @@ class SsdTier(SsdReads, SsdWrites):
         """Folder, lock, index, reconcile; False (tier off, retried) on an unusable folder."""
         try:
             make_private_dirs(self.root_dir)
-            tighten_shared_parent(self.cache_dir)
             self._dir_lock.acquire()
+            tighten_cache_dir(self.cache_dir, LOCK_NAME)
         except CacheDirLockedError:
             raise
         except OSError as exc:
