@@ -56,6 +56,7 @@ def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
     """Drop rows without files, index valid files without rows, remove temp and old-format
     files, quarantine files that fail a check, prune namespace records without blocks."""
     t0 = time.perf_counter()
+    old_before = tier.stats.get("num_old_format_removed")
     rows = {r.path: r for r in index.all_rows()}
     on_disk: set[str] = set()
     for path in tier.root_dir.rglob("*"):
@@ -81,6 +82,8 @@ def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
         tier.stats.add(num_rows_dropped=len(missing))
     index.prune_namespaces()
     tier.stats.set(reconcile_s=time.perf_counter() - t0)
+    if old := tier.stats.get("num_old_format_removed") - old_before:
+        log.warning("removed %d block files of an older format from %s", old, tier.root_dir)
 
 
 def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:

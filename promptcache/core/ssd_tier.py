@@ -33,7 +33,7 @@ from promptcache.core.private_fs import (
 from promptcache.core.ssd_capacity import enforce_capacity
 from promptcache.core.ssd_health import WriteHealth
 from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_lock import LOCK_NAME, CacheDirLock, CacheDirLockedError
+from promptcache.core.ssd_lock import LOCK_NAME, CacheDirLock
 from promptcache.core.ssd_read import SsdReads
 from promptcache.core.ssd_reconcile import reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
@@ -92,15 +92,11 @@ class SsdTier(SsdReads, SsdWrites):
 
     def _open(self) -> bool:
         """Folder, lock, index, reconcile; False (tier off, retried) on an unusable folder."""
+        index: SsdIndex | None = None
         try:
             make_private_dirs(self.root_dir)
-            self._dir_lock.acquire()
+            self._dir_lock.acquire()  # CacheDirLockedError goes to the caller
             tighten_cache_dir(self.cache_dir, LOCK_NAME)
-        except CacheDirLockedError:
-            raise
-        except OSError as exc:
-            return self._open_failed(exc)
-        try:
             tighten_tree(self.root_dir)
             index = SsdIndex(self.root_dir / "index.sqlite")
             with self.files_lock:
@@ -108,6 +104,8 @@ class SsdTier(SsdReads, SsdWrites):
                 reconcile_dir(self, index)
         except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: the index cannot be created
             self.index = None
+            if index is not None:
+                index.close()
             self._dir_lock.release()
             return self._open_failed(exc)
         return True
