@@ -8,8 +8,10 @@ and while the tier is off it retries opening its folder.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -109,11 +111,13 @@ class SsdWrites:
             except Exception as exc:  # disk full, read-only, ...: keep serving from RAM
                 delay = self.health.failed()
                 self.stats.error(f"{type(exc).__name__}: {exc}", write_errors=1)
-                errors = self.stats.get("write_errors")
-                if errors in (1, 10, 100) or errors % 1000 == 0:
-                    log.warning(
-                        "SSD write failed (%d so far): %s; retrying in %.1f s", errors, exc, delay
-                    )
+                # at most one error per cool-down: each one is worth a line
+                log.warning(
+                    "SSD write failed (%d so far): %s; writes skipped for %.1f s",
+                    self.stats.get("write_errors"),
+                    exc,
+                    delay,
+                )
             finally:
                 with self._pending_lock:
                     if self._pending.get(record.block_hash) == (record.checkpoint is not None):
@@ -157,7 +161,13 @@ class SsdWrites:
                 old.created if old else now,
                 now,
             )  # fmt: skip
-            index.upsert(row, self._tenant(root))
+            try:
+                index.upsert(row, self._tenant(root))
+            except BaseException:  # no file without its row: it would hold bytes off the budget
+                path.unlink(missing_ok=True)
+                with contextlib.suppress(sqlite3.Error):
+                    index.delete([record.block_hash])
+                raise
         self.stats.add(num_writes=1, bytes_written=len(data))
 
     def flush(self, timeout: float = 30.0) -> bool:
