@@ -1,18 +1,24 @@
 """`promptcache cache stats|ls|verify|clear --cache-dir DIR`: inspect and maintain the SSD tier.
 
-Works on the files and the SQLite index directly, no model needed; run it while no server uses
-the folder (``verify`` and ``clear`` move and delete files).
+Works on the files and the SQLite index directly, no model needed. ``stats`` and ``ls`` only
+read, so they run beside a server; ``verify`` and ``clear`` move and delete files, so they take
+each model folder's lock and refuse while a server holds it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from promptcache.core.block_file import CorruptBlockError, check_block
+from promptcache.core.block_file import CorruptBlockError, OldFormatError
+from promptcache.core.private_fs import make_private_dirs
 from promptcache.core.ssd_index import SsdIndex
+from promptcache.core.ssd_lock import CacheDirLock, CacheDirLockedError
+from promptcache.core.ssd_reconcile import check_file, matches_row
 
 
 def model_dirs(cache_dir: Path) -> list[Path]:
@@ -57,6 +63,21 @@ def cmd_ls(cache_dir: Path, limit: int) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def locked(dirs: list[Path], purpose: str) -> Iterator[None]:
+    """Hold every model folder's lock (raises CacheDirLockedError when a server holds one)."""
+    locks: list[CacheDirLock] = []
+    try:
+        for d in dirs:
+            lock = CacheDirLock(d)
+            lock.acquire(purpose)
+            locks.append(lock)
+        yield
+    finally:
+        for lock in locks:
+            lock.release()
+
+
 def cmd_verify(cache_dir: Path) -> int:
     from tqdm import tqdm
 
@@ -68,20 +89,26 @@ def cmd_verify(cache_dir: Path) -> int:
             total += 1
             path = d / r.path
             try:
-                info = check_block(path.read_bytes())
-                if info.block_hash != r.block_hash:
+                # the same checks as start-up re-indexing, plus: the file is what its row says
+                info = check_file(path, path.read_bytes(), model=None)
+                if not info.model.startswith(d.name) or not matches_row(info, r):
                     raise CorruptBlockError("file does not hold the indexed block")
+            except OldFormatError as exc:
+                bad += 1
+                print(f"old format: {r.path}: {exc}")
+                path.unlink(missing_ok=True)
+                index.delete([r.block_hash])
             except (OSError, CorruptBlockError) as exc:
                 bad += 1
                 print(f"bad: {r.path}: {exc}")
                 if path.exists():
-                    (d / "quarantine").mkdir(exist_ok=True)
+                    make_private_dirs(d / "quarantine")
                     shutil.move(
                         str(path), d / "quarantine" / f"{path.name}.{int(time.time() * 1000)}"
                     )
                 index.delete([r.block_hash])
         index.close()
-    print(f"{total} blocks checked, {bad} bad (quarantined)")
+    print(f"{total} blocks checked, {bad} bad (quarantined or removed)")
     return 1 if bad else 0
 
 
@@ -99,6 +126,9 @@ def run_cache_command(args: argparse.Namespace) -> int:
         return cmd_stats(cache_dir)
     if args.action == "ls":
         return cmd_ls(cache_dir, args.limit)
-    if args.action == "verify":
-        return cmd_verify(cache_dir)
-    return cmd_clear(cache_dir)
+    try:
+        with locked(model_dirs(cache_dir), f"cache {args.action}"):
+            return cmd_verify(cache_dir) if args.action == "verify" else cmd_clear(cache_dir)
+    except CacheDirLockedError as exc:
+        print(f"promptcache cache {args.action}: refused: {exc}")
+        return 2

@@ -34,3 +34,8 @@ def assert_restores(lease, query):
     if p:
         assert rows[:, 0].tolist() == list(query[:p])
         assert rows[:, 1].tolist() == list(range(p))
+
+
+def conversation(k):
+    """A shared system prompt, then turns of its own: shared blocks and new ones."""
+    return list(range(1, 21)) + [(k * 7919 + i * 31) % 50_000 + 100 for i in range(44)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from core_helpers import assert_restores, make_slicer
 
-import promptcache.core.ssd_tier as ssd_module
+import promptcache.core.ssd_write as ssd_writes
 from promptcache.core.cache import PromptCache
 from promptcache.core.ssd_tier import SsdTier
 
@@ -187,13 +187,13 @@ def test_capacity_evicts_lru_leaves_and_retention_expires(tmp_path):
 
 
 def test_full_queue_drops_writes_without_blocking(tmp_path, monkeypatch):
-    real = ssd_module.write_atomic
+    real = ssd_writes.write_temp
 
     def slow(path, data):
         time.sleep(0.05)
-        real(path, data)
+        return real(path, data)
 
-    monkeypatch.setattr(ssd_module, "write_atomic", slow)
+    monkeypatch.setattr(ssd_writes, "write_temp", slow)
     cache, tier = make_cache(tmp_path, queue_blocks=2)
     t0 = time.perf_counter()
     a = list(range(1, 81))  # 20 blocks
@@ -209,7 +209,7 @@ def test_disk_full_keeps_serving_from_ram(tmp_path, monkeypatch):
     def full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ssd_module, "write_atomic", full)
+    monkeypatch.setattr(ssd_writes, "write_temp", full)
     cache, tier = make_cache(tmp_path)
     a = list(range(1, 41))
     save(cache, a)

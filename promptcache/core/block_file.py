@@ -1,11 +1,14 @@
-"""One block (and its checkpoint) as one safetensors file, with a checksum of the tensor bytes.
+"""One block (and its checkpoint) as one safetensors file, with a checksum of metadata + tensors.
 
 Writes are atomic: a temp file in the same folder, fsync, rename, fsync the folder; a reader
-never sees a half-written file. Reads verify the header and the checksum before anything is used.
+never sees a half-written file. Reads verify the header and the checksum before anything is used,
+and ``verify_identity`` recomputes the chained hash from parent + tokens + extra keys, so a file
+whose tokens were rewritten can never be indexed or served under another prompt.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -17,17 +20,24 @@ import xxhash
 from safetensors.numpy import save as st_save
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import BlockHash
+from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block
+from promptcache.core.private_fs import make_private_dirs, open_private
 from promptcache.core.tier import BlockRecord
 
 FORMAT = "promptcache-block"
-FORMAT_VERSION = "1"
+# "1": checksum over tensors only (metadata could be rewritten unnoticed): never served
+FORMAT_VERSION = "2"
+OLD_FORMAT_VERSIONS = ("1",)
 TMP_PREFIX = ".tmp-"
 SUFFIX = ".safetensors"
 
 
 class CorruptBlockError(Exception):
     """A block file whose header, identity or checksum does not hold."""
+
+
+class OldFormatError(CorruptBlockError):
+    """A block file of an older format version: not damaged, but never served."""
 
 
 class BlockFileMeta(NamedTuple):
@@ -43,8 +53,11 @@ class BlockFileMeta(NamedTuple):
     model: str
 
 
-def checksum_arrays(arrays: dict[str, np.ndarray]) -> str:
+def checksum_block(meta: dict[str, str], arrays: dict[str, np.ndarray]) -> str:
+    """Checksum of every metadata field but the checksum itself, then every tensor."""
     h = xxhash.xxh3_128()
+    fields = {k: v for k, v in meta.items() if k != "checksum"}
+    h.update(json.dumps(fields, sort_keys=True, separators=(",", ":")).encode())
     for name in sorted(arrays):
         arr = arrays[name]
         h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
@@ -68,20 +81,30 @@ def encode_block(record: BlockRecord, root: BlockHash, model: str, codec: Payloa
         "has_checkpoint": "1" if record.checkpoint is not None else "0",
         "payload_nbytes": str(record.nbytes),
         "structure": structure,
-        "checksum": checksum_arrays(arrays),
     }
+    meta["checksum"] = checksum_block(meta, arrays)
     return st_save(arrays, metadata=meta)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file, fsync, rename, fsync the folder. Raises OSError (disk full, read-only...)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_temp(path: Path, data: bytes) -> Path:
+    """``data`` in a private (0600) temp file next to ``path``, fsynced; returns its path."""
+    make_private_dirs(path.parent)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return tmp
+
+
+def commit_temp(tmp: Path, path: Path) -> None:
+    """Rename the temp file into place, then fsync the folder so the rename is durable."""
+    try:
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -91,6 +114,11 @@ def write_atomic(path: Path, data: bytes) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file, fsync, rename, fsync the folder. Raises OSError (disk full, read-only...)."""
+    commit_temp(write_temp(path, data), path)
 
 
 _DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
@@ -150,18 +178,23 @@ def load_arrays(data: Buffer, header: dict[str, Any], start: int) -> dict[str, n
 
 
 def read_file(path: Path) -> np.ndarray:
-    """The whole file, read into a fresh writable buffer that tensors then view without copying.
-    (np.empty, not bytearray: no user-space zero-fill of memory the read overwrites anyway.)"""
+    """The whole file, read into a fresh writable buffer that tensors then view without copying."""
     with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        buf = np.empty(size, dtype=np.uint8)
-        view = buf.data
-        got = 0
-        while got < size:
-            n = f.readinto(view[got:])
-            if not n:
-                raise CorruptBlockError("file shrank while being read")
-            got += n
+        return read_open_file(f)
+
+
+def read_open_file(f: io.FileIO) -> np.ndarray:
+    """``read_file`` on an open file (np.empty, not bytearray: no user-space zero-fill of memory
+    the read overwrites anyway)."""
+    size = os.fstat(f.fileno()).st_size
+    buf = np.empty(size, dtype=np.uint8)
+    view = buf.data
+    got = 0
+    while got < size:
+        n = f.readinto(view[got:])
+        if not n:
+            raise CorruptBlockError("file shrank while being read")
+        got += n
     return buf
 
 
@@ -173,6 +206,8 @@ def read_header(data: Buffer) -> dict[str, str]:
         raise CorruptBlockError("unreadable header: no metadata") from None
     if meta.get("format") != FORMAT:
         raise CorruptBlockError("not a promptcache block file")
+    if meta.get("version") in OLD_FORMAT_VERSIONS:
+        raise OldFormatError(f"old block format version {meta.get('version')}")
     if meta.get("version") != FORMAT_VERSION:
         raise CorruptBlockError(
             f"format version {meta.get('version')!r}, expected {FORMAT_VERSION}"
@@ -205,9 +240,23 @@ def _load_checked(
     info = parse_meta(meta)
     header, start = _split_header(data)
     arrays = load_arrays(data, header, start)
-    if checksum_arrays(arrays) != meta.get("checksum"):
+    if checksum_block(meta, arrays) != meta.get("checksum"):
         raise CorruptBlockError("checksum mismatch")
     return meta, info, arrays
+
+
+def verify_identity(info: BlockFileMeta, file_stem: str) -> None:
+    """The block hash recomputed from parent hash + token ids + extra keys must equal the
+    recorded one and the file's name; raises CorruptBlockError."""
+    n = len(info.token_bytes)
+    if n == 0 or n % TOKEN_BYTES or info.depth < 0:
+        raise CorruptBlockError("bad token count or depth")
+    if info.depth == 0 and info.parent_hash != info.root:
+        raise CorruptBlockError("a first block whose parent is not its namespace root")
+    if hash_block(info.parent_hash, info.token_bytes, info.extra) != info.block_hash:
+        raise CorruptBlockError("block hash does not match parent hash + tokens + extra keys")
+    if file_stem != info.block_hash.hex():
+        raise CorruptBlockError("file name does not match its block hash")
 
 
 def check_block(data: Buffer) -> BlockFileMeta:

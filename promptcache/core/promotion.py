@@ -59,11 +59,11 @@ def promote(
             last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n))
         )
     if not rows or min(reach, n - 1) <= ram_match.num_tokens:
-        tier.stats.num_misses += 1
+        tier.stats.add(num_misses=1)
         return 0
     parent = node if node is not None else ram.root(seq.root)
     if not ram.reserve(sum(r.payload_nbytes for r in rows), protect=parent):
-        tier.stats.promotion_failures += 1
+        tier.stats.add(promotion_failures=1)
         ram.prune_root(seq.root)
         return 0
     promoted: list[Row] = []
@@ -83,6 +83,5 @@ def promote(
     ram.prune_root(seq.root)
     if promoted:
         tier.touch(promoted)
-        tier.stats.num_hits += 1
-        tier.stats.num_promoted_blocks += len(promoted)
+        tier.stats.add(num_hits=1, num_promoted_blocks=len(promoted))
     return len(promoted)

@@ -1,10 +1,13 @@
 """SQLite index of the SSD tier (WAL mode): hash -> parent, tokens, file, sizes, access times.
 
 Lookups walk the chain here without reading tensor data. All methods are thread-safe.
+A namespace (tenant) record lives exactly as long as its namespace has a block: it is written
+with the first block and deleted with the last.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterable
@@ -12,6 +15,12 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from promptcache.core.hashing import BlockHash
+from promptcache.core.private_fs import FILE_MODE, open_private, tighten
+
+# 2: rows of block format 2 only. An index of another version is dropped at open, so start-up
+# re-checks every file (old-format files among them are never served)
+INDEX_VERSION = 2
+TENANT_MAX_CHARS = 256  # the name is for display (stats, ls); the namespace root is the key
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blocks (
@@ -32,6 +41,7 @@ CREATE TABLE IF NOT EXISTS blocks (
 );
 CREATE INDEX IF NOT EXISTS blocks_children ON blocks(parent, first_token);
 CREATE INDEX IF NOT EXISTS blocks_access ON blocks(last_access);
+CREATE INDEX IF NOT EXISTS blocks_root ON blocks(root);
 CREATE TABLE IF NOT EXISTS namespaces (root BLOB PRIMARY KEY, tenant TEXT NOT NULL);
 """
 
@@ -77,12 +87,20 @@ def _row(r: tuple[Any, ...]) -> Row:
 
 class SsdIndex:
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        # created 0600 first: SQLite gives its -wal and -shm files the database file's mode
+        os.close(open_private(path, os.O_RDWR))
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] != INDEX_VERSION:
+            self._db.executescript("DROP TABLE IF EXISTS blocks; DROP TABLE IF EXISTS namespaces;")
         self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
+        for suffix in ("-wal", "-shm"):
+            side = path.with_name(path.name + suffix)
+            if side.exists():
+                tighten(side, FILE_MODE)
 
     def close(self) -> None:
         with self._lock:
@@ -103,15 +121,45 @@ class SsdIndex:
             ).fetchall()
         return [_row(r) for r in rows]
 
-    def upsert(self, row: Row) -> None:
-        with self._lock:
+    def upsert(self, row: Row, tenant: str = "") -> None:
+        """The block's row, and its namespace's record when this is the namespace's first."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
             self._db.execute(
                 f"INSERT OR REPLACE INTO blocks ({_COLS}) VALUES ({','.join('?' * 14)})", row
             )
+            self._db.execute(
+                "INSERT OR IGNORE INTO namespaces (root, tenant) VALUES (?, ?)",
+                (row.root, tenant[:TENANT_MAX_CHARS]),
+            )
 
     def delete(self, hashes: Iterable[BlockHash]) -> None:
+        """Delete these blocks, and the record of any namespace left without a block."""
+        keys = [(h,) for h in hashes]
+        if not keys:
+            return
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            roots = set()
+            for (h,) in keys:
+                r = self._db.execute("SELECT root FROM blocks WHERE hash = ?", (h,)).fetchone()
+                if r is not None:
+                    roots.add(r[0])
+            self._db.executemany("DELETE FROM blocks WHERE hash = ?", keys)
+            self._db.executemany(
+                "DELETE FROM namespaces WHERE root = ? AND NOT EXISTS "
+                "(SELECT 1 FROM blocks WHERE blocks.root = namespaces.root)",
+                [(r,) for r in roots],
+            )
+
+    def prune_namespaces(self) -> int:
+        """Delete records of namespaces without a block (left by an older version)."""
         with self._lock:
-            self._db.executemany("DELETE FROM blocks WHERE hash = ?", [(h,) for h in hashes])
+            cur = self._db.execute(
+                "DELETE FROM namespaces WHERE NOT EXISTS "
+                "(SELECT 1 FROM blocks WHERE blocks.root = namespaces.root)"
+            )
+            return cur.rowcount
 
     def touch(self, hashes: Iterable[BlockHash], now: float) -> None:
         with self._lock:
@@ -147,12 +195,6 @@ class SsdIndex:
                 f"SELECT {_COLS} FROM blocks WHERE last_access < ?", (cutoff,)
             ).fetchall()
         return [_row(r) for r in rows]
-
-    def set_tenant(self, root: BlockHash, tenant: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO namespaces (root, tenant) VALUES (?, ?)", (root, tenant)
-            )
 
     def tenants(self) -> dict[BlockHash, str]:
         with self._lock:

@@ -1,28 +1,63 @@
 """Start-up recovery of the SSD tier: make the index and the files agree after any crash.
 
-Rows without files are dropped; valid files without rows are indexed again (header, identity
-and checksum verified); temp files left by an interrupted write are removed; anything that
-fails a check is quarantined, never served.
+Rows without files are dropped; valid files without rows are indexed again (header, checksum
+over metadata and tensors, and the chained hash recomputed from parent + tokens + extra keys);
+temp files left by an interrupted write are removed; files of an older format are removed (not
+damage, but never served); anything else that fails a check is quarantined, never served.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from promptcache.core.block_file import SUFFIX, TMP_PREFIX, CorruptBlockError, check_block
-from promptcache.core.ssd_index import Row
+from promptcache.core.block_file import (
+    SUFFIX,
+    TMP_PREFIX,
+    BlockFileMeta,
+    CorruptBlockError,
+    OldFormatError,
+    check_block,
+    verify_identity,
+)
+from promptcache.core.ssd_index import Row, SsdIndex
 
 if TYPE_CHECKING:
     from promptcache.core.ssd_tier import SsdTier
 
+log = logging.getLogger("promptcache.ssd")
 
-def reconcile_dir(tier: SsdTier) -> None:
-    """Drop rows without files, index valid files without rows, remove temp files, and
-    quarantine files whose header, identity or checksum fails."""
+
+def check_file(path: Path, data: bytes, model: str | None) -> BlockFileMeta:
+    """Everything a file must satisfy to be indexed (of ``model`` unless None); raises
+    CorruptBlockError (OldFormatError for an older format)."""
+    info = check_block(data)
+    if model is not None and info.model != model:
+        raise CorruptBlockError("file belongs to another model")
+    verify_identity(info, path.stem)
+    return info
+
+
+def matches_row(info: BlockFileMeta, row: Row) -> bool:
+    """The file holds exactly the block its index row describes."""
+    return (
+        info.block_hash == row.block_hash
+        and info.parent_hash == row.parent
+        and info.root == row.root
+        and info.token_bytes == row.token_bytes
+        and info.extra == row.extra
+        and info.depth == row.depth
+    )
+
+
+def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
+    """Drop rows without files, index valid files without rows, remove temp and old-format
+    files, quarantine files that fail a check, prune namespace records without blocks."""
     t0 = time.perf_counter()
-    rows = {r.path: r for r in tier.index.all_rows()}
+    old_before = tier.stats.get("num_old_format_removed")
+    rows = {r.path: r for r in index.all_rows()}
     on_disk: set[str] = set()
     for path in tier.root_dir.rglob("*"):
         if (
@@ -33,34 +68,40 @@ def reconcile_dir(tier: SsdTier) -> None:
             continue
         if path.name.startswith(TMP_PREFIX):
             path.unlink(missing_ok=True)
-            tier.stats.num_temp_removed += 1
+            tier.stats.add(num_temp_removed=1)
             continue
         if path.suffix != SUFFIX:
             continue
         rel = str(path.relative_to(tier.root_dir))
         on_disk.add(rel)
         if rel not in rows:
-            _reindex(tier, path, rel)
+            _reindex(tier, index, path, rel)
     missing = [r for p, r in rows.items() if p not in on_disk]
     if missing:
-        tier.index.delete(r.block_hash for r in missing)
-        tier.stats.num_rows_dropped += len(missing)
-    tier.stats.reconcile_s = time.perf_counter() - t0
+        index.delete(r.block_hash for r in missing)
+        tier.stats.add(num_rows_dropped=len(missing))
+    index.prune_namespaces()
+    tier.stats.set(reconcile_s=time.perf_counter() - t0)
+    if old := tier.stats.get("num_old_format_removed") - old_before:
+        log.warning("removed %d block files of an older format from %s", old, tier.root_dir)
 
 
-def _reindex(tier: SsdTier, path: Path, rel: str) -> None:
+def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
     try:
         data = path.read_bytes()
-        info = check_block(data)
-        if info.model != tier.model:
-            raise CorruptBlockError("file belongs to another model")
-        if path.stem != info.block_hash.hex():
-            raise CorruptBlockError("file name does not match its block hash")
+        info = check_file(path, data, tier.model)
+    except OldFormatError:
+        path.unlink(missing_ok=True)
+        tier.stats.add(num_old_format_removed=1)
+        return
     except (OSError, CorruptBlockError) as exc:
         tier.quarantine(path, None, str(exc))
         return
     now = time.time()
-    tier.index.upsert(
+    # the tenant's name only survives in the folder name ("<tenant>-<root>"): enough for display
+    folder = Path(rel).parts[0]
+    tenant = folder.rsplit("-", 1)[0] if "-" in folder else ""
+    index.upsert(
         Row(
             info.block_hash,
             info.parent_hash,
@@ -76,6 +117,7 @@ def _reindex(tier: SsdTier, path: Path, rel: str) -> None:
             info.is_seq_end,
             now,
             now,
-        )  # fmt: skip
+        ),  # fmt: skip
+        "" if tenant == "default" else tenant,
     )
-    tier.stats.num_reindexed += 1
+    tier.stats.add(num_reindexed=1)
