@@ -124,11 +124,15 @@ def engine_from_args(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from promptcache.core.ssd_lock import CacheDirLockedError
     from promptcache.models import context_extension_note
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
-    engine = engine_from_args(args)
+    try:
+        engine = engine_from_args(args)
+    except CacheDirLockedError as exc:  # another server uses this cache folder
+        raise SystemExit(f"promptcache: {exc}") from None
     state = ServerState(
         engine,
         max_output_tokens=args.max_output_tokens,
