@@ -159,7 +159,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if getattr(engine, "rope_scaling", None):  # say so: quality past the native context may drop
         print(f"promptcache: {context_extension_note(engine.rope_scaling)}", flush=True)
     try:
-        uvicorn.run(create_app(state), host=args.host, port=args.port, log_level=args.log_level)
+        # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
+        uvicorn.run(
+            create_app(state),
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_graceful_shutdown=5,
+        )
     finally:
         engine.close()
     return 0

@@ -1,6 +1,7 @@
 """Hardening, probed as a careless client and an attacker would: abandoned requests, queue and
 time limits, API keys and tenants, malformed input, size limits. A real server each time."""
 
+import contextlib
 import json
 import threading
 import time
@@ -232,3 +233,19 @@ def test_schemathesis_finds_no_server_error_and_the_schema_holds(server_factory,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-4000:]
     assert "No issues found" in out.stdout
+
+
+def test_sigterm_stops_a_generation_nobody_will_read(server_factory, tiny_llama_dir):
+    srv = server_factory(*base_args(tiny_llama_dir))
+
+    def long_request():
+        with contextlib.suppress(httpx.HTTPError):
+            post(srv, "/v1/chat/completions", chat_body(max_tokens=3900), timeout=300)
+
+    t = threading.Thread(target=long_request, daemon=True)
+    t.start()
+    time.sleep(2)
+    start = time.perf_counter()
+    srv.proc.terminate()
+    srv.proc.wait(60)
+    assert time.perf_counter() - start < 30
