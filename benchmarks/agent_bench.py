@@ -427,10 +427,12 @@ def run_once(
             r = rows[-1]
             print(
                 f"  turn {r['turn']:2d} {r['kind']:<32} prompt {r['prompt_tokens']:5d} "
-                f"cached {r['cached_tokens']:5d} reuse {_pct(reuse):>6}  on {r['ttft_on_s'] * 1e3:7.1f} ms  "
+                f"+{r['completion_tokens']:3d} cached {r['cached_tokens']:5d} reuse {_pct(reuse):>6}  on {r['ttft_on_s'] * 1e3:7.1f} ms  "
                 f"off {r['ttft_off_s'] * 1e3:7.1f} ms  ideal {t_ideal * 1e3:7.1f} ms",
                 flush=True,
             )
+            partial = {"repeat": rep, "turns": rows}
+            (out / "agent_bench.partial.json").write_text(json.dumps(partial, indent=2))
         stats = on.stats()
     finally:
         on.stop()
