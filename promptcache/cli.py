@@ -125,7 +125,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from promptcache.core.ssd_lock import CacheDirLockedError
-    from promptcache.models import context_extension_note
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
@@ -156,8 +155,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"promptcache: serving {state.model_id} ({engine.name}) on http://{args.host}:{args.port}  cache {cache}",
         flush=True,
     )
-    if getattr(engine, "rope_scaling", None):  # say so: quality past the native context may drop
-        print(f"promptcache: {context_extension_note(engine.rope_scaling)}", flush=True)
     try:
         # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
         uvicorn.run(

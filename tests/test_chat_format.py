@@ -134,3 +134,49 @@ def test_billing_header_block_is_dropped_unless_kept(keep):
     )  # fmt: skip
     system = to_chat(req, keep_billing=keep).messages[0]["content"]
     assert ("billing" in system) is keep and system.endswith("You are Claude Code.")
+
+
+def test_forced_calls_drop_a_call_cut_short_and_close_their_schemas():
+    from promptcache.server.chat import _closed
+
+    fmt = ChatFormatter(FakeEngine())
+    text = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "l'
+    forced = fmt.parse(Chat([], [TOOL], tool_choice="required"), text)
+    assert forced.content == "" and [c.name for c in forced.calls] == ["ls"]
+    assert fmt.parse(Chat([], [TOOL]), text).content.startswith("<tool_call>")  # auto: as text
+    schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}},
+              "anyOf": [{"properties": {"b": {}}}]}  # fmt: skip
+    closed = _closed(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["anyOf"][0]["additionalProperties"] is False
+    assert _closed({"type": "object", "additionalProperties": True}) == {
+        "type": "object", "additionalProperties": True}  # fmt: skip
+
+
+def test_streams_send_keep_alives_during_a_long_prefill(monkeypatch):
+    import asyncio
+
+    from promptcache.server import streaming
+
+    monkeypatch.setattr(streaming, "KEEPALIVE_S", 0.05)
+    monkeypatch.setattr(streaming, "GRACE_S", 0.01)
+
+    async def slow_events():
+        await asyncio.sleep(0.3)
+        yield "prefill done"
+
+    async def run():
+        first = await streaming.start_first(slow_events())
+        lines = [line async for line in streaming.keep_alive(first, "ping")]
+        return lines, first.result()
+
+    lines, first = asyncio.run(run())
+    assert first == "prefill done" and len(lines) >= 3 and set(lines) == {"ping"}
+
+    async def failing():
+        raise EngineError("bad request")
+        yield  # pragma: no cover
+
+    with pytest.raises(EngineError):  # an early error still raises before the response
+        asyncio.run(streaming.start_first(failing()))

@@ -351,8 +351,8 @@ class CachedEngine:
         run: _Running | None = None
         try:
             try:
-                if is_cancelled():  # the client left while queued
-                    yield Finished("cancelled", n, 0, 0, "")
+                if is_cancelled():  # the client left while queued: no prompt was looked at
+                    yield Finished("cancelled", 0, 0, 0, "")
                     return
                 with step():
                     run = self._begin(prompt_ids, tenant)

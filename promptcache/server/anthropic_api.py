@@ -16,6 +16,7 @@ from promptcache.engines.base import EngineError, Finished, PrefillDone, Samplin
 from promptcache.server.chat import Chat
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.state import Reply, ServerState
+from promptcache.server.streaming import keep_alive, start_first, stream_error
 from promptcache.tools import ToolStreamSplitter
 
 log = logging.getLogger("promptcache.server")
@@ -187,8 +188,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
              "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
         )  # fmt: skip
 
-    first = await anext(events)  # errors before the first event become a 4xx, not a broken stream
-    assert isinstance(first, PrefillDone)
+    opening = await start_first(events)  # early errors are still a 4xx, not a broken stream
     splitter = ToolStreamSplitter(state.formatter.parser) if chat.can_call_tools else None
 
     async def stream() -> AsyncIterator[str]:
@@ -196,11 +196,15 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
             async for line in body():
                 yield line
         except Exception as exc:  # once streaming, an error is an event and a clean end
-            log.exception("stream %s failed", mid)
-            message = f"generation failed ({type(exc).__name__}); see the server log"
-            yield event("error", {"error": {"type": "api_error", "message": message}})
+            message, kind = stream_error(exc, mid)
+            yield event("error", {"error": {"type": kind, "message": message}})
 
     async def body() -> AsyncIterator[str]:
+        async for line in keep_alive(opening, event("ping", {})):  # SDKs skip pings
+            yield line
+        first = opening.result()
+        if not isinstance(first, PrefillDone):  # cancelled while queued: nobody is listening
+            return
         message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": usage(first.prompt_tokens, first.cached_tokens, 0)}  # fmt: skip

@@ -134,6 +134,9 @@ class ChatFormatter:
         known = {t["function"]["name"] for t in chat.tools}
         if any(c.name not in known for c in reply.calls):  # a made-up tool is no call
             return ParsedReply(text, [])
+        if chat.tool_choice in ("required", "named"):
+            # the grammar allowed calls only: any text left is a call cut short by max_tokens
+            return ParsedReply("", reply.calls)
         return reply
 
     def remember(self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int]) -> None:
@@ -188,8 +191,22 @@ def _call_of(call: dict[str, Any]) -> ToolCall:
 
 def _styled(tool: dict[str, Any]) -> dict[str, Any]:
     fn = tool.get("function") or {}
-    params = fn.get("parameters") or {"type": "object"}
+    params = _closed(fn.get("parameters") or {"type": "object"})
     return {**tool, "function": {**fn, "parameters": styled_schema(params)}}
+
+
+def _closed(schema: Any) -> Any:
+    """Objects with declared properties take no others unless they say so (as OpenAI's strict
+    mode does): a forced call names real arguments, and a weak model cannot wander into
+    invented nested ones, which also makes each grammar step slower."""
+    if isinstance(schema, list):
+        return [_closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _closed(v) for k, v in schema.items()}
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from promptcache.engines.base import (
     EngineError,
     Finished,
-    PrefillDone,
     PromptTooLongError,
     SamplingParams,
     TextDelta,
@@ -24,6 +23,7 @@ from promptcache.engines.base import (
 from promptcache.server.chat import Chat
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.state import Prepared, Reply, ServerState
+from promptcache.server.streaming import keep_alive, start_first, stream_error
 from promptcache.tools import ToolStreamSplitter
 
 log = logging.getLogger("promptcache.server")
@@ -202,8 +202,7 @@ async def _respond(
         return JSONResponse(body)
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    first = await anext(events)  # errors before the first event become a 4xx, not a broken stream
-    assert isinstance(first, PrefillDone)
+    first = await start_first(events)  # early errors are still a 4xx, not a broken stream
     splitter = ToolStreamSplitter(state.formatter.parser) if chat and chat.can_call_tools else None
 
     def chunk(delta: dict[str, Any] | None, text: str | None, reason: str | None) -> dict[str, Any]:
@@ -224,13 +223,14 @@ async def _respond(
             async for line in body():
                 yield line
         except Exception as exc:  # once streaming, an error is an event and a clean end
-            log.exception("stream %s failed", rid)
-            error = {"message": f"generation failed ({type(exc).__name__}); see the server log",
-                     "type": "server_error", "param": None, "code": None}  # fmt: skip
-            yield sse({"error": error})
+            message, kind = stream_error(exc, rid)
+            yield sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
         yield "data: [DONE]\n\n"
 
     async def body() -> AsyncIterator[str]:
+        async for line in keep_alive(first, ": prefill\n\n"):  # an SSE comment: clients skip it
+            yield line
+        first.result()
         shown = ""
         async for ev in events:
             if isinstance(ev, TextDelta):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -166,19 +167,20 @@ class ServerState:
     async def _events(
         self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
     ) -> AsyncIterator[Event]:
-        prefill: PrefillDone | None = None
-        async for ev in run_events(
-            request, lambda cancel: self.engine.generate(prompt, params, tenant, cancel)
-        ):
-            if isinstance(ev, PrefillDone):
-                prefill = ev
-            elif isinstance(ev, Finished):
-                self.metrics.record(
-                    ev.prompt_tokens,
-                    ev.cached_tokens,
-                    ev.completion_tokens,
-                    prefill.ttft_s if prefill else None,
-                )
+        def generate(cancel: threading.Event) -> Iterator[Event]:
+            # counted on the worker thread: a request whose client left is counted too
+            prefill: PrefillDone | None = None
+            for ev in self.engine.generate(prompt, params, tenant, cancel):
+                if isinstance(ev, PrefillDone):
+                    prefill = ev
+                elif isinstance(ev, Finished) and ev.prompt_tokens:
+                    ttft = prefill.ttft_s if prefill else None
+                    self.metrics.record(
+                        ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, ttft
+                    )
+                yield ev
+
+        async for ev in run_events(request, generate):
             yield ev
 
     def cache_stats(self) -> dict[str, Any]:

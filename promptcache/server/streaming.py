@@ -8,6 +8,7 @@ before prefill, a running one stops at its next token, and its pinned blocks are
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from promptcache.engines.base import Event, Finished
+from promptcache.engines.base import EngineTimeoutError, Event, Finished
+
+log = logging.getLogger("promptcache.server")
 
 _DONE = object()
 _executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="promptcache-gen")
@@ -68,3 +71,43 @@ async def run_events(
         # in the background to save prompt + reply to the cache (the engine lock orders it)
         if not finished:
             cancel.set()
+
+
+GRACE_S = 2.0  # errors within this time still get a 4xx/5xx status instead of an error event
+KEEPALIVE_S = 10.0  # while a long prefill runs, streams send a keep-alive this often
+
+
+async def start_first(events: AsyncIterator[Event]) -> asyncio.Future[Event]:
+    """Begin waiting for a stream's first event. What fails within GRACE_S raises here, before
+    any response is sent; a slower first event (a long prefill) is awaited by ``keep_alive``."""
+    first: asyncio.Future[Event] = asyncio.ensure_future(anext(events))
+    await asyncio.wait({first}, timeout=GRACE_S)
+    if first.done():
+        first.result()
+    return first
+
+
+async def keep_alive(first: asyncio.Future[Event], line: str) -> AsyncIterator[str]:
+    """Yield ``line`` every KEEPALIVE_S until the first event is there, so clients with an idle
+    timeout (Claude Code gives up on a stream after 300 s) keep waiting; the caller then takes
+    ``first.result()``. A client that leaves meanwhile cancels the generation."""
+    try:
+        while not first.done():
+            await asyncio.wait({first}, timeout=KEEPALIVE_S)
+            if not first.done():
+                yield line
+    finally:
+        if not first.done():
+            first.cancel()
+
+
+def stream_error(exc: Exception, stream_id: str) -> tuple[str, str]:
+    """(message, error type) for an error event in a started stream; logged here."""
+    if isinstance(exc, EngineTimeoutError):
+        log.warning("stream %s: %s", stream_id, exc)
+        return str(exc), "overloaded_error"
+    if isinstance(exc, ValueError):  # EngineError and other request errors
+        log.warning("stream %s: %s", stream_id, exc)
+        return str(exc), "invalid_request_error"
+    log.exception("stream %s failed", stream_id)
+    return f"generation failed ({type(exc).__name__}); see the server log", "api_error"
