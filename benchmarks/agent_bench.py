@@ -153,6 +153,8 @@ def _schema_of(values: list[Any]) -> dict[str, Any]:
         return {"type": "array", "items": _schema_of(items)} if items else {"type": "array"}
     if kind == "object":
         return _object_schema(values)
+    if kind == "string":  # as real tool schemas bound ids and codes; the recorded values fit
+        return {"type": "string", "maxLength": max(64, 2 * max(len(v) for v in values))}
     return {"type": kind}
 
 

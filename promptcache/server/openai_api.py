@@ -218,7 +218,6 @@ async def _respond(
         return out
 
     async def stream() -> AsyncIterator[str]:
-        yield sse(chunk({"role": "assistant", "content": ""}, "", None))
         try:
             async for line in body():
                 yield line
@@ -231,6 +230,8 @@ async def _respond(
         async for line in keep_alive(first, ": prefill\n\n"):  # an SSE comment: clients skip it
             yield line
         first.result()
+        # the first chunk marks the end of the prefill, as clients measuring TTFT expect
+        yield sse(chunk({"role": "assistant", "content": ""}, "", None))
         shown = ""
         async for ev in events:
             if isinstance(ev, TextDelta):
