@@ -92,7 +92,9 @@ def test_openai_forced_tool_calls_are_valid(servers, stream, choice):
     if not stream:
         r = oa(on).chat.completions.create(**kw)
         assert r.choices[0].finish_reason == "tool_calls"
-        calls = [(c.id, c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls]
+        calls = [
+            (c.id, c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls
+        ]
     else:
         calls, reasons = {}, []
         for chunk in oa(on).chat.completions.create(**kw, stream=True):
@@ -208,7 +210,8 @@ def test_response_format_json_schema(servers, stream):
               response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})  # fmt: skip
     if stream:
         text = "".join(
-            c.choices[0].delta.content or "" for c in oa(on).chat.completions.create(**kw, stream=True)
+            c.choices[0].delta.content or ""
+            for c in oa(on).chat.completions.create(**kw, stream=True)
         )
     else:
         text = oa(on).chat.completions.create(**kw).choices[0].message.content
@@ -362,7 +365,11 @@ def test_max_tokens_beyond_the_room_left(servers):
     count = post(on, "/v1/messages/count_tokens",
                  {"model": "m", "messages": [{"role": "user", "content": "ab " * 600}]}).json()  # fmt: skip
     room = MAX_CONTEXT - count["input_tokens"]
-    body = {"model": "m", "max_tokens": room + 500, "messages": [{"role": "user", "content": "ab " * 600}]}
+    body = {
+        "model": "m",
+        "max_tokens": room + 500,
+        "messages": [{"role": "user", "content": "ab " * 600}],
+    }
     r = post(on, "/v1/messages", body).json()
     assert r["stop_reason"] in ("model_context_window_exceeded", "end_turn"), r["stop_reason"]
     assert r["usage"]["output_tokens"] <= room
@@ -382,7 +389,12 @@ def test_bad_tool_requests_get_4xx(servers):
             {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]},
     ]  # fmt: skip
     for extra in bad:
-        body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], **extra}
+        body = {
+            "model": "m",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "x"}],
+            **extra,
+        }
         r = post(on, "/v1/chat/completions", body)
         assert r.status_code == 400, (extra, r.text)
         assert r.json()["error"]["message"]

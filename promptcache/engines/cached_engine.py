@@ -7,10 +7,9 @@ serve the same hits, save at the same points and stream the same events.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -20,7 +19,6 @@ import numpy as np
 from promptcache.core.budget import parse_size
 from promptcache.core.cache import Lease, PromptCache
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import digest_bytes
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_tier import SsdTier
 from promptcache.engines.base import (
@@ -31,36 +29,10 @@ from promptcache.engines.base import (
     PrefillDone,
     PromptTooLongError,
     SamplingParams,
-    TextDelta,
 )
+from promptcache.engines.decoding import decode_reply
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
-from promptcache.engines.sampling import sample_token
-from promptcache.engines.textstream import StopTextStream
 from promptcache.engines.turns import FairTurns, StepTimeout
-
-# config keys that change between saves of the same weights; left out of the model fingerprint
-VOLATILE_CONFIG_KEYS = frozenset(
-    {
-        "_name_or_path",
-        "transformers_version",
-        "torch_dtype",
-        "dtype",
-        "architectures",
-        "_commit_hash",
-    }
-)
-
-
-def digest_weights(named: Iterable[tuple[str, Any]], to_numpy: Callable[[Any], np.ndarray]) -> str:
-    """Digest of every parameter's name, shape, dtype and a strided sample of 256 of its values
-    (``to_numpy`` converts the sample only, never a whole array)."""
-    parts = []
-    for name, arr in sorted(named, key=lambda item: item[0]):
-        flat = arr.reshape(-1)
-        sample = flat[:: max(1, math.prod(arr.shape) // 256)][:256]
-        data = to_numpy(sample).astype(np.float32).tobytes()
-        parts.append(f"{name}:{tuple(arr.shape)}:{arr.dtype}".encode() + digest_bytes(data))
-    return digest_bytes(b"|".join(parts)).hex()
 
 
 @dataclass(slots=True)
@@ -370,46 +342,14 @@ class CachedEngine:
             yield PrefillDone(
                 n, run.cached, time.perf_counter() - t0, run.lease.kind if run.lease else "off"
             )
-            seed = params.seed
-            rng = np.random.default_rng(seed % 2**64) if seed is not None else None
-            room = self.max_context - n
-            max_new = min(params.max_tokens, room)
-            stream = StopTextStream(self.decode, params.stop)
-            generated: list[int] = []
-            reason = "length" if params.max_tokens <= room else "context"
-            next_id = self._sample(run.logits, params, rng, constraint)
-            for step_index in range(max_new):
-                if is_cancelled():
-                    reason = "cancelled"
-                    break
-                generated.append(next_id)
-                if next_id in self.eos_ids:
-                    reason = "stop"
-                    break
-                delta = stream.push(next_id)
-                if delta:
-                    yield TextDelta(delta, [next_id])
-                if constraint is not None:
-                    constraint.accept(next_id)
-                if stream.stopped or (constraint is not None and constraint.is_stopped):
-                    reason = "stop"
-                    break
-                if step_index == max_new - 1:
-                    break
-                try:
-                    with step():
-                        logits = self.forward(run.state, [next_id])
-                except StepTimeout:
-                    reason = "timeout"
-                    break
-                next_id = self._sample(logits, params, rng, constraint)
-            tail = stream.flush()
-            if tail:
-                yield TextDelta(tail, [])
-            yield Finished(
-                reason, n, len(generated), run.cached, stream.text, stream.matched_stop,
-                list(generated),
-            )  # fmt: skip
+            fin = None
+            for ev in decode_reply(
+                self, run.state, run.logits, n, run.cached, params, constraint, step, is_cancelled
+            ):
+                fin = ev if isinstance(ev, Finished) else None
+                yield ev
+            assert fin is not None
+            generated, reason = fin.completion_ids, fin.reason
             # after the reply: feed the last sampled token so the saved state covers prompt +
             # every generated token, and the next turn hits the assistant's reply too
             if (
@@ -432,18 +372,6 @@ class CachedEngine:
         if self._ll_tokenizer is None:
             self._ll_tokenizer = build_ll_tokenizer(self.tokenizer, self.eos_ids)
         return GrammarConstraint(self._ll_tokenizer, grammar)
-
-    def _sample(
-        self,
-        logits: Any,
-        params: SamplingParams,
-        rng: np.random.Generator | None,
-        constraint: GrammarConstraint | None,
-    ) -> int:
-        scores = self.to_numpy(logits)
-        if constraint is not None:
-            scores = constraint.mask(scores)
-        return sample_token(scores, params, rng)
 
     def cache_stats(self) -> dict[str, Any]:
         return self.cache.stats().to_dict() if self.cache is not None else {}

@@ -18,7 +18,8 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
-from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine, digest_weights
+from promptcache.engines.cached_engine import CachedEngine
+from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_state import (
     MlxLayout,

@@ -13,7 +13,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
-from promptcache.engines.cached_engine import VOLATILE_CONFIG_KEYS, CachedEngine, digest_weights
+from promptcache.engines.cached_engine import CachedEngine
+from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_state import (
     LayerLayout,
