@@ -134,8 +134,6 @@ class PromptCache:
                 c.hit_tokens += match.num_tokens
                 c.hits_by_kind[match.kind] += 1
                 self.ram.touch(match.blocks, is_hit=True)
-                for blk in match.blocks:
-                    blk.num_hits += 1
                 self.ram.pin(match.blocks)
             return Lease(self, match.num_tokens, match.blocks, match.kind)
 

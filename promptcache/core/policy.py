@@ -7,7 +7,7 @@ takes leaves and every resident block stays reachable from its namespace root.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from promptcache.core.block import Block
@@ -17,11 +17,14 @@ class EvictionPolicy(Protocol):
     name: str
 
     def on_insert(self, block: Block) -> None:
-        """A new block became resident (called once, before ``add_evictable`` for it)."""
-
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        """A lookup hit (``is_hit``) or a save used ``block`` (evictable or not);
+        """A new block became resident (called once, before ``add_evictable`` for it);
         ``block.last_access`` is already set."""
+
+    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
+        """A lookup hit (``is_hit``) or a save used ``blocks``: a chain, each block the parent of
+        the next, so only the last can be evictable. Called before the tier stamps each block
+        (``last_access = now``, ``num_hits += 1`` on a hit): the old values are still readable.
+        Must cost O(1), not O(len(blocks)): paths are thousands of blocks long."""
 
     def add_evictable(self, block: Block) -> None:
         """``block`` became evictable. Never called twice without a ``remove_evictable`` between."""

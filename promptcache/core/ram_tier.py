@@ -55,10 +55,17 @@ class RamTier:
         return self.tree.index.get(block_hash)
 
     def touch(self, blocks: tuple[Block, ...] | list[Block], is_hit: bool) -> None:
+        """A chain of blocks was used (a lookup hit, or a save)."""
+        if not blocks:
+            return
         self.clock += 1
+        now = self.clock
+        self.policy.on_access(blocks, is_hit, now)
         for blk in blocks:
-            blk.last_access = self.clock
-            self.policy.on_access(blk, is_hit)
+            blk.last_access = now
+        if is_hit:
+            for blk in blocks:
+                blk.num_hits += 1
 
     def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
         for blk in blocks:
@@ -113,7 +120,9 @@ class RamTier:
             self.policy.remove_evictable(parent)
         self.tree.add(block)
         self.used_bytes += nbytes
-        self.clock += 1
+        # the clock counts bytes inserted (plus one per use), so a policy's notion of time
+        # scales with the cache: the same in a sampled miniature as at full size
+        self.clock += max(nbytes, 1)
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
