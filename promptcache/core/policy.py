@@ -58,7 +58,7 @@ def register_policy(
     return wrap
 
 
-DEFAULT_POLICY = "frecency"
+DEFAULT_POLICY = "adaptive"
 
 
 def make_policy(name: str | None = None) -> EvictionPolicy:
