@@ -20,7 +20,7 @@ import json
 from collections import Counter, defaultdict
 
 from promptcache.core.block import Block
-from promptcache.core.policies.frecency import FrecencyPolicy, _Meta
+from promptcache.core.policies.frecency import FrecencyPolicy
 from promptcache.core.policy import make_policy
 from promptcache.replay import TraceRequest, read_trace, replay
 
@@ -42,42 +42,43 @@ class Future:
     def set_current(self, index: int, req: TraceRequest) -> None:
         self.current = index
 
-    def next_use(self, block: Block) -> int:
-        """Index of the next request that uses ``block`` (a block of the current request)."""
-        trace_id = self.requests[self.current].hash_ids[block.depth // self.block_tokens]
+    def trace_id(self, block: Block) -> int:
+        """The trace hash id of ``block``, a block of the current request."""
+        return self.requests[self.current].hash_ids[block.depth // self.block_tokens]
+
+    def next_use(self, trace_id: int) -> int:
+        """Index of the next request after the current one that uses ``trace_id``."""
         uses = self.uses[trace_id]
         k = bisect.bisect_right(uses, self.current)
         return uses[k] if k < len(uses) else NEVER
 
 
 class OraclePolicy(FrecencyPolicy):
-    """Frecency ordering, corrected with knowledge of each block's next use (see module doc)."""
+    """Frecency ordering, corrected with knowledge of each block's next use (see module doc).
+    A block's priority is computed when it becomes evictable or is used while evictable, which
+    is exactly when its next use can change."""
 
     def __init__(self, future: Future, mode: str) -> None:
         super().__init__()
         self.future = future
         self.mode = mode
         self.name = mode
-        self._next: dict[int, int] = {}
+        self._trace_id: dict[Block, int] = {}
 
     def on_insert(self, block: Block) -> None:
-        self._next[id(block)] = self.future.next_use(block)
+        self._trace_id[block] = self.future.trace_id(block)
         super().on_insert(block)
 
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        self._next[id(block)] = self.future.next_use(block)
-        super().on_access(block, is_hit)
-
     def on_evict(self, block: Block) -> None:
-        self._next.pop(id(block), None)
+        self._trace_id.pop(block, None)
         super().on_evict(block)
 
-    def _priority(self, block: Block, meta: _Meta) -> float:
-        nxt = self._next[id(block)]
+    def _priority(self, block: Block, last: int, freq: int) -> float:
+        nxt = self.future.next_use(self._trace_id[block])
         if self.mode == "belady":
             return -float(nxt)  # the heap pops the smallest: the furthest next use goes first
-        base = super()._priority(block, meta)
-        is_dead = nxt == NEVER and (self.mode == "oracle-all" or meta.freq == 1)
+        base = super()._priority(block, last, freq)
+        is_dead = nxt == NEVER and (self.mode == "oracle-all" or freq == 1)
         return base - 1e18 if is_dead else base
 
 
