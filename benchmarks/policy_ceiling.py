@@ -18,6 +18,7 @@ import argparse
 import bisect
 import json
 from collections import Counter, defaultdict
+from typing import Any
 
 from promptcache.core.block import Block
 from promptcache.core.policies.frecency import FrecencyPolicy
@@ -48,7 +49,59 @@ class Future:
 
     def next_use(self, trace_id: int) -> int:
         """Index of the next request after the current one that uses ``trace_id``."""
-        uses = self.uses[trace_id]
+        uses = self.uses.get(trace_id, ())
+        k = bisect.bisect_right(uses, self.current)
+        return uses[k] if k < len(uses) else NEVER
+
+
+class HashFuture:
+    """Like ``Future``, but keyed by the cache's own block hashes, so it holds for any trace
+    format (session turns whose prompts accumulate history too). A partial block (a prompt's
+    tail) is used by a later request whose tokens at its place start with the same tokens."""
+
+    def __init__(
+        self,
+        requests: list[TraceRequest],
+        block_size: int,
+        trace_block_tokens: int,
+        with_output: bool = False,
+    ) -> None:
+        import numpy as np
+
+        from promptcache.core.cache import PromptCache
+        from promptcache.replay import output_tokens, prompt_tokens
+
+        cache = PromptCache("replay", block_size=block_size, ram_budget=1 << 20)
+        b = self.block_size = block_size
+        self.uses: dict[bytes, list[int]] = defaultdict(list)
+        tails: dict[bytes, set[int]] = defaultdict(set)  # parent hash -> tail lengths under it
+        for i, req in enumerate(requests):
+            toks = prompt_tokens(req, trace_block_tokens)
+            if with_output and req.output_length:
+                seed = req.reply_seed if req.reply_seed >= 0 else i
+                toks = np.concatenate([toks, output_tokens(seed, req.output_length)])
+            seq = cache.sequence(toks)
+            hashes = seq.full_hashes()
+            used = dict.fromkeys(hashes)
+            for j in range(len(hashes) + 1):
+                for m in tails.get(seq.root if j == 0 else hashes[j - 1], ()):
+                    if j * b + m <= seq.num_tokens:
+                        used[seq.partial_hash(j * b + m)] = None
+            if seq.num_tokens % b:
+                used[seq.partial_hash(seq.num_tokens)] = None
+                tails[seq.parent_hash(len(hashes))].add(seq.num_tokens % b)
+            for h in used:
+                self.uses[h].append(i)
+        self.current = 0
+
+    def set_current(self, index: int, req: TraceRequest) -> None:
+        self.current = index
+
+    def trace_id(self, block: Block) -> bytes:
+        return block.block_hash
+
+    def next_use(self, key: bytes) -> int:
+        uses = self.uses.get(key, ())
         k = bisect.bisect_right(uses, self.current)
         return uses[k] if k < len(uses) else NEVER
 
@@ -58,12 +111,12 @@ class OraclePolicy(FrecencyPolicy):
     A block's priority is computed when it becomes evictable or is used while evictable, which
     is exactly when its next use can change."""
 
-    def __init__(self, future: Future, mode: str) -> None:
+    def __init__(self, future: Future | HashFuture, mode: str) -> None:
         super().__init__()
         self.future = future
         self.mode = mode
         self.name = mode
-        self._trace_id: dict[Block, int] = {}
+        self._trace_id: dict[Block, Any] = {}
 
     def on_insert(self, block: Block) -> None:
         self._trace_id[block] = self.future.trace_id(block)
