@@ -39,6 +39,11 @@ def payload_nbytes(payload: Any) -> int:
     return 0  # scalars and small metadata (ints, flags, a device) are not counted
 
 
+# A tier's clock advances this much per byte inserted and by one per use: time is bytes
+# inserted (scale-free, the same in a sampled miniature), uses between two inserts still ordered.
+TICKS_PER_BYTE = 1024
+
+
 @dataclass(slots=True, eq=False)
 class Block:
     """One resident block. Identity is the object; ``block_hash`` is the key in the tier index."""

@@ -41,6 +41,12 @@ class EvictionPolicy(Protocol):
     def on_evict(self, block: Block) -> None:
         """``block`` left the tier; drop any per-block state (safe to call for any block once)."""
 
+    def adopt(self, blocks: Sequence[Block]) -> None:
+        """Take over a tier's resident blocks (oldest ``last_access`` first) on a fresh policy, as
+        if they had been inserted under it; the evictable ones become evictable. Used when the
+        adaptive policy hands the live cache to another policy: state it cannot know (history of
+        evicted blocks, queue membership) starts from what the blocks record."""
+
     def check_integrity(self, evictable: set[int]) -> None:
         """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""
 

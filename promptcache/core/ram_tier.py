@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.core.block import Block, payload_nbytes
+from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -120,9 +120,7 @@ class RamTier:
             self.policy.remove_evictable(parent)
         self.tree.add(block)
         self.used_bytes += nbytes
-        # the clock counts bytes inserted (plus one per use), so a policy's notion of time
-        # scales with the cache: the same in a sampled miniature as at full size
-        self.clock += max(nbytes, 1)
+        self.clock += max(nbytes, 1) * TICKS_PER_BYTE
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
@@ -211,7 +209,8 @@ class RamTier:
     def _evict(self, victim: Block) -> None:
         self._remove(victim)
         self.counters.num_evictions += 1
-        if self.next_tier.put(BlockRecord.from_block(victim)):
+        tier = self.next_tier
+        if not isinstance(tier, NullTier) and tier.put(BlockRecord.from_block(victim)):
             self.counters.num_spills += 1
 
     def _remove(self, block: Block) -> None:

@@ -1,14 +1,18 @@
-"""The default: follow whichever candidate policy the what-if simulations say is winning.
+"""The default: the live cache follows whichever candidate policy is winning in the what-if
+simulations of the live workload.
 
-Every candidate (LRU, S3-FIFO, frecency) tracks every live block all the time, through the same
-calls it would get alone; only the choice of victim is delegated, to the current leader, and the
-others just drop that block. So a switch needs no warm-up (the new leader already orders the
-resident set its own way), and while one leader stays in charge the live cache evicts exactly as
-that fixed policy would. The leader is the candidate with the most (recent) hits in its sampled
-miniature of the live workload at the live budget (``core/whatif.py``, attached by
-``PromptCache``); without one it stays on the first candidate. Why this and not LeCaR-style
-regret weights: the issue's bound is against the best *fixed* policy, which following the
-measured winner reaches once the winner is clear; mixing orders would match none of them.
+The what-if simulations (``core/whatif.py``, attached by ``PromptCache``) run every candidate
+(LRU, S3-FIFO, frecency) on a hash-sampled miniature of the live request stream at the live
+budget; the leader is the one with the most recent hits, switching only past a noise margin.
+The live cache runs the leader alone, unchanged, so while one leader stays in charge it evicts
+exactly as that fixed policy would, at that policy's speed. On a switch the new leader adopts
+the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
+its decisions match its fixed self again within about one cache turnover.
+
+Why this: the bound to meet is the best *fixed* policy on each workload, which following the
+measured winner reaches once the winner is clear and stays within the sims' noise when the
+candidates are close; regret-weighted mixing (LeCaR, Cacheus) evicts by an order none of the
+candidates would, and tracking every candidate on the live cache would cost each one's upkeep.
 """
 
 from __future__ import annotations
@@ -30,48 +34,50 @@ class AdaptivePolicy:
 
     def __init__(self, candidate_names: Sequence[str] = CANDIDATES) -> None:
         self.candidate_names = tuple(candidate_names)
-        self.candidates: list[EvictionPolicy] = [make_policy(n) for n in self.candidate_names]
+        self.current = 0  # index of the candidate in charge
+        self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
         self.whatif: WhatIf | None = None
+        # every resident block, for a hand-over (insertion order; sorted by recency then)
+        self._resident: dict[Block, None] = {}
 
-    @property
-    def leader(self) -> int:
-        return self.whatif.leader if self.whatif is not None else 0
+    def _follow(self) -> EvictionPolicy:
+        """The policy in charge, after handing over if the simulations changed their leader."""
+        if self.whatif is not None and self.whatif.leader != self.current:
+            self.current = self.whatif.leader
+            self.policy = make_policy(self.candidate_names[self.current])
+            self.policy.adopt(sorted(self._resident, key=lambda b: b.last_access))
+        return self.policy
 
     def on_insert(self, block: Block) -> None:
-        for p in self.candidates:
-            p.on_insert(block)
+        self._resident[block] = None
+        self.policy.on_insert(block)
 
     def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
-        for p in self.candidates:
-            p.on_access(blocks, is_hit, now)
+        self.policy.on_access(blocks, is_hit, now)
 
     def add_evictable(self, block: Block) -> None:
-        for p in self.candidates:
-            p.add_evictable(block)
+        self.policy.add_evictable(block)
 
     def remove_evictable(self, block: Block) -> None:
-        for p in self.candidates:
-            p.remove_evictable(block)
+        self.policy.remove_evictable(block)
 
     def pop_victim(self) -> Block | None:
-        lead = self.leader
-        victim = self.candidates[lead].pop_victim()
-        if victim is not None:
-            for k, p in enumerate(self.candidates):
-                if k != lead:
-                    p.remove_evictable(victim)
-        return victim
+        return self._follow().pop_victim()
 
     def admit(self, candidate: Block, victim: Block) -> bool:
-        return self.candidates[self.leader].admit(candidate, victim)
+        return self.policy.admit(candidate, victim)
 
     def on_evict(self, block: Block) -> None:
-        for p in self.candidates:
-            p.on_evict(block)
+        if self._resident.pop(block, 0) is None:
+            self.policy.on_evict(block)
+
+    def adopt(self, blocks: Sequence[Block]) -> None:
+        for b in blocks:
+            self._resident[b] = None
+        self.policy.adopt(blocks)
 
     def check_integrity(self, evictable: set[int]) -> None:
-        for p in self.candidates:
-            p.check_integrity(evictable)
+        self.policy.check_integrity(evictable)
 
 
 register_policy("adaptive")(AdaptivePolicy)

@@ -20,7 +20,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from promptcache.core.block import Block
+from promptcache.core.block import TICKS_PER_BYTE, Block
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
@@ -53,7 +53,7 @@ class FrecencyPolicy:
         return 0.0 if self._log_gap is None else self.reuse_windows * math.exp(self._log_gap)
 
     def _observe(self, gap: int, weight: float) -> None:
-        if gap > 0:
+        if gap >= TICKS_PER_BYTE:  # something was inserted in between
             x = math.log(gap)
             lg = self._log_gap
             self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
@@ -85,10 +85,12 @@ class FrecencyPolicy:
         self._metas[block] = _Meta(base)
 
     def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
-        # one reuse interval per hit (the deepest block's): O(1) however long the path
+        # every hit block's reuse interval counts, but in O(1): the blocks after the point where
+        # a chain leaves the shared prefix were last used together, so the deepest block's
+        # interval stands for the whole chain, weighted by its length
         block = blocks[-1]
         if is_hit:
-            self._observe(now - block.last_access, 0.01)
+            self._observe(now - block.last_access, min(0.001 * len(blocks), 0.5))
         meta = self._metas.get(block)
         if meta is not None and meta.entry is not None:
             self._unlist(meta)
@@ -128,6 +130,12 @@ class FrecencyPolicy:
         self._history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
         while len(self._history) > max(int(len(self._metas) * self.history_factor), 64):
             self._history.popitem(last=False)
+
+    def adopt(self, blocks: Sequence[Block]) -> None:
+        for b in blocks:
+            self._metas[b] = _Meta(1)
+            if b.is_evictable:
+                self.add_evictable(b)
 
     def check_integrity(self, evictable: set[int]) -> None:
         live = [e[2] for e in self._heap if e[2] is not None]

@@ -58,6 +58,11 @@ class LruPolicy:
     def on_evict(self, block: Block) -> None:
         self.remove_evictable(block)
 
+    def adopt(self, blocks: Sequence[Block]) -> None:
+        for b in blocks:
+            if b.is_evictable:
+                self.add_evictable(b)  # oldest first: always an append
+
     def check_integrity(self, evictable: set[int]) -> None:
         held = {id(n.block) for n in self._list}
         assert held == evictable, (

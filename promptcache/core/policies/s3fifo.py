@@ -121,6 +121,14 @@ class S3FifoPolicy:
             while len(self._ghost) > max(int(len(self._metas) * self.ghost_factor), 64):
                 self._ghost.popitem(last=False)
 
+    def adopt(self, blocks: Sequence[Block]) -> None:
+        for b in blocks:  # blocks hit before count as proven: main queue
+            queue = MAIN if b.num_hits else SMALL
+            self._metas[b] = _Meta(b, queue)
+            self._bytes[queue] += b.nbytes
+            if b.is_evictable:
+                self.add_evictable(b)
+
     def check_integrity(self, evictable: set[int]) -> None:
         held = {id(m.block) for lst in self._lists for m in lst}
         assert held == evictable, (
