@@ -129,7 +129,7 @@ class PromptCache:
             if may_extend and promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
                 match = self.ram.match(seq, self.requires_checkpoint)
             if self.whatif is not None:
-                self.whatif.on_lookup(seq)
+                self.whatif.on_lookup(seq, match.num_tokens)
             c = self.counters
             c.num_lookups += 1
             c.lookup_tokens += seq.num_tokens
