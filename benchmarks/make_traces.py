@@ -69,15 +69,23 @@ class Ids:
         return [self() for _ in range(n)]
 
 
-def coding_agent(seed: int = 0, scale: float = 1.0, block: int = 64) -> list[Record]:
+def coding_agent(
+    seed: int = 0,
+    scale: float = 1.0,
+    block: int = 64,
+    num_sessions: int = 120,
+    concurrency: int = 50,
+    token_scale: float = 1.0,
+) -> list[Record]:
     """Long agent sessions over a shared prefix: Poisson arrivals, ~30 s between a session's
-    requests, about ``concurrency`` sessions running at once."""
+    requests, about ``concurrency`` sessions running at once. ``token_scale`` shrinks every
+    length (tests: the same shape in a tenth of the tokens)."""
     rng, ids = random.Random(seed), Ids()
-    num_sessions, concurrency, think_s = 120, 50, 30.0
+    think_s = 30.0
     max_turns = max(4.0, 1000 * scale)
     mean_turns = (max_turns - 3) / math.log(max_turns / 3)  # of a log-uniform 3..max_turns
     arrival_s = mean_turns * think_s / concurrency
-    prefix = list(range(15_000 // block))  # tools + system prompt, identical for every session
+    prefix = list(range(int(15_000 * token_scale) // block))  # tools + system prompt, shared
     events: list[tuple[float, int]] = []
     t = 0.0
     for k in range(num_sessions):
@@ -89,9 +97,9 @@ def coding_agent(seed: int = 0, scale: float = 1.0, block: int = 64) -> list[Rec
         t, k = heapq.heappop(events)
         if k not in state:
             turns = max(3, int(math.exp(rng.uniform(math.log(3), math.log(max_turns)))))
-            final = rng.uniform(20_000, 150_000)
+            final = rng.uniform(20_000, 150_000) * token_scale
             h = History(prefix, len(prefix) * block, ids)
-            h.extend(rng.randrange(500, 3000), block)  # the task
+            h.extend(int(rng.randrange(500, 3000) * token_scale), block)  # the task
             state[k] = (h, turns, (final - h.num_tokens) / turns)
         h, left, grow = state[k]
         out.append(h.record(int(t * 1000), rng.randrange(50, 600)))

@@ -7,10 +7,11 @@ takes leaves and every resident block stays reachable from its namespace root.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from promptcache.core.block import Block
+from promptcache.core.hashing import BlockHash
 
 
 class EvictionPolicy(Protocol):
@@ -41,11 +42,12 @@ class EvictionPolicy(Protocol):
     def on_evict(self, block: Block) -> None:
         """``block`` left the tier; drop any per-block state (safe to call for any block once)."""
 
-    def adopt(self, blocks: Sequence[Block]) -> None:
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         """Take over a tier's resident blocks (oldest ``last_access`` first) on a fresh policy, as
-        if they had been inserted under it; the evictable ones become evictable. Used when the
-        adaptive policy hands the live cache to another policy: state it cannot know (history of
-        evicted blocks, queue membership) starts from what the blocks record."""
+        if they had been inserted under it; the evictable ones become evictable. ``history``:
+        recently evicted hashes, oldest first, with (uses, last_access). Used when the adaptive
+        policy hands the live cache to another policy; what the blocks and the history do not
+        record (queue membership) starts afresh."""
 
     def check_integrity(self, evictable: set[int]) -> None:
         """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""

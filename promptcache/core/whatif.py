@@ -30,7 +30,7 @@ FACTORS = (0.5, 1.0, 2.0)
 MIN_SAMPLED_BLOCKS = 128  # in the 1x miniatures, which pick the leader
 MIN_CURVE_BLOCKS = 64  # in the 0.5x miniature, which only draws the curve
 MAX_RATE = 64
-SWITCH_MARGIN = 0.002  # of the decayed lookup volume: a noise guard against flapping
+SWITCH_MARGIN = 0.005  # of the decayed lookup volume: near-ties are not worth a hand-over
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
 
@@ -86,7 +86,7 @@ class WhatIf:
         self._block_bytes = 0
         self._chain_seq: TokenSeq | None = None
         self._chains: list[list[int]] = []
-        self._since_switch = 0.0
+        self._since_switch = math.inf  # the first switch needs no settling
         self._lookups_since_log = 0
         self._logged_gain = 0.0
 
@@ -156,14 +156,15 @@ class WhatIf:
         if (
             best != self.leader
             and live.hits[best] > live.hits[self.leader] + SWITCH_MARGIN * live.volume
-            and self._since_switch >= 0.25 * live.horizon  # let the last hand-over settle
+            # let the last hand-over settle: two miniature cache-fulls of lookups
+            and self._since_switch >= 2 * live.sims[0].budget / live.sims[0].unit
         ):
             self.leader = best
             self.num_switches += 1
             self._since_switch = 0.0
             self.curve = self._new_curve()
         self._lookups_since_log += 1
-        if self._lookups_since_log >= 2000:
+        if self._lookups_since_log >= 256:
             self._lookups_since_log = 0
             self._maybe_recommend()
 

@@ -7,7 +7,9 @@ budget; the leader is the one with the most recent hits, switching only past a n
 The live cache runs the leader alone, unchanged, so while one leader stays in charge it evicts
 exactly as that fixed policy would, at that policy's speed. On a switch the new leader adopts
 the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
-its decisions match its fixed self again within about one cache turnover.
+its decisions match its fixed self again within about one cache turnover. The adaptive policy
+keeps a bounded history of evicted hashes (uses, last use) for the same reason: a new leader
+gets the frecency history and the S3-FIFO ghost it would have built.
 
 Why this: the bound to meet is the best *fixed* policy on each workload, which following the
 measured winner reaches once the winner is clear and stays within the sims' noise when the
@@ -17,16 +19,19 @@ candidates would, and tracking every candidate on the live cache would cost each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from promptcache.core.block import Block
+from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy, register_policy
 
 if TYPE_CHECKING:
     from promptcache.core.whatif import WhatIf
 
 CANDIDATES = ("lru", "s3fifo", "frecency")
+HISTORY_FACTOR = 8  # evicted hashes remembered per resident block (as frecency's own history)
 
 
 class AdaptivePolicy:
@@ -37,19 +42,26 @@ class AdaptivePolicy:
         self.current = 0  # index of the candidate in charge
         self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
         self.whatif: WhatIf | None = None
-        # every resident block, for a hand-over (insertion order; sorted by recency then)
-        self._resident: dict[Block, None] = {}
+        # every resident block with the uses it had before (remembered across evictions), and
+        # evicted hashes, oldest first: (uses, last use); both for a hand-over
+        self._resident: dict[Block, int] = {}
+        self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
+
+    def hand_over(self, index: int) -> None:
+        """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks."""
+        self.current = index
+        self.policy = make_policy(self.candidate_names[index])
+        self.policy.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
 
     def _follow(self) -> EvictionPolicy:
         """The policy in charge, after handing over if the simulations changed their leader."""
         if self.whatif is not None and self.whatif.leader != self.current:
-            self.current = self.whatif.leader
-            self.policy = make_policy(self.candidate_names[self.current])
-            self.policy.adopt(sorted(self._resident, key=lambda b: b.last_access))
+            self.hand_over(self.whatif.leader)
         return self.policy
 
     def on_insert(self, block: Block) -> None:
-        self._resident[block] = None
+        seen = self._history.pop(block.block_hash, None)
+        self._resident[block] = seen[0] if seen is not None else 0
         self.policy.on_insert(block)
 
     def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
@@ -68,13 +80,20 @@ class AdaptivePolicy:
         return self.policy.admit(candidate, victim)
 
     def on_evict(self, block: Block) -> None:
-        if self._resident.pop(block, 0) is None:
-            self.policy.on_evict(block)
+        before = self._resident.pop(block, None)
+        if before is None:
+            return
+        self.policy.on_evict(block)
+        history = self._history
+        history[block.block_hash] = (before + 1 + block.num_hits, block.last_access)
+        while len(history) > max(HISTORY_FACTOR * len(self._resident), 64):
+            history.popitem(last=False)
 
-    def adopt(self, blocks: Sequence[Block]) -> None:
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         for b in blocks:
-            self._resident[b] = None
-        self.policy.adopt(blocks)
+            self._resident[b] = 0
+        self._history = OrderedDict(history)
+        self.policy.adopt(blocks, history)
 
     def check_integrity(self, evictable: set[int]) -> None:
         self.policy.check_integrity(evictable)

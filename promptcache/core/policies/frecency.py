@@ -18,7 +18,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from promptcache.core.block import TICKS_PER_BYTE, Block
 from promptcache.core.hashing import BlockHash
@@ -131,7 +131,8 @@ class FrecencyPolicy:
         while len(self._history) > max(int(len(self._metas) * self.history_factor), 64):
             self._history.popitem(last=False)
 
-    def adopt(self, blocks: Sequence[Block]) -> None:
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        self._history = OrderedDict(history)
         for b in blocks:
             self._metas[b] = _Meta(1)
             if b.is_evictable:

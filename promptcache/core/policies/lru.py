@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from promptcache.core.block import Block, Node, NodeList
+from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
 
@@ -58,7 +59,7 @@ class LruPolicy:
     def on_evict(self, block: Block) -> None:
         self.remove_evictable(block)
 
-    def adopt(self, blocks: Sequence[Block]) -> None:
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         for b in blocks:
             if b.is_evictable:
                 self.add_evictable(b)  # oldest first: always an append

@@ -13,7 +13,7 @@ a queue's head, so a lookup costs O(1) however long its path.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from promptcache.core.block import Block, Node, NodeList
 from promptcache.core.hashing import BlockHash
@@ -121,7 +121,11 @@ class S3FifoPolicy:
             while len(self._ghost) > max(int(len(self._metas) * self.ghost_factor), 64):
                 self._ghost.popitem(last=False)
 
-    def adopt(self, blocks: Sequence[Block]) -> None:
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        # the ghost: evicted blocks never reused (those S3-FIFO drops from probation)
+        for h, (uses, _) in history.items():
+            if uses == 1:
+                self._ghost[h] = None
         for b in blocks:  # blocks hit before count as proven: main queue
             queue = MAIN if b.num_hits else SMALL
             self._metas[b] = _Meta(b, queue)
