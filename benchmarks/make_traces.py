@@ -117,10 +117,8 @@ def scan_hot(seed: int = 0, scale: float = 1.0, block: int = 64) -> list[Record]
     hot = [[0, *ids.run(hot_blocks - 1)] for _ in range(num_hot)]
     out: list[Record] = []
     for i in range(round(3000 * scale)):
-        if i % 3 == 0:
-            chain = rng.choice(hot) + ids.run(1)  # a new question on a returning document
-        else:
-            chain = [0, *ids.run(scan_blocks - 1)]
+        is_hot = i % 3 == 0  # a new question on a returning document, else a one-off prompt
+        chain = rng.choice(hot) + ids.run(1) if is_hot else [0, *ids.run(scan_blocks - 1)]
         out.append({"timestamp": i, "input_length": len(chain) * block - block // 2,
                     "output_length": 1, "hash_ids": chain})  # fmt: skip
     return out

@@ -99,8 +99,14 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for shape in shapes(args):
         requests = shape.load()
-        kw = dict(block_size=shape.block, trace_block_tokens=shape.block, with_output=shape.with_output)
-        future = None if args.no_belady else HashFuture(requests, shape.block, shape.block, shape.with_output)
+        kw = dict(
+            block_size=shape.block, trace_block_tokens=shape.block, with_output=shape.with_output
+        )
+        future = (
+            None
+            if args.no_belady
+            else HashFuture(requests, shape.block, shape.block, shape.with_output)
+        )
         for cap in shape.capacities:
             row: dict[str, Any] = {"trace": shape.name, "capacity_tokens": cap, "seconds": {}}
             for p in [*fixed, DEFAULT_POLICY]:

@@ -83,7 +83,9 @@ def test_unsampled_miniature_equals_the_full_size_cache(policy):
         seq = cache.sequence(prompt_tokens(req, block))
         with cache.lookup(seq) as hit:
             live_blocks = -(-hit.num_tokens // block)
-        (chain,) = [[seq.full_hashes()[j] for j in c] for c in sampled_indices(seq.full_hashes(), [256])]
+        (chain,) = [
+            [seq.full_hashes()[j] for j in c] for c in sampled_indices(seq.full_hashes(), [256])
+        ]
         assert mini.lookup(chain) == live_blocks, i
         cache.save(seq, None, null_slicer)
         mini.save(seq.root, chain)

@@ -24,7 +24,7 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import CacheStats, Counters
 from promptcache.core.tier import Tier
 from promptcache.core.tree import common_prefix_tokens
-from promptcache.core.whatif import WhatIf, attach_whatif
+from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
 SlicePositional = Callable[[int, int], Any]
