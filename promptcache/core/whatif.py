@@ -28,7 +28,7 @@ log = logging.getLogger("promptcache.whatif")
 
 FACTORS = (0.5, 1.0, 2.0)
 MIN_SAMPLED_BLOCKS = 128  # in the 1x miniatures, which pick the leader
-MIN_CURVE_BLOCKS = 64  # in the 0.5x miniature, which only draws the curve
+MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MAX_RATE = 64
 SWITCH_MARGIN = 0.005  # of the decayed lookup volume: near-ties are not worth a hand-over
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
