@@ -2,10 +2,10 @@
 
 Run: .venv/bin/python benchmarks/policy_ceiling.py --trace ../shared/data/mooncake/conversation_trace.jsonl
 
-Replays the trace through the real core (as `promptcache replay` does) with LRU, the default
-policy, and three policies that are told the future, so the gap can be attributed:
-- ``oracle-new``: the default policy, but new blocks that are never used again go first;
-- ``oracle-all``: the default policy, but any block at its last use goes first;
+Replays the trace through the real core (as `promptcache replay` does) with LRU, frecency, and
+three policies that are told the future, so the gap can be attributed:
+- ``oracle-new``: frecency, but new blocks that are never used again go first;
+- ``oracle-all``: frecency, but any block at its last use goes first;
 - ``belady``: evict the block whose next use is furthest away (the offline optimum).
 It also prints what an online policy can observe about reuse: the chance a block is used again
 given how often it was used so far, and when new blocks are first reused (their age in blocks
@@ -186,14 +186,14 @@ def main() -> None:
     requests = list(read_trace(args.trace))
     future = Future(requests, args.trace_block_tokens)
     rows = []
-    print("| capacity (tokens) | lru | default | oracle-new | oracle-all | belady | replay s |")
+    print("| capacity (tokens) | lru | frecency | oracle-new | oracle-all | belady | replay s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for cap in args.capacity_tokens:
         row: dict = {"capacity_tokens": cap}
         seconds = []
-        for label in ("lru", "default", "oracle-new", "oracle-all", "belady"):
-            if label in ("lru", "default"):
-                policy = make_policy(label if label == "lru" else None)
+        for label in ("lru", "frecency", "oracle-new", "oracle-all", "belady"):
+            if label in ("lru", "frecency"):
+                policy = make_policy(label)
             else:
                 policy = OraclePolicy(future, label)
             r = replay(

@@ -143,6 +143,6 @@ def test_default_policy_keeps_returning_conversations_that_lru_flushes():
     lru = replay(trace, 8 * 40, policy="lru", **kwargs)
     best = replay(trace, 8 * 40, policy=DEFAULT_POLICY, **kwargs)
     infinite = replay(trace, 10**9, policy="lru", **kwargs)
-    # measured: lru 0.39, frecency 0.478, infinite 0.480
+    # measured: lru 0.39, frecency 0.478 (the adaptive default follows it), infinite 0.480
     assert best["hit_rate"] > lru["hit_rate"] + 0.05, (best, lru)
     assert 0.95 * infinite["hit_rate"] <= best["hit_rate"] <= infinite["hit_rate"]
