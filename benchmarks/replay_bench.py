@@ -3,6 +3,7 @@ offline optimum; the default's worst shortfall against the best fixed policy is 
 
 Run: .venv/bin/python benchmarks/replay_bench.py            # every shape below that is available
      .venv/bin/python benchmarks/replay_bench.py --shapes loop zipf --json out.json
+     .venv/bin/python benchmarks/replay_bench.py --shapes none --trace other.jsonl --block 512
 
 Shapes: the generated ones of benchmarks/make_traces.py (block 64); the Mooncake conversation
 trace (block 512, ../shared/data/mooncake); tau-bench agent conversations made by
@@ -79,6 +80,9 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
     if (SHARED / "tau_bench" / "gpt-4o-airline.json").exists():
         out.append(Shape("tau_agent", tau_trace, 512, (100_000, 250_000, 500_000, 1_000_000)))
+    if args.trace:  # any other Mooncake-format trace, at the Mooncake capacities
+        out.append(Shape(Path(args.trace).stem, lambda: list(read_trace(args.trace)), args.block,
+                         (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
     if args.aiperf:
         out.append(Shape("aiperf_agentic", lambda: list(read_trace(args.aiperf)), 512,
                          (500_000, 1_000_000, 2_000_000, 4_000_000), with_output=True))  # fmt: skip
@@ -89,6 +93,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", nargs="*", help="only these shapes")
     ap.add_argument("--aiperf", help="an `aiperf synthesize agentic-code` dataset.jsonl")
+    ap.add_argument("--trace", help="another Mooncake-format trace (its own shape)")
+    ap.add_argument("--block", type=int, default=512, help="block tokens for --trace")
     ap.add_argument("--no-belady", action="store_true")
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
