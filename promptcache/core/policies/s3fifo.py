@@ -122,10 +122,8 @@ class S3FifoPolicy:
                 self._ghost.popitem(last=False)
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
-        # the ghost: evicted blocks never reused (those S3-FIFO drops from probation)
-        for h, (uses, _) in history.items():
-            if uses == 1:
-                self._ghost[h] = None
+        # no ghost from another policy's evictions: it sends every returning block straight to
+        # the main queue, which locked a loop into a worse cycle than a cold start (measured)
         for b in blocks:  # blocks hit before count as proven: main queue
             queue = MAIN if b.num_hits else SMALL
             self._metas[b] = _Meta(b, queue)
