@@ -128,11 +128,13 @@ class Flipper(AdaptivePolicy):
     def __init__(self):
         super().__init__()
         self.num_pops = 0
+        self.pop_victim = self._pop
 
-    def pop_victim(self):
+    def _pop(self):
         self.num_pops += 1
-        if self.num_pops % 7 == 0:
+        if self.num_pops % 7 == 0:  # mid-eviction: the block being extended is pinned
             self.hand_over((self.current + 1) % len(self.candidate_names))
+            self.pop_victim = self._pop
         return self.policy.pop_victim()
 
 
@@ -142,6 +144,7 @@ def test_hand_overs_keep_the_tier_consistent():
     rng = random.Random(5)
     policy = Flipper()
     cache = PromptCache("f", block_size=4, ram_budget=64 * 30, policy=policy)
+    cache.whatif.on_switch = None  # only the flipper hands over
     convs = [[rng.randrange(1, 6) for _ in range(8)] for _ in range(6)]
     leases = []
     for step in range(1500):

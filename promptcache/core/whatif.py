@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import MiniCache, sampled_indices
@@ -76,6 +76,7 @@ class WhatIf:
         self.block_size = block_size
         self.policy_names = tuple(policy_names)
         self.leader = 0  # index into policy_names
+        self.on_switch: Callable[[int], None] | None = None  # told the new leader's index
         self.num_switches = 0
         self.rates: tuple[int, int] = (0, 0)  # (live, curve) R; 0 until a save tells block bytes
         self.live: _Decayed | None = None  # every candidate at 1x
@@ -163,6 +164,8 @@ class WhatIf:
             self.num_switches += 1
             self._since_switch = 0.0
             self.curve = self._new_curve()
+            if self.on_switch is not None:
+                self.on_switch(best)
         self._lookups_since_log += 1
         if self._lookups_since_log >= 256:
             self._lookups_since_log = 0
@@ -239,4 +242,5 @@ def attach_whatif(policy: EvictionPolicy, budget_bytes: int, block_size: int) ->
         return None
     whatif = WhatIf(budget_bytes, block_size, policy.candidate_names)
     policy.whatif = whatif
+    whatif.on_switch = policy.hand_over
     return whatif

@@ -20,7 +20,7 @@ candidates would, and tracking every candidate on the live cache would cost each
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from promptcache.core.block import Block
@@ -40,44 +40,34 @@ class AdaptivePolicy:
     def __init__(self, candidate_names: Sequence[str] = CANDIDATES) -> None:
         self.candidate_names = tuple(candidate_names)
         self.current = 0  # index of the candidate in charge
-        self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
-        self.whatif: WhatIf | None = None
+        self.whatif: WhatIf | None = None  # calls hand_over when its leader changes
         # every resident block with the uses it had before (remembered across evictions), and
         # evicted hashes, oldest first: (uses, last use); both for a hand-over
         self._resident: dict[Block, int] = {}
         self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
+        # the leader's own bound methods, so the hot calls cost nothing extra
+        self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
+        self.on_access: Callable[[Sequence[Block], bool, int], None] = self.policy.on_access
+        self.add_evictable: Callable[[Block], None] = self.policy.add_evictable
+        self.remove_evictable: Callable[[Block], None] = self.policy.remove_evictable
+        self.pop_victim: Callable[[], Block | None] = self.policy.pop_victim
+        self.admit: Callable[[Block, Block], bool] = self.policy.admit
+        self.check_integrity: Callable[[set[int]], None] = self.policy.check_integrity
 
     def hand_over(self, index: int) -> None:
-        """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks."""
+        """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks.
+        Call only between tier operations (the what-if lookup hook is such a point)."""
         self.current = index
-        self.policy = make_policy(self.candidate_names[index])
-        self.policy.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
-
-    def _follow(self) -> EvictionPolicy:
-        """The policy in charge, after handing over if the simulations changed their leader."""
-        if self.whatif is not None and self.whatif.leader != self.current:
-            self.hand_over(self.whatif.leader)
-        return self.policy
+        p = self.policy = make_policy(self.candidate_names[index])
+        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
+        self.on_access, self.add_evictable = p.on_access, p.add_evictable
+        self.remove_evictable, self.pop_victim = p.remove_evictable, p.pop_victim
+        self.admit, self.check_integrity = p.admit, p.check_integrity
 
     def on_insert(self, block: Block) -> None:
         seen = self._history.pop(block.block_hash, None)
         self._resident[block] = seen[0] if seen is not None else 0
         self.policy.on_insert(block)
-
-    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
-        self.policy.on_access(blocks, is_hit, now)
-
-    def add_evictable(self, block: Block) -> None:
-        self.policy.add_evictable(block)
-
-    def remove_evictable(self, block: Block) -> None:
-        self.policy.remove_evictable(block)
-
-    def pop_victim(self) -> Block | None:
-        return self._follow().pop_victim()
-
-    def admit(self, candidate: Block, victim: Block) -> bool:
-        return self.policy.admit(candidate, victim)
 
     def on_evict(self, block: Block) -> None:
         before = self._resident.pop(block, None)
@@ -94,9 +84,6 @@ class AdaptivePolicy:
             self._resident[b] = 0
         self._history = OrderedDict(history)
         self.policy.adopt(blocks, history)
-
-    def check_integrity(self, evictable: set[int]) -> None:
-        self.policy.check_integrity(evictable)
 
 
 register_policy("adaptive")(AdaptivePolicy)
