@@ -2,10 +2,10 @@
 
 Run: .venv/bin/python benchmarks/policy_ceiling.py --trace ../shared/data/mooncake/conversation_trace.jsonl
 
-Replays the trace through the real core (as `promptcache replay` does) with LRU, the default
-policy, and three policies that are told the future, so the gap can be attributed:
-- ``oracle-new``: the default policy, but new blocks that are never used again go first;
-- ``oracle-all``: the default policy, but any block at its last use goes first;
+Replays the trace through the real core (as `promptcache replay` does) with LRU, frecency, and
+three policies that are told the future, so the gap can be attributed:
+- ``oracle-new``: frecency, but new blocks that are never used again go first;
+- ``oracle-all``: frecency, but any block at its last use goes first;
 - ``belady``: evict the block whose next use is furthest away (the offline optimum).
 It also prints what an online policy can observe about reuse: the chance a block is used again
 given how often it was used so far, and when new blocks are first reused (their age in blocks
@@ -18,9 +18,10 @@ import argparse
 import bisect
 import json
 from collections import Counter, defaultdict
+from typing import Any
 
 from promptcache.core.block import Block
-from promptcache.core.policies.frecency import FrecencyPolicy, _Meta
+from promptcache.core.policies.frecency import FrecencyPolicy
 from promptcache.core.policy import make_policy
 from promptcache.replay import TraceRequest, read_trace, replay
 
@@ -42,42 +43,95 @@ class Future:
     def set_current(self, index: int, req: TraceRequest) -> None:
         self.current = index
 
-    def next_use(self, block: Block) -> int:
-        """Index of the next request that uses ``block`` (a block of the current request)."""
-        trace_id = self.requests[self.current].hash_ids[block.depth // self.block_tokens]
-        uses = self.uses[trace_id]
+    def trace_id(self, block: Block) -> int:
+        """The trace hash id of ``block``, a block of the current request."""
+        return self.requests[self.current].hash_ids[block.depth // self.block_tokens]
+
+    def next_use(self, trace_id: int) -> int:
+        """Index of the next request after the current one that uses ``trace_id``."""
+        uses = self.uses.get(trace_id, ())
+        k = bisect.bisect_right(uses, self.current)
+        return uses[k] if k < len(uses) else NEVER
+
+
+class HashFuture:
+    """Like ``Future``, but keyed by the cache's own block hashes, so it holds for any trace
+    format (session turns whose prompts accumulate history too). A partial block (a prompt's
+    tail) is used by a later request whose tokens at its place start with the same tokens."""
+
+    def __init__(
+        self,
+        requests: list[TraceRequest],
+        block_size: int,
+        trace_block_tokens: int,
+        with_output: bool = False,
+    ) -> None:
+        import numpy as np
+
+        from promptcache.core.cache import PromptCache
+        from promptcache.replay import output_tokens, prompt_tokens
+
+        cache = PromptCache("replay", block_size=block_size, ram_budget=1 << 20)
+        b = self.block_size = block_size
+        self.uses: dict[bytes, list[int]] = defaultdict(list)
+        tails: dict[bytes, set[int]] = defaultdict(set)  # parent hash -> tail lengths under it
+        for i, req in enumerate(requests):
+            toks = prompt_tokens(req, trace_block_tokens)
+            if with_output and req.output_length:
+                seed = req.reply_seed if req.reply_seed >= 0 else i
+                toks = np.concatenate([toks, output_tokens(seed, req.output_length)])
+            seq = cache.sequence(toks)
+            hashes = seq.full_hashes()
+            used = dict.fromkeys(hashes)
+            for j in range(len(hashes) + 1):
+                for m in tails.get(seq.root if j == 0 else hashes[j - 1], ()):
+                    if j * b + m <= seq.num_tokens:
+                        used[seq.partial_hash(j * b + m)] = None
+            if seq.num_tokens % b:
+                used[seq.partial_hash(seq.num_tokens)] = None
+                tails[seq.parent_hash(len(hashes))].add(seq.num_tokens % b)
+            for h in used:
+                self.uses[h].append(i)
+        self.current = 0
+
+    def set_current(self, index: int, req: TraceRequest) -> None:
+        self.current = index
+
+    def trace_id(self, block: Block) -> bytes:
+        return block.block_hash
+
+    def next_use(self, key: bytes) -> int:
+        uses = self.uses.get(key, ())
         k = bisect.bisect_right(uses, self.current)
         return uses[k] if k < len(uses) else NEVER
 
 
 class OraclePolicy(FrecencyPolicy):
-    """Frecency ordering, corrected with knowledge of each block's next use (see module doc)."""
+    """Frecency ordering, corrected with knowledge of each block's next use (see module doc).
+    A block's priority is computed when it becomes evictable or is used while evictable, which
+    is exactly when its next use can change."""
 
-    def __init__(self, future: Future, mode: str) -> None:
+    def __init__(self, future: Future | HashFuture, mode: str) -> None:
         super().__init__()
         self.future = future
         self.mode = mode
         self.name = mode
-        self._next: dict[int, int] = {}
+        self._trace_id: dict[Block, Any] = {}
 
     def on_insert(self, block: Block) -> None:
-        self._next[id(block)] = self.future.next_use(block)
+        self._trace_id[block] = self.future.trace_id(block)
         super().on_insert(block)
 
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        self._next[id(block)] = self.future.next_use(block)
-        super().on_access(block, is_hit)
-
     def on_evict(self, block: Block) -> None:
-        self._next.pop(id(block), None)
+        self._trace_id.pop(block, None)
         super().on_evict(block)
 
-    def _priority(self, block: Block, meta: _Meta) -> float:
-        nxt = self._next[id(block)]
+    def _priority(self, block: Block, last: int, freq: int) -> float:
+        nxt = self.future.next_use(self._trace_id[block])
         if self.mode == "belady":
             return -float(nxt)  # the heap pops the smallest: the furthest next use goes first
-        base = super()._priority(block, meta)
-        is_dead = nxt == NEVER and (self.mode == "oracle-all" or meta.freq == 1)
+        base = super()._priority(block, last, freq)
+        is_dead = nxt == NEVER and (self.mode == "oracle-all" or freq == 1)
         return base - 1e18 if is_dead else base
 
 
@@ -132,14 +186,14 @@ def main() -> None:
     requests = list(read_trace(args.trace))
     future = Future(requests, args.trace_block_tokens)
     rows = []
-    print("| capacity (tokens) | lru | default | oracle-new | oracle-all | belady | replay s |")
+    print("| capacity (tokens) | lru | frecency | oracle-new | oracle-all | belady | replay s |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
     for cap in args.capacity_tokens:
         row: dict = {"capacity_tokens": cap}
         seconds = []
-        for label in ("lru", "default", "oracle-new", "oracle-all", "belady"):
-            if label in ("lru", "default"):
-                policy = make_policy(label if label == "lru" else None)
+        for label in ("lru", "frecency", "oracle-new", "oracle-all", "belady"):
+            if label in ("lru", "frecency"):
+                policy = make_policy(label)
             else:
                 policy = OraclePolicy(future, label)
             r = replay(

@@ -1,49 +1,158 @@
-"""Hit rate vs capacity on a Mooncake-format trace, for every eviction policy.
+"""Hit rate vs capacity on every trace shape, for every eviction policy, the default and the
+offline optimum; the default's worst shortfall against the best fixed policy is printed last.
 
-Run: .venv/bin/python benchmarks/replay_bench.py --trace ../shared/data/mooncake/conversation_trace.jsonl
-Prints a table (hit rate, replay seconds) and checks the LRU baseline against the published
-figure (0.142 at 3.1 M tokens) when given the conversation trace.
+Run: .venv/bin/python benchmarks/replay_bench.py            # every shape below that is available
+     .venv/bin/python benchmarks/replay_bench.py --shapes loop zipf --json out.json
+     .venv/bin/python benchmarks/replay_bench.py --shapes none --trace other.jsonl --block 512
+
+Shapes: the generated ones of benchmarks/make_traces.py (block 64); the Mooncake conversation
+trace (block 512, ../shared/data/mooncake); tau-bench agent conversations made by
+benchmarks/make_agent_trace.py (../shared/data/tau_bench); an ``aiperf synthesize agentic-code``
+dataset given with ``--aiperf FILE`` (multi-turn sessions, replies saved as the server does).
+Belady is the next-use-optimal policy on the same tree (``policy_ceiling.HashFuture``).
+The ``mini`` column is the candidate the default's sampled simulations ranked first.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
 
-from promptcache.core.policy import policy_names
-from promptcache.replay import read_trace, replay
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CAPACITIES = (500_000, 1_000_000, 3_100_000, 10_000_000)
+from make_traces import SHAPES  # noqa: E402
+from policy_ceiling import HashFuture, OraclePolicy  # noqa: E402
+
+from promptcache.core.policy import DEFAULT_POLICY, policy_names  # noqa: E402
+from promptcache.replay import TraceRequest, read_trace, replay  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class Shape(NamedTuple):
+    name: str
+    load: Callable[[], list[TraceRequest]]
+    block: int  # cache block and trace block tokens
+    capacities: tuple[int, ...]  # tokens
+    with_output: bool = False
+
+
+def generated(name: str, scale: float) -> Callable[[], list[TraceRequest]]:
+    def load() -> list[TraceRequest]:
+        return [
+            TraceRequest(int(d["timestamp"]), d["input_length"], d["output_length"], d["hash_ids"])
+            for d in SHAPES[name](0, scale, 64)
+        ]
+
+    return load
+
+
+def tau_trace() -> list[TraceRequest]:
+    from make_agent_trace import build
+
+    with open(SHARED / "tau_bench" / "gpt-4o-airline.json") as f:
+        trajs = [d["traj"] for d in json.load(f)] * 3
+    rows = build(trajs, 0, 6.0, 30.0)
+    return [
+        TraceRequest(r["timestamp"], r["input_length"], r["output_length"], r["hash_ids"])
+        for r in rows
+    ]
+
+
+def shapes(args: argparse.Namespace) -> list[Shape]:
+    k = 64  # tokens per block in the generated shapes
+    out = [
+        Shape("coding_agent", generated("coding_agent", 0.2), 64, (250_000, 500_000, 1_000_000, 2_000_000)),
+        Shape("scan_hot", generated("scan_hot", 1.0), 64, (150 * k, 250 * k, 400 * k, 800 * k)),
+        Shape("loop", generated("loop", 1.0), 64, (200 * k, 500 * k, 700 * k, 900 * k)),
+        Shape("zipf", generated("zipf", 1.0), 64, (500 * k, 1000 * k, 2500 * k, 5000 * k)),
+        Shape("shared_prefix", generated("shared_prefix", 1.0), 64, (300 * k, 600 * k, 1200 * k, 2400 * k)),
+    ]  # fmt: skip
+    mooncake = SHARED / "mooncake" / "conversation_trace.jsonl"
+    if mooncake.exists():
+        out.append(Shape("mooncake", lambda: list(read_trace(mooncake)), 512,
+                         (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
+    if (SHARED / "tau_bench" / "gpt-4o-airline.json").exists():
+        out.append(Shape("tau_agent", tau_trace, 512, (100_000, 250_000, 500_000, 1_000_000)))
+    if args.trace:  # any other Mooncake-format trace, at the Mooncake capacities
+        out.append(Shape(Path(args.trace).stem, lambda: list(read_trace(args.trace)), args.block,
+                         (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
+    if args.aiperf:
+        out.append(Shape("aiperf_agentic", lambda: list(read_trace(args.aiperf)), 512,
+                         (500_000, 1_000_000, 2_000_000, 4_000_000), with_output=True))  # fmt: skip
+    return [s for s in out if not args.shapes or s.name in args.shapes]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--trace", required=True)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--shapes", nargs="*", help="only these shapes")
+    ap.add_argument("--aiperf", help="an `aiperf synthesize agentic-code` dataset.jsonl")
+    ap.add_argument("--trace", help="another Mooncake-format trace (its own shape)")
+    ap.add_argument("--block", type=int, default=512, help="block tokens for --trace")
+    ap.add_argument("--no-belady", action="store_true")
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
-    requests = list(read_trace(args.trace))
-    rows = []
-    print("| policy | capacity (tokens) | hit rate | evicted blocks | replay s |")
-    print("|---|---:|---:|---:|---:|")
-    for policy in policy_names():
-        for cap in CAPACITIES:
-            r = replay(requests, cap, policy=policy)
-            rows.append(r)
-            print(
-                f"| {policy} | {cap:,} | {r['hit_rate']:.4f} | {r['evicted_blocks']:,} | {r['seconds']:.1f} |",
-                flush=True,
-            )
-    inf = replay(requests, 10**13, policy="lru")
-    print(f"| (infinite) | - | {inf['hit_rate']:.4f} | 0 | {inf['seconds']:.1f} |")
-    if "conversation_trace" in args.trace:
-        lru = next(r for r in rows if r["policy"] == "lru" and r["capacity_tokens"] == 3_100_000)
-        ok = abs(lru["hit_rate"] - 0.142) <= 0.02
-        print(
-            f"\nLRU at 3.1M: {lru['hit_rate']:.4f} vs published 0.142 -> {'within 0.02' if ok else 'OFF'}"
+    fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
+    cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
+    print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
+    print("|---|---:|" + "---:|" * (len(cols) - 1) + "---|")
+    rows: list[dict[str, Any]] = []
+    for shape in shapes(args):
+        requests = shape.load()
+        kw = dict(
+            block_size=shape.block, trace_block_tokens=shape.block, with_output=shape.with_output
         )
+        future = (
+            None
+            if args.no_belady
+            else HashFuture(requests, shape.block, shape.block, shape.with_output)
+        )
+        for cap in shape.capacities:
+            row: dict[str, Any] = {"trace": shape.name, "capacity_tokens": cap, "seconds": {}}
+            for p in [*fixed, DEFAULT_POLICY]:
+                r = replay(requests, cap, policy=p, **kw)
+                row[p] = r["hit_rate"]
+                row["seconds"][p] = r["seconds"]
+                if p == DEFAULT_POLICY:
+                    row["mini"] = r.get("policy_leader", "-")
+                    row["whatif"] = {k: v for k, v in r.items() if k.startswith("whatif")}
+            if future is not None:
+                r = replay(requests, cap, policy=OraclePolicy(future, "belady"),
+                           before_request=future.set_current, **kw)  # fmt: skip
+                row["belady"] = r["hit_rate"]
+            best = max(fixed, key=lambda p: row[p])
+            row["best_fixed"] = best
+            row["shortfall"] = row[best] - row[DEFAULT_POLICY]
+            rows.append(row)
+            cells = [f"{row[p]:.4f}" for p in [*fixed, DEFAULT_POLICY]]
+            cells += [f"{row['belady']:.4f}" if "belady" in row else "-", best,
+                      f"{row['shortfall']:+.4f}", row["mini"]]  # fmt: skip
+            print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
+    print("\nReplay seconds (median over capacities) and speed relative to LRU:")
+    print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")
+    print("|---|" + "---:|" * (len(fixed) + 2))
+    for name in dict.fromkeys(r["trace"] for r in rows):
+        med = {
+            p: statistics.median(r["seconds"][p] for r in rows if r["trace"] == name)
+            for p in [*fixed, DEFAULT_POLICY]
+        }
+        slowest = max(med.values()) / med["lru"] if "lru" in med else float("nan")
+        print(f"| {name} | {' | '.join(f'{v:.1f}' for v in med.values())} | {1 / slowest:.2f}x |")
+    worst = max(rows, key=lambda r: r["shortfall"])
+    print(
+        f"\nworst shortfall of the default vs the best fixed policy: {worst['shortfall']:+.4f}"
+        f" ({worst['trace']} at {worst['capacity_tokens']:,} tokens: {worst['best_fixed']}"
+        f" {worst[worst['best_fixed']]:.4f}, default {worst[DEFAULT_POLICY]:.4f})"
+    )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "infinite": inf}, f, indent=2)
+            json.dump(rows, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -44,28 +44,62 @@ class TraceRequest(NamedTuple):
     input_length: int
     output_length: int
     hash_ids: list[int]
+    # multi-turn records (aiperf's ``session_id`` + ``delay`` format) carry only the new turn:
+    # the prompt is every earlier turn of the session, each followed by its reply, then this one
+    history: tuple[TraceRequest, ...] = ()
+    reply_seed: int = -1  # seeds this turn's reply tokens (>= 0 in multi-turn sessions)
+
+
+REPLY_SEED_BASE = 1 << 40  # reply seeds of session turns never collide with request indices
+
+
+def _parse(path: str | Path, lineno: int, line: str) -> dict[str, Any]:
+    try:
+        d = json.loads(line)
+        d["input_length"] = int(d["input_length"])
+        d["output_length"] = int(d.get("output_length") or 0)
+        d["hash_ids"] = list(d["hash_ids"])
+        return d  # type: ignore[no-any-return]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}:{lineno}: not a trace record ({exc})") from None
 
 
 def read_trace(path: str | Path) -> Iterator[TraceRequest]:
+    """Requests in arrival order. Plain Mooncake records are whole prompts, in file order.
+    Records with a ``session_id`` are multi-turn sessions (aiperf ``synthesize``): the first
+    turn arrives at its ``timestamp`` (ms), each next one ``delay`` ms after the previous, and
+    its prompt accumulates the session's history (``TraceRequest.history``)."""
     with open(path) as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                yield TraceRequest(
-                    int(d.get("timestamp", 0)),
-                    int(d["input_length"]),
-                    int(d.get("output_length", 0)),
-                    list(d["hash_ids"]),
-                )
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a trace record ({exc})") from None
+        records = [_parse(path, n, line) for n, line in enumerate(f, 1) if line.strip()]
+    if not any("session_id" in d for d in records):
+        for d in records:
+            yield TraceRequest(
+                int(d.get("timestamp") or 0), d["input_length"], d["output_length"], d["hash_ids"]
+            )
+        return
+    sessions: dict[str, list[dict[str, Any]]] = {}
+    for n, d in enumerate(records):
+        sessions.setdefault(str(d.get("session_id", f"#{n}")), []).append(d)
+    timed: list[tuple[float, int, TraceRequest]] = []
+    seed = REPLY_SEED_BASE
+    for turns in sessions.values():
+        t = float(turns[0].get("timestamp") or 0.0)
+        history: tuple[TraceRequest, ...] = ()
+        for k, d in enumerate(turns):
+            if k:
+                t += float(d.get("delay") or 0.0)
+            req = TraceRequest(
+                int(t), d["input_length"], d["output_length"], d["hash_ids"], history, seed
+            )
+            seed += 1
+            timed.append((t, len(timed), req))
+            history = (*history, req._replace(history=()))
+    timed.sort(key=lambda x: (x[0], x[1]))
+    for _, _, req in timed:
+        yield req
 
 
-def prompt_tokens(req: TraceRequest, trace_block_tokens: int) -> np.ndarray:
-    """Block h holds token ids h*T .. h*T+T-1 (mod 2**32): distinct runs, same for the same id."""
-    t = trace_block_tokens
+def _id_tokens(req: TraceRequest, t: int) -> np.ndarray:
     ids = np.asarray(req.hash_ids, dtype=np.uint64)
     toks = (ids[:, None] * np.uint64(t) + np.arange(t, dtype=np.uint64)[None, :]).reshape(-1)
     if req.input_length > toks.size:
@@ -73,6 +107,19 @@ def prompt_tokens(req: TraceRequest, trace_block_tokens: int) -> np.ndarray:
             f"input_length {req.input_length} exceeds {len(req.hash_ids)} blocks of {t} tokens"
         )
     return (toks[: req.input_length] & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def prompt_tokens(req: TraceRequest, trace_block_tokens: int) -> np.ndarray:
+    """Block h holds token ids h*T .. h*T+T-1 (mod 2**32): distinct runs, same for the same id.
+    A session turn's prompt is its history (each turn's tokens, then its reply) and then its own."""
+    if not req.history:
+        return _id_tokens(req, trace_block_tokens)
+    parts = []
+    for turn in req.history:
+        parts.append(_id_tokens(turn, trace_block_tokens))
+        parts.append(output_tokens(turn.reply_seed, turn.output_length))
+    parts.append(_id_tokens(req, trace_block_tokens))
+    return np.concatenate(parts)
 
 
 def output_tokens(index: int, length: int) -> np.ndarray:
@@ -107,12 +154,14 @@ def replay(
         prompt_total += seq.num_tokens
         num += 1
         if with_output and req.output_length:
-            seq = seq.extend(output_tokens(i, req.output_length))
+            seed = req.reply_seed if req.reply_seed >= 0 else i
+            seq = seq.extend(output_tokens(seed, req.output_length))
         cache.save(seq, None, null_slicer)
         if check_every and i % check_every == 0:
             cache.check_integrity()
     stats = cache.stats()
     return {
+        **stats.whatif,
         "hit_rate": cached_total / prompt_total if prompt_total else 0.0,
         "requests": num,
         "prompt_tokens": prompt_total,

@@ -8,6 +8,7 @@ the block's end. Payloads are opaque, immutable and shared by reference, never c
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,11 @@ def payload_nbytes(payload: Any) -> int:
     return 0  # scalars and small metadata (ints, flags, a device) are not counted
 
 
+# A tier's clock advances this much per byte inserted and by one per use: time is bytes
+# inserted (scale-free, the same in a sampled miniature), uses between two inserts still ordered.
+TICKS_PER_BYTE = 1024
+
+
 @dataclass(slots=True, eq=False)
 class Block:
     """One resident block. Identity is the object; ``block_hash`` is the key in the tier index."""
@@ -56,12 +62,10 @@ class Block:
     # children indexed by their first token id; partial blocks are always leaves
     children: dict[int, list[Block]] = field(default_factory=dict)
     is_seq_end: bool = False
+    # stamped by the tier on every use: its clock (bytes inserted + uses) and lookup hits, so
+    # policies read them lazily instead of walking every block of every request
     last_access: int = 0
     num_hits: int = 0
-    # intrusive links for a policy's list, plus one slot of policy-owned data
-    prev: Block | None = None
-    next: Block | None = None
-    policy_data: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -83,65 +87,77 @@ class Block:
         return int.from_bytes(self.token_bytes[:TOKEN_BYTES], "little")
 
 
-class BlockList:
-    """Intrusive doubly linked list over ``Block.prev``/``next``: O(1) append, remove, pop.
+class Node:
+    """A policy's per-block entry: the block plus links for a ``NodeList``. Policies keep their
+    own nodes (several policies can track one block at once), subclassing this for their data."""
 
-    A block is in at most one BlockList at a time (the owner guarantees it).
+    __slots__ = ("block", "prev", "next")
+
+    def __init__(self, block: Block) -> None:
+        self.block = block
+        self.prev: Node | None = None
+        self.next: Node | None = None
+
+
+class NodeList:
+    """Doubly linked list of ``Node``: O(1) append, insert, remove, pop.
+
+    A node is in at most one NodeList at a time (the owner guarantees it).
     """
 
     __slots__ = ("head", "tail", "size")
 
     def __init__(self) -> None:
-        self.head: Block | None = None
-        self.tail: Block | None = None
+        self.head: Node | None = None
+        self.tail: Node | None = None
         self.size = 0
 
     def __len__(self) -> int:
         return self.size
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Node]:
         node = self.head
         while node is not None:
             nxt = node.next
             yield node
             node = nxt
 
-    def append(self, block: Block) -> None:
-        block.prev, block.next = self.tail, None
+    def append(self, node: Node) -> None:
+        node.prev, node.next = self.tail, None
         if self.tail is None:
-            self.head = block
+            self.head = node
         else:
-            self.tail.next = block
-        self.tail = block
+            self.tail.next = node
+        self.tail = node
         self.size += 1
 
-    def insert_before(self, anchor: Block | None, block: Block) -> None:
-        """Insert ``block`` before ``anchor`` (at the tail when anchor is None)."""
+    def insert_before(self, anchor: Node | None, node: Node) -> None:
+        """Insert ``node`` before ``anchor`` (at the tail when anchor is None)."""
         if anchor is None:
-            self.append(block)
+            self.append(node)
             return
-        block.prev, block.next = anchor.prev, anchor
+        node.prev, node.next = anchor.prev, anchor
         if anchor.prev is None:
-            self.head = block
+            self.head = node
         else:
-            anchor.prev.next = block
-        anchor.prev = block
+            anchor.prev.next = node
+        anchor.prev = node
         self.size += 1
 
-    def remove(self, block: Block) -> None:
-        if block.prev is None:
-            self.head = block.next
+    def remove(self, node: Node) -> None:
+        if node.prev is None:
+            self.head = node.next
         else:
-            block.prev.next = block.next
-        if block.next is None:
-            self.tail = block.prev
+            node.prev.next = node.next
+        if node.next is None:
+            self.tail = node.prev
         else:
-            block.next.prev = block.prev
-        block.prev = block.next = None
+            node.next.prev = node.prev
+        node.prev = node.next = None
         self.size -= 1
 
-    def pop_head(self) -> Block | None:
-        block = self.head
-        if block is not None:
-            self.remove(block)
-        return block
+    def pop_head(self) -> Node | None:
+        node = self.head
+        if node is not None:
+            self.remove(node)
+        return node

@@ -24,6 +24,7 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import CacheStats, Counters
 from promptcache.core.tier import Tier
 from promptcache.core.tree import common_prefix_tokens
+from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
 SlicePositional = Callable[[int, int], Any]
@@ -90,6 +91,7 @@ class PromptCache:
         self.requires_checkpoint = requires_checkpoint
         self.counters = Counters()
         self.ram = RamTier(budget, policy, next_tier, self.counters)
+        self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
 
     def sequence(
@@ -126,6 +128,8 @@ class PromptCache:
             may_extend = hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1
             if may_extend and promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
                 match = self.ram.match(seq, self.requires_checkpoint)
+            if self.whatif is not None:
+                self.whatif.on_lookup(seq, match.num_tokens)
             c = self.counters
             c.num_lookups += 1
             c.lookup_tokens += seq.num_tokens
@@ -134,8 +138,6 @@ class PromptCache:
                 c.hit_tokens += match.num_tokens
                 c.hits_by_kind[match.kind] += 1
                 self.ram.touch(match.blocks, is_hit=True)
-                for blk in match.blocks:
-                    blk.num_hits += 1
                 self.ram.pin(match.blocks)
             return Lease(self, match.num_tokens, match.blocks, match.kind)
 
@@ -176,7 +178,7 @@ class PromptCache:
             self.counters.num_saves += 1
             path = self.ram.tree.full_path(seq, num_full)
             node = path[-1] if path else self.ram.root(seq.root)
-            num_new, new_bytes, complete = 0, 0, True
+            num_new, new_bytes, new_tokens, complete = 0, 0, 0, True
             for i in range(len(path), num_full):
                 if i in payloads:
                     payload = payloads[i]
@@ -195,6 +197,7 @@ class PromptCache:
                 self._drop_superseded(node, blk)
                 num_new += 1
                 new_bytes += blk.nbytes
+                new_tokens += b
                 path.append(blk)
                 node = blk
             last: Block | None = node
@@ -207,6 +210,7 @@ class PromptCache:
                 if is_new and last is not None:
                     num_new += 1
                     new_bytes += last.nbytes
+                    new_tokens += last.num_tokens
             if complete and last is not None and last.parent is not None and last.end == n:
                 last.is_seq_end = True
                 has_room = (
@@ -218,6 +222,9 @@ class PromptCache:
                     self.counters.num_saved_checkpoints += 1
             self.ram.touch(path, is_hit=False)
             self.ram.prune_root(seq.root)
+            if self.whatif is not None:
+                self.whatif.note_saved(new_bytes, new_tokens)
+                self.whatif.on_save(seq, n)
             self.counters.num_saved_blocks += num_new
             # complete: every position up to n is resident (in a new block, an old one, or a
             # longer block covering the tail); otherwise the save stopped after the path's blocks
@@ -295,6 +302,7 @@ class PromptCache:
                 else {},
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
+                whatif=self.whatif.snapshot() if self.whatif is not None else {},
             )
 
     def check_integrity(self) -> None:

@@ -7,21 +7,25 @@ takes leaves and every resident block stays reachable from its namespace root.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from promptcache.core.block import Block
+from promptcache.core.hashing import BlockHash
 
 
 class EvictionPolicy(Protocol):
     name: str
 
     def on_insert(self, block: Block) -> None:
-        """A new block became resident (called once, before ``add_evictable`` for it)."""
-
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        """A lookup hit (``is_hit``) or a save used ``block`` (evictable or not);
+        """A new block became resident (called once, before ``add_evictable`` for it);
         ``block.last_access`` is already set."""
+
+    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
+        """A lookup hit (``is_hit``) or a save used ``blocks``: a chain, each block the parent of
+        the next, so only the last can be evictable. Called before the tier stamps each block
+        (``last_access = now``, ``num_hits += 1`` on a hit): the old values are still readable.
+        Must cost O(1), not O(len(blocks)): paths are thousands of blocks long."""
 
     def add_evictable(self, block: Block) -> None:
         """``block`` became evictable. Never called twice without a ``remove_evictable`` between."""
@@ -37,6 +41,13 @@ class EvictionPolicy(Protocol):
 
     def on_evict(self, block: Block) -> None:
         """``block`` left the tier; drop any per-block state (safe to call for any block once)."""
+
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        """Take over a tier's resident blocks (oldest ``last_access`` first) on a fresh policy, as
+        if they had been inserted under it; the evictable ones become evictable. ``history``:
+        recently evicted hashes, oldest first, with (uses, last_access). Used when the adaptive
+        policy hands the live cache to another policy; what the blocks and the history do not
+        record (queue membership) starts afresh."""
 
     def check_integrity(self, evictable: set[int]) -> None:
         """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""
@@ -55,7 +66,7 @@ def register_policy(
     return wrap
 
 
-DEFAULT_POLICY = "frecency"
+DEFAULT_POLICY = "adaptive"
 
 
 def make_policy(name: str | None = None) -> EvictionPolicy:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.core.block import Block, payload_nbytes
+from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -55,10 +55,17 @@ class RamTier:
         return self.tree.index.get(block_hash)
 
     def touch(self, blocks: tuple[Block, ...] | list[Block], is_hit: bool) -> None:
+        """A chain of blocks was used (a lookup hit, or a save)."""
+        if not blocks:
+            return
         self.clock += 1
+        now = self.clock
+        self.policy.on_access(blocks, is_hit, now)
         for blk in blocks:
-            blk.last_access = self.clock
-            self.policy.on_access(blk, is_hit)
+            blk.last_access = now
+        if is_hit:
+            for blk in blocks:
+                blk.num_hits += 1
 
     def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
         for blk in blocks:
@@ -113,7 +120,7 @@ class RamTier:
             self.policy.remove_evictable(parent)
         self.tree.add(block)
         self.used_bytes += nbytes
-        self.clock += 1
+        self.clock += max(nbytes, 1) * TICKS_PER_BYTE
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
@@ -202,7 +209,8 @@ class RamTier:
     def _evict(self, victim: Block) -> None:
         self._remove(victim)
         self.counters.num_evictions += 1
-        if self.next_tier.put(BlockRecord.from_block(victim)):
+        tier = self.next_tier
+        if not isinstance(tier, NullTier) and tier.put(BlockRecord.from_block(victim)):
             self.counters.num_spills += 1
 
     def _remove(self, block: Block) -> None:

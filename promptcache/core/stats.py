@@ -47,6 +47,8 @@ class CacheStats:
     tiers: dict[str, dict[str, Any]]  # lower tiers' own counters (the SSD tier's)
     block_size: int
     policy: str
+    # the adaptive policy's what-if simulations: leader, hit rate by budget factor and policy
+    whatif: dict[str, Any] = field(default_factory=dict)
 
     @property
     def hit_rate(self) -> float:
@@ -59,6 +61,7 @@ class CacheStats:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out.update(out.pop("whatif"))  # flat keys: whatif_hit_rate_by_budget, policy_leader, ...
         out["hit_rate"] = round(self.hit_rate, 6)
         out["tokens_saved"] = self.tokens_saved
         return out

@@ -78,6 +78,13 @@ class ServerMetrics:
         return "\n".join(lines) + "\n"
 
 
+def _label(key: str) -> str:
+    for part, label in (("tier", "tier"), ("histogram", "le"), ("budget", "budget")):
+        if part in key:
+            return label
+    return "policy" if "policy" in key else "kind"
+
+
 def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_") -> list[str]:
     """Numbers become gauges or counters; dicts of numbers become labelled series."""
     lines: list[str] = []
@@ -88,6 +95,8 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
             continue
         if isinstance(value, bool) or key in ("block_size",):
             continue
+        if key == "policy_leader":  # a name: exposed as a series labelled with it, value 1
+            value = {str(value): 1}
         name = prefix + key
         kind = (
             "counter"
@@ -97,7 +106,7 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
         if isinstance(value, int | float):
             lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
         elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
-            label = "tier" if "tier" in key else "le" if "histogram" in key else "kind"
+            label = _label(key)
             lines.append(f"# TYPE {name} {kind}")
             lines += [f'{name}{{{label}="{k}"}} {v}' for k, v in value.items()]
     return lines

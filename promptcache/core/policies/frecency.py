@@ -6,7 +6,8 @@ bounded history), ``W`` a few typical reuse intervals. The lowest priority leaf 
 ``f = 1`` this is LRU; each doubling of use buys a block ``W * ln 2`` more bytes of residence.
 
 ``W`` adapts to the workload: it tracks the geometric mean of observed reuse intervals (hits and
-re-insertions of remembered hashes), so it needs no capacity or trace tuning. Shared prefixes
+re-insertions of remembered hashes), so it needs no capacity or trace tuning. Times are the
+tier's clock (bytes inserted), uses are read lazily from ``Block.num_hits``. Shared prefixes
 and long conversations earn frequency; the one-off tails that dominate a busy server's traffic
 stay at ``f = 1`` and leave first. (In the spirit of LRFU, Lee et al. 2001, and GreedyDual-
 frequency; remembered counts as in TinyLFU's history.)
@@ -17,18 +18,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 
-from promptcache.core.block import Block
+from promptcache.core.block import TICKS_PER_BYTE, Block
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
 
 class _Meta:
-    __slots__ = ("freq", "last", "entry")
+    __slots__ = ("base_freq", "entry")
 
-    def __init__(self, freq: int, last: int) -> None:
-        self.freq = freq
-        self.last = last
+    def __init__(self, base_freq: int) -> None:
+        self.base_freq = base_freq  # 1 + uses remembered from before; hits add Block.num_hits
         self.entry: list[object] | None = None  # the block's live heap entry while evictable
 
 
@@ -40,11 +41,10 @@ class FrecencyPolicy:
         # history holds this many times the resident block count: reuse intervals on a busy
         # server span several cache-fulls
         self.history_factor = history_factor
-        self._clock = 0
-        self._log_gap: float | None = None  # EMA of ln(reuse interval in bytes)
+        self._log_gap: float | None = None  # EMA of ln(reuse interval, in tier clock units)
         self._heap: list[list[object]] = []
         self._num_listed = 0
-        self._num_blocks = 0
+        self._metas: dict[Block, _Meta] = {}
         self._seq = 0
         self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
 
@@ -52,19 +52,19 @@ class FrecencyPolicy:
     def window_bytes(self) -> float:
         return 0.0 if self._log_gap is None else self.reuse_windows * math.exp(self._log_gap)
 
-    def _observe(self, last: int) -> None:
-        gap = self._clock - last
-        if gap > 0:
+    def _observe(self, gap: int, weight: float) -> None:
+        if gap >= TICKS_PER_BYTE:  # something was inserted in between
             x = math.log(gap)
-            self._log_gap = x if self._log_gap is None else 0.999 * self._log_gap + 0.001 * x
+            lg = self._log_gap
+            self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
 
-    def _priority(self, block: Block, meta: _Meta) -> float:
+    def _priority(self, block: Block, last: int, freq: int) -> float:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""
-        return meta.last + self.window_bytes * math.log(meta.freq)
+        return last + self.window_bytes * math.log(freq)
 
-    def _push(self, block: Block, meta: _Meta) -> None:
+    def _push(self, block: Block, meta: _Meta, last: int, freq: int) -> None:
         self._seq += 1
-        meta.entry = [self._priority(block, meta), self._seq, block]
+        meta.entry = [self._priority(block, last, freq), self._seq, block]
         heapq.heappush(self._heap, meta.entry)
         if len(self._heap) > 2 * self._num_listed + 64:  # drop stale entries
             self._heap = [e for e in self._heap if e[2] is not None]
@@ -77,35 +77,33 @@ class FrecencyPolicy:
             self._num_listed -= 1
 
     def on_insert(self, block: Block) -> None:
-        self._clock += max(block.nbytes, 1)
-        freq = 1
+        base = 1
         seen = self._history.pop(block.block_hash, None)
         if seen is not None:
-            freq += seen[0]
-            self._observe(seen[1])
-        block.policy_data = _Meta(freq, self._clock)
-        self._num_blocks += 1
+            base += seen[0]
+            self._observe(block.last_access - seen[1], 0.001)
+        self._metas[block] = _Meta(base)
 
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        meta: _Meta | None = block.policy_data
-        if meta is None:
-            return
+    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
+        # every hit block's reuse interval counts, but in O(1): the blocks after the point where
+        # a chain leaves the shared prefix were last used together, so the deepest block's
+        # interval stands for the whole chain, weighted by its length
+        block = blocks[-1]
         if is_hit:
-            self._observe(meta.last)
-            meta.freq += 1
-        meta.last = self._clock
-        if meta.entry is not None:
+            self._observe(now - block.last_access, min(0.001 * len(blocks), 0.5))
+        meta = self._metas.get(block)
+        if meta is not None and meta.entry is not None:
             self._unlist(meta)
             self._num_listed += 1
-            self._push(block, meta)
+            self._push(block, meta, now, meta.base_freq + block.num_hits + is_hit)
 
     def add_evictable(self, block: Block) -> None:
-        meta: _Meta = block.policy_data
+        meta = self._metas[block]
         self._num_listed += 1
-        self._push(block, meta)
+        self._push(block, meta, block.last_access, meta.base_freq + block.num_hits)
 
     def remove_evictable(self, block: Block) -> None:
-        meta: _Meta | None = block.policy_data
+        meta = self._metas.get(block)
         if meta is not None:
             self._unlist(meta)
 
@@ -116,8 +114,7 @@ class FrecencyPolicy:
             if block is None:
                 continue
             assert isinstance(block, Block)
-            meta: _Meta = block.policy_data
-            meta.entry = None
+            self._metas[block].entry = None
             self._num_listed -= 1
             return block
         return None
@@ -126,15 +123,20 @@ class FrecencyPolicy:
         return True
 
     def on_evict(self, block: Block) -> None:
-        meta: _Meta | None = block.policy_data
+        meta = self._metas.pop(block, None)
         if meta is None:
             return
         self._unlist(meta)
-        self._num_blocks -= 1
-        self._history[block.block_hash] = (meta.freq, meta.last)
-        while len(self._history) > max(int(self._num_blocks * self.history_factor), 64):
+        self._history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
+        while len(self._history) > max(int(len(self._metas) * self.history_factor), 64):
             self._history.popitem(last=False)
-        block.policy_data = None
+
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        self._history = OrderedDict(history)
+        for b in blocks:
+            self._metas[b] = _Meta(1)
+            if b.is_evictable:
+                self.add_evictable(b)
 
     def check_integrity(self, evictable: set[int]) -> None:
         live = [e[2] for e in self._heap if e[2] is not None]
@@ -144,8 +146,9 @@ class FrecencyPolicy:
         )
         assert len(live) == len(held) == self._num_listed
         for b in live:
-            assert isinstance(b, Block) and b.policy_data.entry is not None
-            assert b.policy_data.entry[2] is b
+            assert isinstance(b, Block)
+            entry = self._metas[b].entry
+            assert entry is not None and entry[2] is b
 
 
 register_policy("frecency")(FrecencyPolicy)

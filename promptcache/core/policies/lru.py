@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from promptcache.core.block import Block, BlockList
+from collections.abc import Mapping, Sequence
+
+from promptcache.core.block import Block, Node, NodeList
+from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
 
@@ -14,37 +17,41 @@ class LruPolicy:
     name = "lru"
 
     def __init__(self) -> None:
-        self._list = BlockList()
+        self._list = NodeList()
+        self._nodes: dict[Block, Node] = {}
 
     def on_insert(self, block: Block) -> None:
         pass
 
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        if block.policy_data is self:  # evictable: move to the MRU end
-            self._list.remove(block)
-            self._list.append(block)
+    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
+        node = self._nodes.get(blocks[-1])
+        if node is not None:  # evictable: move to the MRU end
+            self._list.remove(node)
+            self._list.append(node)
 
     def add_evictable(self, block: Block) -> None:
         lst = self._list
-        if lst.tail is None or block.last_access >= lst.tail.last_access:
-            lst.append(block)
+        node = Node(block)
+        if lst.tail is None or block.last_access >= lst.tail.block.last_access:
+            lst.append(node)
         else:
             anchor = lst.head
-            while anchor is not None and anchor.last_access <= block.last_access:
+            while anchor is not None and anchor.block.last_access <= block.last_access:
                 anchor = anchor.next
-            lst.insert_before(anchor, block)
-        block.policy_data = self
+            lst.insert_before(anchor, node)
+        self._nodes[block] = node
 
     def remove_evictable(self, block: Block) -> None:
-        if block.policy_data is self:
-            self._list.remove(block)
-            block.policy_data = None
+        node = self._nodes.pop(block, None)
+        if node is not None:
+            self._list.remove(node)
 
     def pop_victim(self) -> Block | None:
-        block = self._list.pop_head()
-        if block is not None:
-            block.policy_data = None
-        return block
+        node = self._list.pop_head()
+        if node is None:
+            return None
+        del self._nodes[node.block]
+        return node.block
 
     def admit(self, candidate: Block, victim: Block) -> bool:
         return True
@@ -52,12 +59,18 @@ class LruPolicy:
     def on_evict(self, block: Block) -> None:
         self.remove_evictable(block)
 
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        for b in blocks:
+            if b.is_evictable:
+                self.add_evictable(b)  # oldest first: always an append
+
     def check_integrity(self, evictable: set[int]) -> None:
-        held = {id(b) for b in self._list}
+        held = {id(n.block) for n in self._list}
         assert held == evictable, (
             f"lru holds {len(held)} blocks, tier has {len(evictable)} evictable"
         )
-        assert len(self._list) == len(held)
+        assert len(self._list) == len(held) == len(self._nodes)
+        assert all(self._nodes[n.block] is n for n in self._list)
 
 
 register_policy("lru")(LruPolicy)

@@ -6,14 +6,16 @@ hash is remembered in the ghost list, so if it comes back it goes straight to th
 Main-queue blocks get one more lap per hit (up to 3) before eviction. One-off blocks, the bulk of
 a busy server's traffic, therefore leave quickly without flushing the reused prefixes.
 (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023; adapted to a tree
-where only leaves can leave.)
+where only leaves can leave.) Hits are read lazily from ``Block.num_hits`` when a block reaches
+a queue's head, so a lookup costs O(1) however long its path.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 
-from promptcache.core.block import Block, BlockList
+from promptcache.core.block import Block, Node, NodeList
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
@@ -21,14 +23,23 @@ SMALL, MAIN = 0, 1
 MAX_FREQ = 3
 
 
-class _Meta:
-    __slots__ = ("queue", "freq", "nbytes", "listed")
+class _Meta(Node):
+    __slots__ = ("queue", "freq", "hits_seen", "nbytes", "listed")
 
-    def __init__(self, queue: int, nbytes: int) -> None:
+    def __init__(self, block: Block, queue: int) -> None:
+        super().__init__(block)
         self.queue = queue
         self.freq = 0
-        self.nbytes = nbytes
+        self.hits_seen = block.num_hits  # hits after this one count towards freq
+        self.nbytes = block.nbytes
         self.listed = False
+
+    def sync_freq(self) -> int:
+        """Fold the hits since the last sync into ``freq`` (capped) and return it."""
+        hits = self.block.num_hits
+        self.freq = min(MAX_FREQ, self.freq + hits - self.hits_seen)
+        self.hits_seen = hits
+        return self.freq
 
 
 class S3FifoPolicy:
@@ -39,40 +50,36 @@ class S3FifoPolicy:
         # the ghost remembers more hashes than are resident: reuse distances on a busy server
         # are several cache-fulls of one-off blocks (replay of the Mooncake trace: 4x > 1x)
         self.ghost_factor = ghost_factor
-        self._lists = (BlockList(), BlockList())
+        self._lists = (NodeList(), NodeList())
         self._bytes = [0, 0]
-        self._num_blocks = 0
+        self._metas: dict[Block, _Meta] = {}
         self._ghost: OrderedDict[BlockHash, None] = OrderedDict()
 
     def on_insert(self, block: Block) -> None:
         queue = MAIN if self._ghost.pop(block.block_hash, 0) is None else SMALL
-        block.policy_data = _Meta(queue, block.nbytes)
+        self._metas[block] = _Meta(block, queue)
         self._bytes[queue] += block.nbytes
-        self._num_blocks += 1
 
-    def on_access(self, block: Block, is_hit: bool) -> None:
-        meta = block.policy_data
-        if is_hit and meta is not None:
-            meta.freq = min(meta.freq + 1, MAX_FREQ)
+    def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
+        pass  # hits are read from Block.num_hits when a block reaches a queue's head
 
     def add_evictable(self, block: Block) -> None:
-        meta: _Meta = block.policy_data
-        self._lists[meta.queue].append(block)
+        meta = self._metas[block]
+        self._lists[meta.queue].append(meta)
         meta.listed = True
 
     def remove_evictable(self, block: Block) -> None:
-        meta: _Meta | None = block.policy_data
+        meta = self._metas.get(block)
         if meta is not None and meta.listed:
-            self._lists[meta.queue].remove(block)
+            self._lists[meta.queue].remove(meta)
             meta.listed = False
 
-    def _move(self, block: Block, queue: int) -> None:
-        meta: _Meta = block.policy_data
-        self._lists[meta.queue].remove(block)
+    def _move(self, meta: _Meta, queue: int) -> None:
+        self._lists[meta.queue].remove(meta)
         self._bytes[meta.queue] -= meta.nbytes
         meta.queue = queue
         self._bytes[queue] += meta.nbytes
-        self._lists[queue].append(block)
+        self._lists[queue].append(meta)
 
     def pop_victim(self) -> Block | None:
         small, main = self._lists
@@ -81,50 +88,59 @@ class S3FifoPolicy:
             use_small = small.head is not None and (
                 main.head is None or self._bytes[SMALL] >= self.small_fraction * total
             )
-            block = small.head if use_small else main.head
-            assert block is not None
-            meta: _Meta = block.policy_data
+            meta = small.head if use_small else main.head
+            assert isinstance(meta, _Meta)
+            freq = meta.sync_freq()
             if use_small:
-                if meta.freq > 0:  # reused while on probation: promote
+                if freq > 0:  # reused while on probation: promote
                     meta.freq = 0
-                    self._move(block, MAIN)
+                    self._move(meta, MAIN)
                     continue
-            elif meta.freq > 0:  # another lap in the main queue
+            elif freq > 0:  # another lap in the main queue
                 meta.freq -= 1
-                main.remove(block)
-                main.append(block)
+                main.remove(meta)
+                main.append(meta)
                 continue
-            self._lists[meta.queue].remove(block)
+            self._lists[meta.queue].remove(meta)
             meta.listed = False
-            return block
+            return meta.block
         return None
 
     def admit(self, candidate: Block, victim: Block) -> bool:
         return True
 
     def on_evict(self, block: Block) -> None:
-        meta: _Meta | None = block.policy_data
+        meta = self._metas.pop(block, None)
         if meta is None:
             return
         if meta.listed:
-            self._lists[meta.queue].remove(block)
+            self._lists[meta.queue].remove(meta)
         self._bytes[meta.queue] -= meta.nbytes
-        self._num_blocks -= 1
         if meta.queue == SMALL:
             self._ghost[block.block_hash] = None
-            while len(self._ghost) > max(int(self._num_blocks * self.ghost_factor), 64):
+            while len(self._ghost) > max(int(len(self._metas) * self.ghost_factor), 64):
                 self._ghost.popitem(last=False)
-        block.policy_data = None
+
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        # no ghost from another policy's evictions: it sends every returning block straight to
+        # the main queue, which locked a loop into a worse cycle than a cold start (measured)
+        for b in blocks:  # blocks hit before count as proven: main queue
+            queue = MAIN if b.num_hits else SMALL
+            self._metas[b] = _Meta(b, queue)
+            self._bytes[queue] += b.nbytes
+            if b.is_evictable:
+                self.add_evictable(b)
 
     def check_integrity(self, evictable: set[int]) -> None:
-        held = {id(b) for lst in self._lists for b in lst}
+        held = {id(m.block) for lst in self._lists for m in lst}
         assert held == evictable, (
             f"s3fifo holds {len(held)} leaves, tier has {len(evictable)} evictable"
         )
         assert sum(len(lst) for lst in self._lists) == len(held)
         for q, lst in enumerate(self._lists):
-            for b in lst:
-                assert b.policy_data.queue == q and b.policy_data.listed
+            for m in lst:
+                assert isinstance(m, _Meta) and m.queue == q and m.listed
+                assert self._metas[m.block] is m
 
 
 register_policy("s3fifo")(S3FifoPolicy)

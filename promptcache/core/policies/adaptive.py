@@ -1,0 +1,89 @@
+"""The default: the live cache follows whichever candidate policy is winning in the what-if
+simulations of the live workload.
+
+The what-if simulations (``core/whatif.py``, attached by ``PromptCache``) run every candidate
+(LRU, S3-FIFO, frecency) on a hash-sampled miniature of the live request stream at the live
+budget; the leader is the one with the most recent hits, switching only past a noise margin.
+The live cache runs the leader alone, unchanged, so while one leader stays in charge it evicts
+exactly as that fixed policy would, at that policy's speed. On a switch the new leader adopts
+the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
+its decisions match its fixed self again within about one cache turnover. The adaptive policy
+keeps a bounded history of evicted hashes (uses, last use) for the same reason: a new leader
+gets the frecency history it would have built.
+
+Why this: the bound to meet is the best *fixed* policy on each workload, which following the
+measured winner reaches once the winner is clear and stays within the sims' noise when the
+candidates are close; regret-weighted mixing (LeCaR, Cacheus) evicts by an order none of the
+candidates would, and tracking every candidate on the live cache would cost each one's upkeep.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from promptcache.core.block import Block
+from promptcache.core.hashing import BlockHash
+from promptcache.core.policy import EvictionPolicy, make_policy, register_policy
+
+if TYPE_CHECKING:
+    from promptcache.core.whatif import WhatIf
+
+CANDIDATES = ("lru", "s3fifo", "frecency")
+HISTORY_FACTOR = 8  # evicted hashes remembered per resident block (as frecency's own history)
+
+
+class AdaptivePolicy:
+    name = "adaptive"
+
+    def __init__(self, candidate_names: Sequence[str] = CANDIDATES) -> None:
+        self.candidate_names = tuple(candidate_names)
+        self.current = 0  # index of the candidate in charge
+        self.whatif: WhatIf | None = None  # calls hand_over when its leader changes
+        # every resident block with the uses it had before (remembered across evictions), and
+        # evicted hashes, oldest first: (uses, last use); both for a hand-over
+        self._resident: dict[Block, int] = {}
+        self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
+        # the leader's own bound methods, so the hot calls cost nothing extra
+        self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
+        self.on_access: Callable[[Sequence[Block], bool, int], None] = self.policy.on_access
+        self.add_evictable: Callable[[Block], None] = self.policy.add_evictable
+        self.remove_evictable: Callable[[Block], None] = self.policy.remove_evictable
+        self.pop_victim: Callable[[], Block | None] = self.policy.pop_victim
+        self.admit: Callable[[Block, Block], bool] = self.policy.admit
+        self.check_integrity: Callable[[set[int]], None] = self.policy.check_integrity
+
+    def hand_over(self, index: int) -> None:
+        """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks.
+        Call only between tier operations (the what-if lookup hook is such a point)."""
+        self.current = index
+        p = self.policy = make_policy(self.candidate_names[index])
+        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
+        self.on_access, self.add_evictable = p.on_access, p.add_evictable
+        self.remove_evictable, self.pop_victim = p.remove_evictable, p.pop_victim
+        self.admit, self.check_integrity = p.admit, p.check_integrity
+
+    def on_insert(self, block: Block) -> None:
+        seen = self._history.pop(block.block_hash, None)
+        self._resident[block] = seen[0] if seen is not None else 0
+        self.policy.on_insert(block)
+
+    def on_evict(self, block: Block) -> None:
+        before = self._resident.pop(block, None)
+        if before is None:
+            return
+        self.policy.on_evict(block)
+        history = self._history
+        history[block.block_hash] = (before + 1 + block.num_hits, block.last_access)
+        while len(history) > max(HISTORY_FACTOR * len(self._resident), 64):
+            history.popitem(last=False)
+
+    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+        for b in blocks:
+            self._resident[b] = 0
+        self._history = OrderedDict(history)
+        self.policy.adopt(blocks, history)
+
+
+register_policy("adaptive")(AdaptivePolicy)

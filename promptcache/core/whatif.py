@@ -1,0 +1,246 @@
+"""What-if simulations of the live workload on hash-sampled miniatures (``minisim``): every
+candidate policy at the live budget, which picks the policy the live cache follows
+(``AdaptivePolicy``), and the leader at 0.5x, 1x and 2x the budget, which draws the hit-rate-vs-
+budget curve the stats and metrics expose and a recommendation when a bigger budget would pay.
+The curve is anchored on the live cache's measured hit rate (plus the miniatures' differences
+between budgets): a sample can miss a few very hot blocks (one shared system prompt), which
+shifts every budget's estimate alike.
+
+Sampling rate 1/R: R is the largest power of two (at most 64) leaving at least
+``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x miniature, so small caches are simulated at or
+near full size and large ones cost about (K + 3)/R of the live cache's upkeep. Hits are counted
+with an exponential decay over ``horizon`` sampled lookups, so the leader and the curve follow
+the recent workload; a challenger must lead by ``SWITCH_MARGIN`` of the hit rate to take over.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Sequence
+
+from promptcache.core.hashing import BlockHash
+from promptcache.core.minisim import MiniCache, sampled_indices
+from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.sequence import TokenSeq
+
+log = logging.getLogger("promptcache.whatif")
+
+FACTORS = (0.5, 1.0, 2.0)
+MIN_SAMPLED_BLOCKS = 128  # in the 1x miniatures, which pick the leader
+MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
+MAX_RATE = 64
+SWITCH_MARGIN = 0.005  # of the decayed lookup volume: near-ties are not worth a hand-over
+RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
+
+
+def _rate(budget_blocks: float, min_blocks: int, max_rate: int) -> int:
+    """The largest power of two <= max_rate leaving at least ``min_blocks`` sampled blocks."""
+    rate = 1
+    while rate * 2 <= max_rate and budget_blocks / (rate * 2) >= min_blocks:
+        rate *= 2
+    return rate
+
+
+class _Decayed:
+    """Decayed hits of some miniatures over a decayed count of sampled lookup blocks."""
+
+    __slots__ = ("sims", "hits", "volume", "horizon")
+
+    def __init__(self, sims: list[MiniCache], horizon: float) -> None:
+        self.sims = sims
+        self.hits = [0.0] * len(sims)
+        self.volume = 0.0
+        self.horizon = horizon
+
+    def lookup(self, chain: list[BlockHash]) -> None:
+        keep = math.exp(-len(chain) / self.horizon)
+        self.volume = self.volume * keep + len(chain)
+        hits = self.hits
+        for j, sim in enumerate(self.sims):
+            hits[j] = hits[j] * keep + sim.lookup(chain)
+
+    def save(self, root: BlockHash, chain: list[BlockHash]) -> None:
+        for sim in self.sims:
+            sim.save(root, chain)
+
+    def rate(self, j: int) -> float:
+        return self.hits[j] / self.volume if self.volume > 0 else 0.0
+
+
+class WhatIf:
+    """Not thread-safe: the owning cache calls it under its lock."""
+
+    def __init__(self, budget_bytes: int, block_size: int, policy_names: Sequence[str]) -> None:
+        self.budget_bytes = budget_bytes
+        self.block_size = block_size
+        self.policy_names = tuple(policy_names)
+        self.leader = 0  # index into policy_names
+        self.on_switch: Callable[[int], None] | None = None  # told the new leader's index
+        self.num_switches = 0
+        self.rates: tuple[int, int] = (0, 0)  # (live, curve) R; 0 until a save tells block bytes
+        self.live: _Decayed | None = None  # every candidate at 1x
+        self.curve: _Decayed | None = None  # the leader at 0.5x, 1x and 2x
+        self._actual = [0.0, 0.0]  # the live cache's decayed hit tokens, lookup tokens
+        self._bytes = 0  # new bytes / new tokens saved: the live bytes per token
+        self._tokens = 0
+        self._block_bytes = 0
+        self._chain_seq: TokenSeq | None = None
+        self._chains: list[list[int]] = []
+        self._since_switch = math.inf  # the first switch needs no settling
+        self._lookups_since_log = 0
+        self._logged_gain = 0.0
+
+    # -- setup -------------------------------------------------------------------------------
+
+    def _capacity(self, factor: float, rate: int) -> int:
+        return max(1, round(self.budget_bytes * factor / (self._block_bytes * rate)))
+
+    def _new_curve(self) -> _Decayed:
+        rate = self.rates[1]
+        sims = [
+            MiniCache(make_policy(self.policy_names[self.leader]), self._capacity(f, rate), self.block_size)
+            for f in FACTORS
+        ]  # fmt: skip
+        return _Decayed(sims, max(32.0 * self._capacity(1.0, rate), 4096.0))
+
+    def note_saved(self, num_bytes: int, num_tokens: int) -> None:
+        """New blocks were saved: learn the bytes a block of tokens takes (resizing the sims)."""
+        if num_tokens <= 0:
+            return
+        self._bytes += num_bytes
+        self._tokens += num_tokens
+        block_bytes = max(1, round(self._bytes * self.block_size / self._tokens))
+        if self.live is not None and abs(block_bytes - self._block_bytes) <= 0.02 * block_bytes:
+            return
+        self._block_bytes = block_bytes
+        if self.live is not None and self.curve is not None:
+            for sim in self.live.sims:
+                sim.resize(self._capacity(1.0, self.rates[0]))
+            for f, sim in zip(FACTORS, self.curve.sims, strict=True):
+                sim.resize(self._capacity(f, self.rates[1]))
+            return
+        budget_blocks = self.budget_bytes / block_bytes
+        live = _rate(budget_blocks, MIN_SAMPLED_BLOCKS, MAX_RATE)
+        self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
+        cap = self._capacity(1.0, live)
+        sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
+        self.live = _Decayed(sims, max(32.0 * cap, 4096.0))
+        self.curve = self._new_curve()
+
+    # -- the live request stream --------------------------------------------------------------
+
+    def _sampled(self, seq: TokenSeq, num_blocks: int) -> list[list[BlockHash]]:
+        """(live, curve) sampled full blocks among the first ``num_blocks`` of ``seq``."""
+        hashes = seq.full_hashes()
+        if seq is not self._chain_seq:  # a lookup and its saves share one sampling pass
+            self._chain_seq = seq
+            self._chains = sampled_indices(hashes, [256 // r for r in self.rates])
+        return [[hashes[i] for i in chain if i < num_blocks] for chain in self._chains]
+
+    def on_lookup(self, seq: TokenSeq, num_hit_tokens: int) -> None:
+        """A live lookup of ``seq`` found ``num_hit_tokens`` cached."""
+        if self.live is None or self.curve is None:
+            return
+        keep = math.exp(-seq.num_tokens / (self.curve.horizon * self.rates[1] * self.block_size))
+        self._actual[0] = self._actual[0] * keep + num_hit_tokens
+        self._actual[1] = self._actual[1] * keep + seq.num_tokens
+        live_chain, curve_chain = self._sampled(seq, seq.num_full_blocks)
+        if curve_chain:
+            self.curve.lookup(curve_chain)
+        if not live_chain:
+            return
+        live = self.live
+        live.lookup(live_chain)
+        self._since_switch += len(live_chain)
+        best = max(range(len(live.hits)), key=live.hits.__getitem__)
+        if (
+            best != self.leader
+            and live.hits[best] > live.hits[self.leader] + SWITCH_MARGIN * live.volume
+            # let the last hand-over settle: two miniature cache-fulls of lookups
+            and self._since_switch >= 2 * live.sims[0].budget / live.sims[0].unit
+        ):
+            self.leader = best
+            self.num_switches += 1
+            self._since_switch = 0.0
+            self.curve = self._new_curve()
+            if self.on_switch is not None:
+                self.on_switch(best)
+        self._lookups_since_log += 1
+        if self._lookups_since_log >= 256:
+            self._lookups_since_log = 0
+            self._maybe_recommend()
+
+    def on_save(self, seq: TokenSeq, num_tokens: int) -> None:
+        if self.live is None or self.curve is None:
+            return
+        live_chain, curve_chain = self._sampled(seq, num_tokens // self.block_size)
+        self.live.save(seq.root, live_chain)
+        self.curve.save(seq.root, curve_chain)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def hit_rate_by_budget(self) -> dict[str, float]:
+        """Recent hit rate at 0.5x, 1x and 2x the budget: the live one measured at 1x, and the
+        leader's miniatures' differences from 1x added for the others."""
+        if self.curve is None or self._actual[1] <= 0:
+            return {}
+        now = self._actual[0] / self._actual[1]
+        at_1x = self.curve.rate(1)
+        return {
+            f"{f:g}x": min(1.0, max(0.0, now + self.curve.rate(j) - at_1x))
+            for j, f in enumerate(FACTORS)
+        }
+
+    def snapshot(self) -> dict[str, object]:
+        live = self.live
+        return {
+            "policy_leader": self.policy_names[self.leader],
+            "num_policy_switches": self.num_switches,
+            "whatif_sample_rate": 1 / self.rates[0] if self.rates[0] else 0.0,
+            "whatif_sampled_lookup_blocks": round(live.volume, 1) if live else 0.0,
+            "whatif_hit_rate_by_budget": {
+                k: round(v, 4) for k, v in self.hit_rate_by_budget().items()
+            },
+            "whatif_sampled_hit_rate_by_policy": {
+                p: round(live.rate(j), 4) for j, p in enumerate(self.policy_names)
+            }
+            if live
+            else {},
+        }
+
+    def recommendation(self) -> str | None:
+        """A sentence when 2x the budget would clearly pay, after enough traffic to tell."""
+        curve = self.curve
+        if curve is None or curve.volume < 0.5 * curve.horizon:
+            return None
+        rates = self.hit_rate_by_budget()
+        if not rates or rates["2x"] - rates["1x"] < RECOMMEND_GAIN:
+            return None
+        return (
+            f"a RAM budget of {2 * self.budget_bytes / 2**20:,.0f} MiB (2x) would raise the prompt"
+            f" cache hit rate from {rates['1x']:.2f} to about {rates['2x']:.2f}"
+            f" (0.5x: {rates['0.5x']:.2f})"
+        )
+
+    def _maybe_recommend(self) -> None:
+        text = self.recommendation()
+        if text is None:
+            return
+        rates = self.hit_rate_by_budget()
+        gain = rates["2x"] - rates["1x"]
+        if gain >= self._logged_gain + RECOMMEND_GAIN / 2:
+            log.warning("prompt cache: %s", text)
+            self._logged_gain = gain
+
+
+def attach_whatif(policy: EvictionPolicy, budget_bytes: int, block_size: int) -> WhatIf | None:
+    """What-if simulations for a policy that follows them (``AdaptivePolicy``), else None."""
+    from promptcache.core.policies.adaptive import AdaptivePolicy
+
+    if not isinstance(policy, AdaptivePolicy):
+        return None
+    whatif = WhatIf(budget_bytes, block_size, policy.candidate_names)
+    policy.whatif = whatif
+    whatif.on_switch = policy.hand_over
+    return whatif

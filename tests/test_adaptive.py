@@ -1,0 +1,191 @@
+"""The default (adaptive) policy against every fixed policy on each adversarial trace shape, the
+miniature simulations against full-size replays, hand-overs between policies, and the what-if
+curve in the stats."""
+
+import logging
+import os
+import random
+import sys
+
+import pytest
+
+from promptcache.core.cache import PromptCache
+from promptcache.core.minisim import MiniCache, sampled_indices
+from promptcache.core.policies.adaptive import AdaptivePolicy
+from promptcache.core.policy import DEFAULT_POLICY, make_policy, policy_names
+from promptcache.replay import TraceRequest, null_slicer, prompt_tokens, replay
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+from make_traces import SHAPES  # noqa: E402
+
+FIXED = [p for p in policy_names() if p != DEFAULT_POLICY]
+
+
+def shape_trace(name, scale, block, **kw):
+    return [
+        TraceRequest(int(d["timestamp"]), d["input_length"], d["output_length"], d["hash_ids"])
+        for d in SHAPES[name](1, scale, block, **kw)
+    ]
+
+
+SMALL_AGENTS = dict(num_sessions=30, concurrency=16, token_scale=0.1)
+# (shape, scale, trace block tokens, capacity in blocks, generator options): small enough to
+# run in seconds, at a capacity where the fixed policies differ
+CASES = [
+    ("coding_agent", 0.1, 64, 400, SMALL_AGENTS),
+    ("scan_hot", 0.5, 8, 200, {}),
+    ("loop", 0.5, 8, 600, {}),
+    ("zipf", 0.4, 8, 600, {}),
+    ("shared_prefix", 0.15, 8, 400, {}),
+]
+
+
+@pytest.mark.parametrize(
+    ("shape", "scale", "block", "capacity", "options"), CASES, ids=[c[0] for c in CASES]
+)
+def test_default_within_001_of_best_fixed_policy(shape, scale, block, capacity, options):
+    trace = shape_trace(shape, scale, block, **options)
+    kw = dict(block_size=block, trace_block_tokens=block)
+    fixed = {p: replay(trace, capacity * block, policy=p, **kw)["hit_rate"] for p in FIXED}
+    got = replay(trace, capacity * block, policy=DEFAULT_POLICY, **kw)
+    best = max(fixed, key=fixed.__getitem__)
+    assert got["hit_rate"] >= fixed[best] - 0.01, (got, fixed)
+    # the shape has signal: the fixed policies disagree, and the default picked the winner
+    if max(fixed.values()) - min(fixed.values()) > 0.02:
+        assert fixed[got["policy_leader"]] >= fixed[best] - 0.01, (got, fixed)
+
+
+def aligned_trace(seed, n=500, block=8):
+    """Conversations over a shared prefix with whole-block prompts (no partial blocks)."""
+    rng = random.Random(seed)
+    convs, next_id, out = [], 10, []
+    for i in range(n):
+        if convs and rng.random() < 0.7:
+            ids = rng.choice(convs)
+            ids.extend(range(next_id, next_id + rng.randrange(1, 3)))
+        else:
+            ids = [0, 1] + list(range(next_id, next_id + rng.randrange(1, 5)))
+            convs.append(ids)
+        next_id = max(ids) + 1
+        out.append(TraceRequest(i, len(ids) * block, 0, list(ids)))
+    return out
+
+
+@pytest.mark.parametrize("policy", FIXED)
+def test_unsampled_miniature_equals_the_full_size_cache(policy):
+    """At sampling rate 1 a miniature runs the same policy on the same tree: hit for hit the
+    same as the real cache (whose lookups stop one token short of a full hit)."""
+    block, capacity = 8, 40
+    trace = aligned_trace(3)
+    cache = PromptCache("m", block_size=block, ram_budget=capacity * block, policy=policy)
+    mini = MiniCache(make_policy(policy), capacity, block)
+    for i, req in enumerate(trace):
+        seq = cache.sequence(prompt_tokens(req, block))
+        with cache.lookup(seq) as hit:
+            live_blocks = -(-hit.num_tokens // block)
+        (chain,) = [
+            [seq.full_hashes()[j] for j in c] for c in sampled_indices(seq.full_hashes(), [256])
+        ]
+        assert mini.lookup(chain) == live_blocks, i
+        cache.save(seq, None, null_slicer)
+        mini.save(seq.root, chain)
+        if i % 50 == 0:
+            mini.check_integrity()
+            cache.check_integrity()
+    assert cache.stats().num_evictions > 100
+
+
+def test_sampled_chains_form_a_prefix_tree():
+    cache = PromptCache("s", block_size=4, ram_budget=1 << 20)
+    a = cache.sequence(list(range(400)))
+    b = cache.sequence(list(range(200)) + [7] * 200)
+    (sa,), (sb,) = sampled_indices(a.full_hashes(), [64]), sampled_indices(b.full_hashes(), [64])
+    shared = [i for i in sa if i < 50]
+    assert sb[: len(shared)] == shared and 0 < len(sa) < 100  # about 1 in 4 blocks
+    (all_a,) = sampled_indices(a.full_hashes(), [256])
+    assert all_a == list(range(100))
+    (sparse,) = sampled_indices(a.full_hashes(), [16])
+    assert set(sparse) <= set(sa)
+
+
+def test_miniature_ranking_matches_full_size_on_a_long_trace():
+    """Sampled at 1/8, the miniatures rank the policies as full-size replays do."""
+    trace = shape_trace("scan_hot", 1.0, 8)
+    kw = dict(block_size=8, trace_block_tokens=8)
+    cap = 1024 * 8  # 1024 blocks: sampled at 1/8 (128 blocks)
+    fixed = {p: replay(trace, cap, policy=p, **kw)["hit_rate"] for p in FIXED}
+    got = replay(trace, cap, policy=DEFAULT_POLICY, **kw)
+    assert got["whatif_sample_rate"] < 1
+    est = got["whatif_sampled_hit_rate_by_policy"]
+    # the miniatures' favourite is as good as the best at full size, their loser the worst
+    assert fixed[max(est, key=est.__getitem__)] >= max(fixed.values()) - 0.01, (est, fixed)
+    assert min(est, key=est.__getitem__) == min(fixed, key=fixed.__getitem__), (est, fixed)
+
+
+class Flipper(AdaptivePolicy):
+    """Hands the cache to the next candidate every few evictions."""
+
+    def __init__(self):
+        super().__init__()
+        self.num_pops = 0
+        self.pop_victim = self._pop
+
+    def _pop(self):
+        self.num_pops += 1
+        if self.num_pops % 7 == 0:  # mid-eviction: the block being extended is pinned
+            self.hand_over((self.current + 1) % len(self.candidate_names))
+            self.pop_victim = self._pop
+        return self.policy.pop_victim()
+
+
+def test_hand_overs_keep_the_tier_consistent():
+    from core_helpers import assert_restores, make_slicer
+
+    rng = random.Random(5)
+    policy = Flipper()
+    cache = PromptCache("f", block_size=4, ram_budget=64 * 30, policy=policy)
+    cache.whatif.on_switch = None  # only the flipper hands over
+    convs = [[rng.randrange(1, 6) for _ in range(8)] for _ in range(6)]
+    leases = []
+    for step in range(1500):
+        k = rng.randrange(len(convs))
+        convs[k] += [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
+        if len(convs[k]) > 60:
+            convs[k] = convs[k][:8]
+        toks = convs[k]
+        lease = cache.lookup(cache.sequence(toks))
+        assert_restores(lease, toks)
+        (leases.append(lease) if rng.random() < 0.2 else lease.release())
+        if leases and rng.random() < 0.3:
+            leases.pop(rng.randrange(len(leases))).release()
+        cache.save(cache.sequence(toks), rng.randrange(1, len(toks) + 1), make_slicer(toks))
+        if step % 25 == 0:
+            cache.check_integrity()
+    for lease in leases:
+        lease.release()
+    cache.check_integrity()
+    assert policy.num_pops > 100
+
+
+def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
+    """A loop of 600 blocks through a 400-block cache: 2x would hold it all."""
+    block = 16
+    trace = shape_trace("loop", 1.0, block)  # 40 prompts x 20 blocks, one shared
+    cache = PromptCache("w", block_size=block, ram_budget=500 * block)
+    with caplog.at_level(logging.WARNING, logger="promptcache.whatif"):
+        for req in trace:
+            seq = cache.sequence(prompt_tokens(req, block))
+            with cache.lookup(seq):
+                pass
+            cache.save(seq, None, null_slicer)
+    stats = cache.stats().to_dict()
+    curve = stats["whatif_hit_rate_by_budget"]
+    assert curve["2x"] > curve["1x"] + 0.3 and curve["0.5x"] <= curve["1x"]
+    assert stats["policy"] == "adaptive" and stats["policy_leader"] in FIXED
+    assert any("2x" in r.getMessage() for r in caplog.records)
+
+    from promptcache.server.metrics import render_cache_stats
+
+    text = "\n".join(render_cache_stats(stats))
+    assert 'promptcache_cache_whatif_hit_rate_by_budget{budget="2x"}' in text
+    assert f'promptcache_cache_policy_leader{{policy="{stats["policy_leader"]}"}} 1' in text
