@@ -390,9 +390,9 @@ def run_once(
                 call_ok = bool(returned) and returned[0]["function"]["name"] == name
                 if returned:
                     reply["tool_calls"] = returned
-                else:  # no parsable call came back: keep the recorded one so results follow it
-                    reply["tool_calls"] = recorded
-                ids = [c["id"] for c in reply["tool_calls"]]
+                # else the call was cut short: the model's text goes back as it came (as a client
+                # would send it), and the recorded results follow under the recorded ids
+                ids = [c["id"] for c in reply.get("tool_calls") or recorded]
                 history.append(reply)
                 j = 0
                 while i < len(traj) and traj[i]["role"] == "tool":

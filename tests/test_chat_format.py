@@ -136,14 +136,13 @@ def test_billing_header_block_is_dropped_unless_kept(keep):
     assert ("billing" in system) is keep and system.endswith("You are Claude Code.")
 
 
-def test_forced_calls_drop_a_call_cut_short_and_close_their_schemas():
+def test_forced_calls_return_a_call_cut_short_as_text_and_close_their_schemas():
     from promptcache.server.chat import _closed
 
     fmt = ChatFormatter(FakeEngine())
     text = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "l'
     forced = fmt.parse(Chat([], [TOOL], tool_choice="required"), text)
-    assert forced.content == "" and [c.name for c in forced.calls] == ["ls"]
-    assert fmt.parse(Chat([], [TOOL]), text).content.startswith("<tool_call>")  # auto: as text
+    assert forced.content == '<tool_call>\n{"name": "l' and [c.name for c in forced.calls] == ["ls"]
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}},
               "anyOf": [{"properties": {"b": {}}}]}  # fmt: skip
     closed = _closed(schema)

@@ -134,9 +134,8 @@ class ChatFormatter:
         known = {t["function"]["name"] for t in chat.tools}
         if any(c.name not in known for c in reply.calls):  # a made-up tool is no call
             return ParsedReply(text, [])
-        if chat.tool_choice in ("required", "named"):
-            # the grammar allowed calls only: any text left is a call cut short by max_tokens
-            return ParsedReply("", reply.calls)
+        # under a forced call any text left is a call cut short by max_tokens: it is returned as
+        # generated (finish_reason length), so a client that sends it back keeps the prefix
         return reply
 
     def remember(self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int]) -> None:
