@@ -39,3 +39,27 @@ def assert_restores(lease, query):
 def conversation(k):
     """A shared system prompt, then turns of its own: shared blocks and new ones."""
     return list(range(1, 21)) + [(k * 7919 + i * 31) % 50_000 + 100 for i in range(44)]
+
+
+def churn_conversations(cache, rng, steps, check_every):
+    """Six growing conversations looked up and saved at random points, some leases held for a
+    while; every hit must restore exactly its tokens and ``check_integrity()`` must hold."""
+    convs = [[rng.randrange(1, 6) for _ in range(8)] for _ in range(6)]
+    leases = []
+    for step in range(steps):
+        k = rng.randrange(len(convs))
+        convs[k] += [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
+        if len(convs[k]) > 60:
+            convs[k] = convs[k][:8]
+        toks = convs[k]
+        lease = cache.lookup(cache.sequence(toks))
+        assert_restores(lease, toks)
+        (leases.append(lease) if rng.random() < 0.2 else lease.release())
+        if leases and rng.random() < 0.3:
+            leases.pop(rng.randrange(len(leases))).release()
+        cache.save(cache.sequence(toks), rng.randrange(1, len(toks) + 1), make_slicer(toks))
+        if step % check_every == 0:
+            cache.check_integrity()
+    for lease in leases:
+        lease.release()
+    cache.check_integrity()

@@ -139,31 +139,13 @@ class Flipper(AdaptivePolicy):
 
 
 def test_hand_overs_keep_the_tier_consistent():
-    from core_helpers import assert_restores, make_slicer
+    from core_helpers import churn_conversations
 
     rng = random.Random(5)
     policy = Flipper()
     cache = PromptCache("f", block_size=4, ram_budget=64 * 30, policy=policy)
     cache.whatif.on_switch = None  # only the flipper hands over
-    convs = [[rng.randrange(1, 6) for _ in range(8)] for _ in range(6)]
-    leases = []
-    for step in range(1500):
-        k = rng.randrange(len(convs))
-        convs[k] += [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
-        if len(convs[k]) > 60:
-            convs[k] = convs[k][:8]
-        toks = convs[k]
-        lease = cache.lookup(cache.sequence(toks))
-        assert_restores(lease, toks)
-        (leases.append(lease) if rng.random() < 0.2 else lease.release())
-        if leases and rng.random() < 0.3:
-            leases.pop(rng.randrange(len(leases))).release()
-        cache.save(cache.sequence(toks), rng.randrange(1, len(toks) + 1), make_slicer(toks))
-        if step % 25 == 0:
-            cache.check_integrity()
-    for lease in leases:
-        lease.release()
-    cache.check_integrity()
+    churn_conversations(cache, rng, steps=1500, check_every=25)
     assert policy.num_pops > 100
 
 

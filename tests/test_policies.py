@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from core_helpers import assert_restores, make_slicer
+from core_helpers import churn_conversations
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.policy import policy_names
@@ -15,25 +15,7 @@ from promptcache.replay import TraceRequest, prompt_tokens, replay
 def test_long_randomized_run_keeps_integrity(policy):
     rng = random.Random(policy)
     cache = PromptCache("p", block_size=4, ram_budget=64 * 40, policy=policy)
-    convs = [[rng.randrange(1, 6) for _ in range(8)] for _ in range(6)]
-    leases = []
-    for step in range(3000):
-        k = rng.randrange(len(convs))
-        convs[k] += [rng.randrange(1, 9) for _ in range(rng.randrange(1, 7))]
-        if len(convs[k]) > 60:
-            convs[k] = convs[k][:8]
-        toks = convs[k]
-        lease = cache.lookup(cache.sequence(toks))
-        assert_restores(lease, toks)
-        (leases.append(lease) if rng.random() < 0.2 else lease.release())
-        if leases and rng.random() < 0.3:
-            leases.pop(rng.randrange(len(leases))).release()
-        cache.save(cache.sequence(toks), rng.randrange(1, len(toks) + 1), make_slicer(toks))
-        if step % 50 == 0:
-            cache.check_integrity()
-    for lease in leases:
-        lease.release()
-    cache.check_integrity()
+    churn_conversations(cache, rng, steps=3000, check_every=50)
     assert cache.stats().num_evictions > 100
 
 
