@@ -440,7 +440,7 @@ def test_stats_snapshots_are_consistent_while_threads_update_them():
 # -- kill -9 while the write queue is full ------------------------------------------------------
 
 WRITER = """
-import sys, time
+import sys, threading, time
 sys.path.insert(0, sys.argv[3])
 from core_helpers import conversation, make_slicer
 import promptcache.core.ssd_write as ssd_write
@@ -448,11 +448,19 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.ssd_tier import SsdTier
 
 real_commit = ssd_write.commit_temp
+lock = threading.Lock()
 
-def slow_commit(tmp, path):  # widen both crash windows: temp on disk, renamed but not indexed
-    time.sleep(0.004)
+def say(line):  # whole lines: the writer thread and the main thread both report
+    with lock:
+        sys.stdout.write(line + "\\n")
+        sys.stdout.flush()
+
+def slow_commit(tmp, path):  # announce and widen both crash windows
+    say("TEMP")  # a temp file is on disk
+    time.sleep(0.05)
     real_commit(tmp, path)
-    time.sleep(0.004)
+    say("RENAMED")  # the block file is in place, its index row not yet
+    time.sleep(0.05)
 
 ssd_write.commit_temp = slow_commit
 tier = SsdTier(sys.argv[1], "model-k", queue_blocks=100_000)
@@ -461,7 +469,7 @@ k = int(sys.argv[2])
 while True:
     toks = conversation(k)
     cache.save(cache.sequence(toks), None, make_slicer(toks))
-    print(f"SAVED {k} {tier._queue.qsize()}", flush=True)
+    say(f"SAVED {k} {tier._queue.qsize()}")
     k += 1
 """
 
@@ -472,10 +480,9 @@ def test_kill_9_with_writes_queued_recovers_every_time(tmp_path):
     saved: list[int] = []
     totals = {"num_temp_removed": 0, "num_reindexed": 0, "num_rows_dropped": 0}
     next_k, rounds, served = 0, 0, 0
-    while rounds < 5 or (
-        rounds < 15 and not (totals["num_temp_removed"] and totals["num_reindexed"])
-    ):
+    while rounds < 6:
         rounds += 1
+        window = "TEMP" if rounds % 2 else "RENAMED"  # each crash window, three times
         proc = subprocess.Popen(
             [sys.executable, "-c", WRITER, str(cache_dir), str(next_k), tests_dir],
             stdout=subprocess.PIPE,
@@ -484,13 +491,15 @@ def test_kill_9_with_writes_queued_recovers_every_time(tmp_path):
         )
         try:
             queued = 0
-            while queued < 40:  # kill only with a backlog of writes
+            while True:  # kill with a backlog of writes, inside this round's window
                 line = proc.stdout.readline()
-                assert line.startswith("SAVED"), line
-                _, k, queued = line.split()
-                saved.append(int(k))
-                queued = int(queued)
-            time.sleep(0.01 * (rounds % 4))
+                assert line, "the writer died"
+                if line.startswith("SAVED"):
+                    _, k, num = line.split()
+                    saved.append(int(k))
+                    queued = int(num)
+                elif queued >= 40 and line.strip() == window:
+                    break
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
