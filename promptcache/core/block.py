@@ -8,7 +8,7 @@ the block's end. Payloads are opaque, immutable and shared by reference, never c
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,3 +161,12 @@ class NodeList:
         if node is not None:
             self.remove(node)
         return node
+
+
+def stamp_use(blocks: Iterable[Block], now: int, is_hit: bool) -> None:
+    """Record a use on each block (what policies read lazily): the RAM tier and its what-if
+    miniatures stamp alike, so a miniature at full size stays hit-for-hit the tier."""
+    for blk in blocks:
+        blk.last_access = now
+        if is_hit:
+            blk.num_hits += 1

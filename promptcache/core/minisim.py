@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from promptcache.core.block import TICKS_PER_BYTE, Block
+from promptcache.core.block import TICKS_PER_BYTE, Block, stamp_use
 from promptcache.core.hashing import HASH_BYTES, BlockHash
 from promptcache.core.policy import EvictionPolicy
 
@@ -73,11 +73,7 @@ class MiniCache:
         self.clock += 1
         now = self.clock
         self.policy.on_access(blocks, is_hit, now)
-        for b in blocks:
-            b.last_access = now
-        if is_hit:
-            for b in blocks:
-                b.num_hits += 1
+        stamp_use(blocks, now, is_hit)
 
     def lookup(self, chain: Sequence[BlockHash]) -> int:
         """Sampled blocks of a prompt found resident (a prefix of ``chain``), touched as hits."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes
+from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes, stamp_use
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -61,11 +61,7 @@ class RamTier:
         self.clock += 1
         now = self.clock
         self.policy.on_access(blocks, is_hit, now)
-        for blk in blocks:
-            blk.last_access = now
-        if is_hit:
-            for blk in blocks:
-                blk.num_hits += 1
+        stamp_use(blocks, now, is_hit)
 
     def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
         for blk in blocks:
