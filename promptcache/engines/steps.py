@@ -176,7 +176,7 @@ class Steps:
         n, gen = req.num_prompt, req.generated
         save = (
             req.seq is not None
-            and gen
+            and bool(gen)
             and reason not in ("cancelled", "timeout")
             and n + len(gen) < self.max_context
         )
