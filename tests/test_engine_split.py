@@ -88,3 +88,52 @@ def test_bad_configuration_is_a_config_error_and_a_clean_cli_exit(capsys):
     assert main(["serve", "--engine", "tpu", "--no-ssd"]) == 2
     err = capsys.readouterr().err
     assert "promptcache: unknown engine 'tpu'" in err and "Traceback" not in err
+
+
+def test_scheduler_interleaves_a_short_request_into_a_long_prefill():
+    """FIFO turns, one request per step: a short request that arrives during a long prefill is
+    served between its chunks, not after it."""
+    import threading
+    import time
+
+    engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), cache_enabled=False, prefill_chunk=8)
+    steps: list[int] = []
+    advance = engine.steps.advance
+
+    def logged(req):
+        steps.append(len(req.prompt))
+        advance(req)
+
+    engine.steps.advance = logged  # type: ignore[method-assign]  (the scheduler looks it up)
+    long_prompt = [3 + i % 200 for i in range(400)]  # 50 chunks
+    done = threading.Event()
+
+    def long_request():
+        list(engine.generate(long_prompt, SamplingParams(max_tokens=1)))
+        done.set()
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    while steps.count(400) < 3:
+        time.sleep(0.001)
+    events = list(engine.generate([5, 6, 7, 8], SamplingParams(max_tokens=2)))
+    long_steps_meanwhile = steps.count(400)
+    t.join()
+    assert events[-1].reason in ("length", "stop") and done.is_set()
+    assert long_steps_meanwhile < 20, long_steps_meanwhile  # of 50 prefill chunks
+    assert steps.count(4) >= 2  # begin, the prompt's one chunk (+ a token)
+
+
+def test_mlx_layer_registry():
+    pytest.importorskip("mlx_lm")
+    from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache
+
+    from promptcache.engines.mlx_state import LAYERS, SNAPSHOT, describe_cache
+
+    assert LAYERS.lookup(KVCache()).num_arrays == 2 and LAYERS.lookup(KVCache()).positional
+    assert LAYERS.lookup(ArraysCache(2)) is SNAPSHOT
+    assert LAYERS.lookup(ChunkedKVCache(8)) is SNAPSHOT  # unregistered: the safe default
+    layout = describe_cache([CacheList(ArraysCache(2), KVCache()), KVCache()])
+    assert layout.kinds == ("ArraysCache", "KVCache", "KVCache")
+    assert [tuple(s) for s in layout.positional] == [(0, 1), (1, -1)]
+    assert [tuple(s) for s in layout.snapshot] == [(0, 0)]
