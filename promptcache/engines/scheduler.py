@@ -70,12 +70,15 @@ class Scheduler:
         the request (its lease is released before ``close()`` returns)."""
         try:
             while True:
+                # read before draining: another consumer's step may advance this request right
+                # now, and a step leaves its events before it marks the request done
+                done = req.phase is Phase.DONE
                 while req.outbox:
                     item = req.outbox.popleft()
                     if isinstance(item, BaseException):
                         raise item
                     yield item
-                if req.phase is Phase.DONE:
+                if done:
                     return
                 if req.is_cancelled and req.phase is not Phase.SAVE:
                     self._settle(req, self.work.cancel)  # no turn needed to stop

@@ -6,6 +6,7 @@ the scheduler's; everything here runs inside a step, so the model and the live s
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from promptcache.core.cache import PromptCache
@@ -32,7 +33,7 @@ class Steps:
         *,
         prefill_chunk: int,
         max_context: int,
-        decode_text: Any,
+        decode_text: Callable[[list[int]], str],
     ) -> None:
         self.runner = runner
         self.cache = cache
