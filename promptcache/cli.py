@@ -125,13 +125,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from promptcache.core.ssd_lock import CacheDirLockedError
+    from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
-        raise SystemExit(f"promptcache: {exc}") from None
+        raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
         max_output_tokens=args.max_output_tokens,
@@ -330,12 +331,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run(args)
 
 
+EXIT_CONFIG = 2  # the command cannot start as configured (the message says why)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from promptcache.engines.errors import ConfigError
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a start-up failure, not a crash: the reason, no traceback
+        print(f"promptcache: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

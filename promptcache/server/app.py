@@ -12,7 +12,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from promptcache.engines.base import EngineError, EngineTimeoutError, PromptTooLongError
+from promptcache.engines.base import (
+    EngineFailure,
+    EngineTimeoutError,
+    PromptTooLongError,
+    RequestError,
+)
 from promptcache.server import anthropic_api, openai_api
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
@@ -110,13 +115,18 @@ def create_app(state: ServerState) -> FastAPI:
         response.headers["retry-after"] = str(exc.retry_after_s)
         return response
 
-    @app.exception_handler(EngineError)
-    async def on_engine(request: Request, exc: EngineError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
         return reject(request, 400, str(exc))
 
+    # the server's faults, never the client's: a plain ValueError from library code (a bug, a
+    # cache refusing a save) is one too. Logged with the traceback; the client gets a 500.
+    @app.exception_handler(EngineFailure)
     @app.exception_handler(ValueError)
-    async def on_value(request: Request, exc: ValueError) -> JSONResponse:
-        return reject(request, 400, str(exc))
+    async def on_failure(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+        message = f"the server failed to serve this request ({type(exc).__name__}); see its log"
+        return error_response(request.url.path, 500, message)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.engines.base import EngineError
+from promptcache.engines.base import RequestError
 from promptcache.engines.grammar import (
     check_grammar,
     hf_tokenizer_of,
@@ -82,7 +82,7 @@ class ChatFormatter:
             messages = _results_as_user(messages)
         try:
             return self.engine.encode_chat(messages, tools)
-        except EngineError:
+        except RequestError:
             if not _has_late_system(messages):
                 raise
         # templates that allow a system message only first: later ones become user turns
@@ -107,7 +107,7 @@ class ChatFormatter:
         return {"role": "assistant", "content": text}
 
     def grammar(self, chat: Chat) -> str | None:
-        """The grammar the reply must follow, or None; raises EngineError (400) when invalid."""
+        """The grammar the reply must follow, or None; raises RequestError (400) when invalid."""
         grammar = None
         if chat.tools and chat.tool_choice in ("required", "named"):
             try:
@@ -118,7 +118,7 @@ class ChatFormatter:
                     special_tokens=self._marker_tokens,
                 )
             except ValueError as exc:
-                raise EngineError(f"tool_choice: {exc}") from exc
+                raise RequestError(f"tool_choice: {exc}") from exc
         elif chat.response_schema is not None:
             grammar = json_schema_grammar(chat.response_schema)
         if grammar is not None:
@@ -180,11 +180,11 @@ def _call_of(call: dict[str, Any]) -> ToolCall:
     try:
         value = json.loads(args or "{}")
     except (TypeError, ValueError):
-        raise EngineError(
+        raise RequestError(
             f"tool_calls: arguments of {fn.get('name')!r} are not a JSON object"
         ) from None
     if not isinstance(value, dict) or not fn.get("name"):
-        raise EngineError("tool_calls: each call needs a function name and object arguments")
+        raise RequestError("tool_calls: each call needs a function name and object arguments")
     return ToolCall(str(fn["name"]), json.dumps(value))
 
 

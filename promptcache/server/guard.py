@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptcache.engines.errors import ConfigError
 from promptcache.server.errors import error_response
 
 log = logging.getLogger("promptcache.server")
@@ -55,7 +56,7 @@ def load_api_keys(path: str | None, env: str | None = None) -> dict[str, KeyGran
             lines.append([key, tenant, flag] if flag else [key, tenant])
     for parts in lines:
         if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "admin") or not parts[1]:
-            raise SystemExit(
+            raise ConfigError(
                 "api keys: each entry is KEY TENANT [admin] (file) or KEY=TENANT[:admin]"
             )
         grants[digest_key(parts[0])] = KeyGrant(parts[1], len(parts) == 3)

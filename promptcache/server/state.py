@@ -11,11 +11,11 @@ from starlette.requests import Request
 
 from promptcache.engines.base import (
     Engine,
-    EngineError,
     Event,
     Finished,
     PrefillDone,
     PromptTooLongError,
+    RequestError,
     SamplingParams,
 )
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
@@ -95,7 +95,7 @@ class ServerState:
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
-            raise ValueError("the prompt is empty")
+            raise RequestError("the prompt is empty")
         limit = self.engine.max_context
         if self.limits.max_prompt_tokens and len(prompt) > self.limits.max_prompt_tokens:
             raise PromptTooLongError(
@@ -127,11 +127,11 @@ class ServerState:
         """Stop-string limits and the time budget; then the engine's own checks."""
         lim = self.limits
         if len(params.stop) > lim.max_stop_strings:
-            raise EngineError(
+            raise RequestError(
                 f"at most {lim.max_stop_strings} stop strings per request, not {len(params.stop)}"
             )
         if any(len(s) > lim.max_stop_chars for s in params.stop):
-            raise EngineError(f"a stop string may have at most {lim.max_stop_chars} characters")
+            raise RequestError(f"a stop string may have at most {lim.max_stop_chars} characters")
         params.timeout_s = lim.request_timeout_s
         params.validate()
 
