@@ -174,7 +174,7 @@ def test_eviction_spills_leaves_first_and_pins_hold():
     st = c.stats()
     assert st.num_evictions == st.num_spills == len(tier.records) == 2
     # leaves went first: the evicted blocks are a's last two, deepest first
-    assert [r.depth for r in tier.records] == [12, 8]
+    assert [r.meta.depth for r in tier.records] == [12, 8]
     c.check_integrity()
     with c.lookup(c.sequence(a)) as hit:
         assert hit.num_tokens == 8

@@ -251,8 +251,8 @@ def test_namespace_records_are_pruned_with_their_last_block(tmp_path):
             pass
     tier.flush()
     assert sorted(tier.index.tenants().values()) == ["alice", "bob", "carol"]
-    bob = [r for r in tier.index.all_rows() if tier.index.tenants()[r.root] == "bob"]
-    for r in sorted(bob, key=lambda r: -r.depth):  # leaf first, like eviction
+    bob = [r for r in tier.index.all_rows() if tier.index.tenants()[r.meta.root] == "bob"]
+    for r in sorted(bob, key=lambda r: -r.meta.depth):  # leaf first, like eviction
         tier.quarantine(tier.root_dir / r.path, r, "test")
     assert sorted(tier.index.tenants().values()) == ["alice", "carol"]
     cache.check_integrity()
@@ -365,7 +365,7 @@ def test_reads_under_concurrent_eviction_and_rewrite(tmp_path):
     tier.flush()
     seq = cache.sequence(A + [1])
     rows = tier.find_chain(seq, 0, seq.root)
-    payloads = {r.block_hash: make_slicer(A)(r.depth, r.depth + BLOCK) for r in rows}
+    payloads = {r.block_hash: make_slicer(A)(r.meta.depth, r.meta.depth + BLOCK) for r in rows}
     stop = threading.Event()
     good, wrong = [0], []
 
@@ -379,7 +379,7 @@ def test_reads_under_concurrent_eviction_and_rewrite(tmp_path):
                 if np.array_equal(payload, payloads[r.block_hash]):
                     good[0] += 1
                 else:  # an assert here would die with its thread unseen
-                    wrong.append(r.depth)
+                    wrong.append(r.meta.depth)
 
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:

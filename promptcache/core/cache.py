@@ -184,13 +184,7 @@ class PromptCache:
                     payload = payloads[i]
                 else:  # another thread evicted it meanwhile
                     payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
-                blk = self.ram.insert(
-                    node,
-                    seq.block_hash(i),
-                    seq.block_bytes(i * b, (i + 1) * b),
-                    payload,
-                    extra=seq.extra(i),
-                )
+                blk = self.ram.insert(node, seq.block_meta(i), payload)
                 if blk is None:
                     complete = False
                     break
@@ -256,9 +250,7 @@ class PromptCache:
             ):
                 return child, False  # a longer block already holds these positions
         payload = slice_positional(start, end) if slice_positional else None
-        blk = self.ram.insert(
-            parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size)
-        )
+        blk = self.ram.insert(parent, seq.partial_meta(end), payload)
         return blk, blk is not None
 
     def _drop_superseded(self, parent: Block, full: Block) -> None:

@@ -46,15 +46,16 @@ def promote(
     if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
         keep = 0
         for j, r in enumerate(rows):
+            m = r.meta
             complete = (
-                common_prefix_tokens(r.token_bytes, seq.block_bytes(r.depth, min(r.depth + b, n)))
-                == len(r.token_bytes) // 4
+                common_prefix_tokens(m.token_bytes, seq.block_bytes(m.depth, min(m.depth + b, n)))
+                == m.num_tokens
             )
-            if complete and r.has_checkpoint and r.depth + len(r.token_bytes) // 4 <= n - 1:
+            if complete and r.has_checkpoint and m.end <= n - 1:
                 keep = j + 1
         rows = rows[:keep]
     if rows:
-        last = rows[-1]
+        last = rows[-1].meta
         reach = last.depth + common_prefix_tokens(
             last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n))
         )
@@ -72,9 +73,7 @@ def promote(
             break  # the hit ends before a damaged block (the tier quarantined it)
         payload, checkpoint = result
         existing = ram.get(r.block_hash)
-        blk = existing or ram.insert(
-            parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint
-        )
+        blk = existing or ram.insert(parent, r.meta, payload, checkpoint=checkpoint)
         if blk is None:
             break
         blk.is_seq_end = blk.is_seq_end or r.is_seq_end

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes, stamp_use
+from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -79,19 +79,13 @@ class RamTier:
     # -- writing -----------------------------------------------------------------------------
 
     def insert(
-        self,
-        parent: Block,
-        block_hash: BlockHash,
-        token_bytes: bytes,
-        payload: Any,
-        *,
-        extra: bytes = b"",
-        checkpoint: Any = None,
+        self, parent: Block, meta: BlockMeta, payload: Any, *, checkpoint: Any = None
     ) -> Block | None:
-        """Make a new block resident under ``parent``; None when no room can be made.
-
-        Raises CacheBudgetError, changing nothing, when the block alone exceeds the budget.
+        """Make a new block resident under ``parent`` (``meta`` chains to it); None when no
+        room can be made. Raises CacheBudgetError, changing nothing, when the block alone
+        exceeds the budget.
         """
+        assert meta.parent_hash == parent.block_hash and meta.depth == parent.end
         nbytes = payload_nbytes(payload) + payload_nbytes(checkpoint)
         if nbytes > self.budget_bytes:
             raise CacheBudgetError(
@@ -99,15 +93,7 @@ class RamTier:
                 "bytes; raise --ram-budget or lower --block-size"
             )
         block = Block(
-            block_hash,
-            parent,
-            token_bytes,
-            payload=payload,
-            checkpoint=checkpoint,
-            nbytes=nbytes,
-            extra=extra,
-            depth=parent.end,
-            root=parent.root if parent.parent is not None else parent.block_hash,
+            meta.block_hash, parent, meta, payload=payload, checkpoint=checkpoint, nbytes=nbytes
         )
         if not self._make_room(nbytes, protect=parent, candidate=block):
             self.counters.num_save_skipped_blocks += 1

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block, tokens_to_bytes
 
 
@@ -95,6 +96,30 @@ class TokenSeq:
         i = end // self.block_size
         return hash_block(
             self.parent_hash(i), self.block_bytes(i * self.block_size, end), self.extra(i)
+        )
+
+    def block_meta(self, index: int) -> BlockMeta:
+        """Metadata of full block ``index``."""
+        b = self.block_size
+        return BlockMeta(
+            self.block_hash(index),
+            self.parent_hash(index),
+            self.root,
+            self.block_bytes(index * b, (index + 1) * b),
+            self._extras.get(index, b""),
+            index * b,
+        )
+
+    def partial_meta(self, end: int) -> BlockMeta:
+        """Metadata of the partial block that ends at ``end`` (not a block boundary)."""
+        i, b = end // self.block_size, self.block_size
+        return BlockMeta(
+            self.partial_hash(end),
+            self.parent_hash(i),
+            self.root,
+            self.block_bytes(i * b, end),
+            self._extras.get(i, b""),
+            i * b,
         )
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> TokenSeq:

@@ -66,9 +66,9 @@ class SsdReads:
             r = self.index.get(seq.block_hash(i))
             if (
                 r is None
-                or r.parent != parent
-                or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-                or r.extra != seq.extra(i)
+                or r.meta.parent_hash != parent
+                or r.meta.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
+                or r.meta.extra != seq.extra(i)
             ):
                 break
             rows.append(r)
@@ -78,12 +78,10 @@ class SsdReads:
             want = seq.block_bytes(pos, min(pos + b, n))
             best, best_key = None, (0, False)
             for r in self.index.children(parent, seq.token(pos)):
-                common = common_prefix_tokens(r.token_bytes, want)
-                if r.extra != seq.extra(pos // b):
+                common = common_prefix_tokens(r.meta.token_bytes, want)
+                if r.meta.extra != seq.extra(pos // b):
                     continue
-                if requires_checkpoint and not (
-                    r.has_checkpoint and common == len(r.token_bytes) // 4
-                ):
+                if requires_checkpoint and not (r.has_checkpoint and common == r.meta.num_tokens):
                     continue
                 key = (common, r.has_checkpoint)
                 if key > best_key:

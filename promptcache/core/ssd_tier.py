@@ -200,7 +200,7 @@ class SsdTier(SsdReads, SsdWrites):
                 assert st.st_mode & 0o777 == FILE_MODE, f"{r.path}: mode {st.st_mode & 0o777:o}"
                 held += st.st_size
             assert held == self.used_bytes()
-            roots = {r.root for r in rows}
+            roots = {r.meta.root for r in rows}
             assert set(index.tenants()) <= roots, "namespace records without blocks"
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"

@@ -5,39 +5,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from promptcache.core.block import Block
+from promptcache.core.block import Block, BlockMeta
 from promptcache.core.hashing import BlockHash
 
 
 class BlockRecord(NamedTuple):
-    """A block as it leaves a tier: everything needed to store it and chain it again."""
+    """A block as it leaves a tier: its identity plus this copy's data and state."""
 
-    block_hash: BlockHash
-    parent_hash: BlockHash
-    token_bytes: bytes
-    extra: bytes
-    depth: int
+    meta: BlockMeta
     payload: Any
     checkpoint: Any
-    nbytes: int
+    nbytes: int  # payload + checkpoint bytes
     is_seq_end: bool
-    root: BlockHash
+
+    @property
+    def block_hash(self) -> BlockHash:
+        return self.meta.block_hash
 
     @classmethod
     def from_block(cls, block: Block) -> BlockRecord:
         assert block.parent is not None
-        return cls(
-            block.block_hash,
-            block.parent.block_hash,
-            block.token_bytes,
-            block.extra,
-            block.depth,
-            block.payload,
-            block.checkpoint,
-            block.nbytes,
-            block.is_seq_end,
-            block.root,
-        )
+        return cls(block.meta, block.payload, block.checkpoint, block.nbytes, block.is_seq_end)
 
 
 class Tier(Protocol):

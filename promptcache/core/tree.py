@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from promptcache.core.block import Block
+from promptcache.core.block import Block, root_meta
 from promptcache.core.hashing import TOKEN_BYTES, BlockHash
 from promptcache.core.sequence import TokenSeq
 
@@ -50,7 +50,7 @@ class PrefixTree:
     def root(self, root_hash: BlockHash, create: bool = False) -> Block | None:
         node = self.roots.get(root_hash)
         if node is None and create:
-            node = self.roots[root_hash] = Block(root_hash, None, b"")
+            node = self.roots[root_hash] = Block(root_hash, None, root_meta(root_hash))
         return node
 
     def add(self, block: Block) -> None:
