@@ -16,6 +16,7 @@ import numpy as np
 
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
+from promptcache.core.chain import find_partial
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.promotion import promote
@@ -23,7 +24,6 @@ from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import CacheStats, Counters
 from promptcache.core.tier import Tier
-from promptcache.core.tree import common_prefix_tokens
 from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
@@ -238,17 +238,13 @@ class PromptCache:
         """(resident block holding positions [start, end), whether it is new; None when no room).
         A partial block is created only when it adds something: new positions, or a place for
         a checkpoint; otherwise the longer block that already covers them is returned."""
-        want = seq.block_bytes(start, end)
-        for child in parent.children.get(seq.token(start), ()):
-            if child.token_bytes == want:
-                return child, False  # same partial block already resident
-            covered = common_prefix_tokens(child.token_bytes, want) == end - start
-            if (
-                covered
-                and checkpoint is None
-                and child.extra == seq.extra(start // self.block_size)
-            ):
-                return child, False  # a longer block already holds these positions
+        # an existing block with these positions: the same partial block, or (unless a
+        # checkpoint needs its own place at ``end``) a longer one that covers them
+        found = find_partial(
+            self.ram.tree, seq, parent.block_hash, start, end, longer=checkpoint is None
+        )
+        if found is not None:
+            return found, False
         payload = slice_positional(start, end) if slice_positional else None
         blk = self.ram.insert(parent, seq.partial_meta(end), payload)
         return blk, blk is not None

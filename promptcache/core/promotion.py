@@ -10,12 +10,13 @@ from __future__ import annotations
 from typing import Protocol
 
 from promptcache.core.block_file import CorruptBlockError
+from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_index import Row
 from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tree import Match, common_prefix_tokens
+from promptcache.core.tree import Match
 
 
 class LookupTier(Protocol):
@@ -37,29 +38,12 @@ def promote(
 ) -> int:
     """Copy the SSD continuation of ``seq`` into RAM when it beats ``ram_match``; returns the
     number of blocks promoted."""
-    n, b = seq.num_tokens, seq.block_size
     full = ram.tree.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
     rows = tier.find_chain(
         seq, start, node.block_hash if node is not None else seq.root, requires_checkpoint
     )
-    if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
-        keep = 0
-        for j, r in enumerate(rows):
-            m = r.meta
-            complete = (
-                common_prefix_tokens(m.token_bytes, seq.block_bytes(m.depth, min(m.depth + b, n)))
-                == m.num_tokens
-            )
-            if complete and r.has_checkpoint and m.end <= n - 1:
-                keep = j + 1
-        rows = rows[:keep]
-    if rows:
-        last = rows[-1].meta
-        reach = last.depth + common_prefix_tokens(
-            last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n))
-        )
-    if not rows or min(reach, n - 1) <= ram_match.num_tokens:
+    if not rows or min(chain_reach(seq, rows), seq.num_tokens - 1) <= ram_match.num_tokens:
         tier.stats.add(num_misses=1)
         return 0
     parent = node if node is not None else ram.root(seq.root)

@@ -85,7 +85,7 @@ class RamTier:
         room can be made. Raises CacheBudgetError, changing nothing, when the block alone
         exceeds the budget.
         """
-        assert meta.parent_hash == parent.block_hash and meta.depth == parent.end
+        assert meta.parent_hash == parent.block_hash
         nbytes = payload_nbytes(payload) + payload_nbytes(checkpoint)
         if nbytes > self.budget_bytes:
             raise CacheBudgetError(

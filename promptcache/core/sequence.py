@@ -78,6 +78,13 @@ class TokenSeq:
             hashes.append(parent)
         return parent
 
+    def hashes_upto(self, stop: int) -> list[BlockHash]:
+        """The computed hashes, at least of full blocks ``0 .. stop - 1`` (shared, do not
+        mutate; may be longer)."""
+        if stop > len(self._hashes):
+            self.block_hash(stop - 1)
+        return self._hashes
+
     def full_hashes(self) -> list[BlockHash]:
         """Hashes of every full block (computed once; the list is shared, do not mutate)."""
         if self.num_full_blocks:
@@ -101,9 +108,10 @@ class TokenSeq:
     def block_meta(self, index: int) -> BlockMeta:
         """Metadata of full block ``index``."""
         b = self.block_size
+        hashes = self.hashes_upto(index + 1)
         return BlockMeta(
-            self.block_hash(index),
-            self.parent_hash(index),
+            hashes[index],
+            hashes[index - 1] if index else self.root,
             self.root,
             self.block_bytes(index * b, (index + 1) * b),
             self._extras.get(index, b""),

@@ -22,13 +22,13 @@ from promptcache.core.block_file import (
     read_open_file,
     verify_identity,
 )
+from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_index import Row, SsdIndex
 from promptcache.core.ssd_reconcile import matches_row
 from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tree import common_prefix_tokens
 
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 
@@ -55,40 +55,15 @@ class SsdReads:
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
     ) -> list[Row]:
         """Indexed blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``):
-        whole blocks by hash, then the child sharing the longest prefix with what follows (with
-        ``requires_checkpoint``: the longest child that ``seq`` covers whole and that ends in a
-        checkpoint, since a hit can only end on one)."""
-        if self.index is None or self._closed:
+        the shared walk (``chain.match_chain``); with ``requires_checkpoint`` only as far as
+        the deepest checkpoint a hit could end on (``chain.checkpoint_path``)."""
+        index = self.index
+        if index is None or self._closed:
             return []
-        rows: list[Row] = []
-        b, n = seq.block_size, seq.num_tokens
-        for i in range(start, seq.num_full_blocks):
-            r = self.index.get(seq.block_hash(i))
-            if (
-                r is None
-                or r.meta.parent_hash != parent
-                or r.meta.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-                or r.meta.extra != seq.extra(i)
-            ):
-                break
-            rows.append(r)
-            parent = r.block_hash
-        pos = (start + len(rows)) * b
-        if pos < n:
-            want = seq.block_bytes(pos, min(pos + b, n))
-            best, best_key = None, (0, False)
-            for r in self.index.children(parent, seq.token(pos)):
-                common = common_prefix_tokens(r.meta.token_bytes, want)
-                if r.meta.extra != seq.extra(pos // b):
-                    continue
-                if requires_checkpoint and not (r.has_checkpoint and common == r.meta.num_tokens):
-                    continue
-                key = (common, r.has_checkpoint)
-                if key > best_key:
-                    best, best_key = r, key
-            if best is not None:
-                rows.append(best)
-        return rows
+        full, tail, _ = match_chain(index, seq, start, parent)
+        if requires_checkpoint:
+            return checkpoint_path(index, seq, start, parent, full)
+        return full if tail is None else [*full, tail]
 
     def read(self, row: Row) -> tuple[Any, Any]:
         """(payload, checkpoint) of an indexed block; a damaged file is quarantined and raises
