@@ -139,7 +139,8 @@ class Block:
 
     @property
     def end(self) -> int:
-        return self.meta.end
+        m = self.meta
+        return m.depth + len(m.token_bytes) // TOKEN_BYTES
 
     @property
     def has_checkpoint(self) -> bool:

@@ -28,6 +28,10 @@ class ChainEntry(Protocol):
     def has_checkpoint(self) -> bool: ...
 
 
+_PARENT, _TOKENS, _EXTRA = (
+    BlockMeta._fields.index(f) for f in ("parent_hash", "token_bytes", "extra")
+)
+
 E = TypeVar("E", bound=ChainEntry)
 E_co = TypeVar("E_co", bound=ChainEntry, covariant=True)
 
@@ -73,21 +77,23 @@ def walk_full(
     hashes = seq.hashes_upto(stop)
     get = index.get
     data, step = seq.data, seq.block_size * TOKEN_BYTES
-    has_extras = seq.has_extras
+    extra = seq.extra if seq.has_extras else None
     off = start * step
-    for i in range(start, stop):
-        entry = get(hashes[i])
+    # the hot loop of every lookup and save: iterate the hashes, not indices into them
+    for h in hashes if start == 0 and stop == len(hashes) else hashes[start:stop]:
+        entry = get(h)
         if entry is None:
             break
+        # by index: tuple indexing is specialised by the interpreter, named fields are not
         m = entry.meta
         if (
-            m.parent_hash != parent
-            or m.token_bytes != data[off : off + step]
-            or m.extra != (seq.extra(i) if has_extras else b"")
+            m[_PARENT] != parent
+            or m[_TOKENS] != data[off : off + step]
+            or (m[_EXTRA] if extra is None else m[_EXTRA] != extra(off // step))
         ):
             break
         out.append(entry)
-        parent = m.block_hash
+        parent = h  # == m.block_hash: get() returns only the entry filed under h
         off += step
     return out
 

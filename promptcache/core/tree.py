@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from promptcache.core.block import Block, root_meta
-from promptcache.core.chain import checkpoint_path, match_chain, walk_full
+from promptcache.core.chain import best_child, checkpoint_path, walk_full
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 
@@ -90,7 +90,13 @@ class PrefixTree:
         n = seq.num_tokens
         if n == 0 or seq.root not in self.roots:
             return Match(0, (), "miss", 0)
-        full, tail, tail_len = match_chain(self, seq)
+        # match_chain's two steps, inlined: this is the hot path of every lookup
+        full = walk_full(self, seq, 0, seq.root, seq.num_full_blocks)
+        tail, tail_len = None, 0
+        if len(full) * seq.block_size < n:
+            tail, tail_len = best_child(
+                self, seq, len(full), full[-1].block_hash if full else seq.root
+            )
         matched = len(full) * seq.block_size + tail_len
         path = full if tail is None else [*full, tail]
         kind = _classify(path, matched, n, tail, tail_len)
