@@ -179,3 +179,47 @@ def test_make_lower_tiers_builds_the_ssd_tier(tmp_path):
     cache.check_integrity()
     assert cache.stats().tiers["ssd"]["budget_bytes"] == 10**6
     cache.close()
+
+
+def test_concurrent_ssd_promotions_and_saves_keep_integrity(tmp_path):
+    def open_cache(ram_blocks):
+        tiers = make_lower_tiers(fingerprint="f" * 32, ssd_dir=tmp_path, ssd_budget="100MB")
+        return PromptCache(
+            "f" * 32, block_size=BLOCK, ram_budget=ram_blocks * BLOCK_BYTES, next_tier=tiers
+        )
+
+    seqs = [tokens(20 + i, 24 + 4 * (i % 3)) for i in range(4)]
+    cache = open_cache(10**4)
+    for s in seqs:
+        cache.save(cache.sequence(s), None, make_slicer(s))
+    cache.close()
+    cache = open_cache(16)  # a fresh RAM tier: every hit comes back from the files
+    errors: list[BaseException] = []
+
+    def run(body):
+        try:
+            for i in range(40):
+                body(i)
+                cache.check_integrity()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def promote(i):
+        s = seqs[i % len(seqs)]
+        with cache.lookup(cache.sequence(s + [1])) as hit:
+            assert hit.num_tokens == 0 or hit.segments()[0][0] is not None
+
+    def save(i):
+        s = tokens(2000 + i, 16)
+        cache.save(cache.sequence(s), None, make_slicer(s))
+
+    threads = [threading.Thread(target=run, args=(f,)) for f in (promote, save)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert cache.stats().tiers["ssd"]["num_promoted_blocks"] > 0
+    assert cache.ram.reserved_bytes == 0
+    cache.check_integrity()
+    cache.close()
