@@ -38,7 +38,7 @@ from promptcache.core.ssd_read import SsdReads
 from promptcache.core.ssd_reconcile import reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.ssd_write import SsdWrites
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tier import BlockRecord, register_tier
 
 log = logging.getLogger("promptcache.ssd")
 DEFAULT_SSD_BUDGET = 10 * 10**9
@@ -200,7 +200,7 @@ class SsdTier(SsdReads, SsdWrites):
                 assert st.st_mode & 0o777 == FILE_MODE, f"{r.path}: mode {st.st_mode & 0o777:o}"
                 held += st.st_size
             assert held == self.used_bytes()
-            roots = {r.root for r in rows}
+            roots = {r.meta.root for r in rows}
             assert set(index.tenants()) <= roots, "namespace records without blocks"
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
@@ -212,3 +212,6 @@ class SsdTier(SsdReads, SsdWrites):
         return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
                 "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
                 "enabled": index is not None}  # fmt: skip
+
+
+register_tier("ssd", SsdTier)
