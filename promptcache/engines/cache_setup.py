@@ -1,6 +1,5 @@
-"""Building the prompt cache an engine serves from: its options, the RAM tier and, with a
-cache folder, the SSD tier behind it. The SSD tier's construction is isolated in ``ssd_tier``
-so that it can move to a core factory without touching the engines."""
+"""Building the prompt cache an engine serves from: its options, the RAM tier, and the lower
+tiers the core's factory (``core.tiers.make_lower_tiers``) builds from the settings."""
 
 from __future__ import annotations
 
@@ -8,10 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from promptcache.core.budget import parse_size
 from promptcache.core.cache import PromptCache
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tier import LowerTier
+from promptcache.core.tiers import make_lower_tiers
 from promptcache.engines.errors import ConfigError
 
 
@@ -40,24 +39,6 @@ class EngineOptions:
             raise ConfigError("prefill_chunk must be positive")
 
 
-def ssd_tier(
-    ssd_dir: str | Path,
-    fingerprint: str,
-    codec: PayloadCodec,
-    budget: int | str,
-    retention_s: float | None,
-) -> SsdTier:
-    """The SSD tier for one model's blocks (raises CacheDirLockedError when another process
-    holds the model's folder)."""
-    try:
-        budget_bytes = parse_size(budget)
-    except ValueError as exc:
-        raise ConfigError(f"ssd budget: {exc}") from None
-    return SsdTier(
-        ssd_dir, fingerprint, codec=codec, budget_bytes=budget_bytes, retention_s=retention_s
-    )
-
-
 def build_cache(
     opts: EngineOptions, fingerprint: str, codec: PayloadCodec, requires_checkpoint: bool
 ) -> PromptCache | None:
@@ -65,11 +46,18 @@ def build_cache(
     if opts.cache is not None or not opts.cache_enabled:
         return opts.cache
     next_tier = opts.next_tier
-    built = None
-    if next_tier is None and opts.ssd_dir is not None:
-        built = next_tier = ssd_tier(
-            opts.ssd_dir, fingerprint, codec, opts.ssd_budget, opts.ssd_retention
-        )
+    built: list[LowerTier] = []
+    if next_tier is None:
+        try:
+            built = next_tier = make_lower_tiers(
+                fingerprint=fingerprint,
+                ssd_dir=opts.ssd_dir,
+                ssd_budget=opts.ssd_budget,
+                ssd_retention=opts.ssd_retention,
+                codec=codec,
+            )
+        except ValueError as exc:  # a bad budget
+            raise ConfigError(f"lower tiers: {exc}") from None
     try:
         return PromptCache(
             fingerprint,
@@ -80,6 +68,6 @@ def build_cache(
             policy=opts.policy,
         )
     except ValueError as exc:  # a bad budget, block size or policy name
-        if built is not None:
-            built.close()  # its folder lock: a retry in this process must find it free
+        for tier in built:
+            tier.close()  # its folder lock: a retry in this process must find it free
         raise ConfigError(f"prompt cache: {exc}") from None
