@@ -16,14 +16,15 @@ import numpy as np
 
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.promotion import promote
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.stats import CacheStats, Counters
+from promptcache.core.stats import CacheStats, Counters, LookupReport
 from promptcache.core.tier import Tier
-from promptcache.core.tree import common_prefix_tokens
+from promptcache.core.tree import Match, common_prefix_tokens
 from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
@@ -39,14 +40,20 @@ class SaveResult(NamedTuple):
 class Lease:
     """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
 
-    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "_cache", "_released")
+    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "_released")
 
     def __init__(
-        self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str
+        self,
+        cache: PromptCache,
+        num_tokens: int,
+        blocks: tuple[Block, ...],
+        kind: str,
+        report: LookupReport | None = None,
     ) -> None:
         self.num_tokens = num_tokens
         self.blocks = blocks
         self.kind = kind
+        self.report = report  # what the lookup found, for the request's cache record
         # snapshot state at num_tokens: only set when the hit ends exactly at a checkpoint
         last = blocks[-1] if blocks else None
         self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
@@ -90,7 +97,8 @@ class PromptCache:
         self.block_size = block_size
         self.requires_checkpoint = requires_checkpoint
         self.counters = Counters()
-        self.ram = RamTier(budget, policy, next_tier, self.counters)
+        self.evictions = EvictionLog()  # where evicted blocks went: a miss can say so
+        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions)
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
 
@@ -124,10 +132,12 @@ class PromptCache:
         self._check_seq(seq)
         with self._lock:
             match = self.ram.match(seq, self.requires_checkpoint)
+            from_ram = match.num_tokens
             tier = self.ram.next_tier
             may_extend = hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1
             if may_extend and promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
                 match = self.ram.match(seq, self.requires_checkpoint)
+            report = self._report(seq, match, from_ram, tier.name)
             if self.whatif is not None:
                 self.whatif.on_lookup(seq, match.num_tokens)
             c = self.counters
@@ -139,7 +149,20 @@ class PromptCache:
                 c.hits_by_kind[match.kind] += 1
                 self.ram.touch(match.blocks, is_hit=True)
                 self.ram.pin(match.blocks)
-            return Lease(self, match.num_tokens, match.blocks, match.kind)
+            return Lease(self, match.num_tokens, match.blocks, match.kind, report)
+
+    def _report(self, seq: TokenSeq, match: Match, from_ram: int, lower: str) -> LookupReport:
+        by_tier = {"ram": min(from_ram, match.num_tokens)}
+        if match.num_tokens > from_ram:
+            by_tier[lower] = match.num_tokens - from_ram
+        past = match.num_matched // self.block_size  # the first block the cache did not have
+        parent = seq.block_hash(past - 1) if past else seq.root
+        full = seq.block_hash(past) if past < seq.num_full_blocks else parent
+        evicted = self.evictions.find(full, parent)
+        return LookupReport(
+            match.num_tokens, match.kind, match.num_matched, by_tier, 0,
+            self.requires_checkpoint, evicted,
+        )  # fmt: skip
 
     def _unpin(self, blocks: tuple[Block, ...]) -> None:
         with self._lock:

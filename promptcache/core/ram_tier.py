@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes, stamp_use
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -30,6 +31,7 @@ class RamTier:
         policy: EvictionPolicy | str | None = None,
         next_tier: Tier | None = None,
         counters: Counters | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
@@ -39,6 +41,7 @@ class RamTier:
         )
         self.next_tier: Tier = next_tier or NullTier()
         self.counters = counters or Counters()
+        self.evictions = evictions if evictions is not None else EvictionLog()
         self.tree = PrefixTree()
         self.used_bytes = 0
         self.clock = 0
@@ -205,6 +208,8 @@ class RamTier:
     def _evict(self, victim: Block) -> None:
         self._remove(victim)
         self.counters.num_evictions += 1
+        assert victim.parent is not None
+        self.evictions.note(victim.block_hash, victim.parent.block_hash, self.name)
         tier = self.next_tier
         if not isinstance(tier, NullTier) and tier.put(BlockRecord.from_block(victim)):
             self.counters.num_spills += 1

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from promptcache.core.stats import LookupReport
+
 
 class EngineError(ValueError):
     """A request the engine cannot serve as asked (the server answers 400)."""
@@ -53,6 +55,7 @@ class PrefillDone:
     cached_tokens: int
     ttft_s: float
     hit_kind: str
+    lookup: LookupReport | None = None  # what the cache lookup found (None: cache off)
 
 
 @dataclass(slots=True)

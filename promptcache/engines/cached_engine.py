@@ -340,7 +340,11 @@ class CachedEngine:
                     f"({params.timeout_s:g} s); the server is busy, try again later"
                 ) from None
             yield PrefillDone(
-                n, run.cached, time.perf_counter() - t0, run.lease.kind if run.lease else "off"
+                n,
+                run.cached,
+                time.perf_counter() - t0,
+                run.lease.kind if run.lease else "off",
+                run.lease.report if run.lease else None,
             )
             fin = None
             for ev in decode_reply(
