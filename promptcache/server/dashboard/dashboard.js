@@ -59,7 +59,8 @@ function drawChart(id, series, opts) {
   const xs = all.map((p) => p[0]), ys = all.map((p) => p[1]);
   let x0 = Math.min(...xs), x1 = Math.max(...xs);
   if (x0 === x1) { x0 -= 1; x1 += 1; }
-  const y1 = opts.yMax !== undefined ? opts.yMax : Math.max(...ys, 1e-9) * 1.1;
+  const top = Math.max(...ys);
+  const y1 = opts.yMax !== undefined ? opts.yMax : top > 0 ? top * 1.1 : 1;
   const sx = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
   const sy = (y) => H - B - (y / y1) * (H - B - T);
   const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: "none" });
@@ -170,8 +171,10 @@ function render(data, stats) {
 function describe(r) {
   const d = r.detail || {};
   switch (r.reason) {
-    case "diverged":
-      return `token ${d.token_index}, message ${d.message_index} (${d.role}) vs request #${d.earlier_request}: …${d.before}⟦${d.found}⟧ expected ⟦${d.expected}⟧`;
+    case "diverged": {
+      const where = d.message_index >= 0 ? `, message ${d.message_index} (${d.role})` : "";
+      return `token ${d.token_index}${where} vs request #${d.earlier_request}: …${d.before}⟦${d.found}⟧ expected ⟦${d.expected}⟧`;
+    }
     case "evicted":
       return `evicted from ${d.tier} ${fmtS(d.seconds_ago)} ago (request #${d.earlier_request} had ${d.earlier_tokens} tokens)`;
     case "unsaved":
