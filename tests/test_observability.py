@@ -10,7 +10,7 @@ import pytest
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.stats import LookupReport
 from promptcache.server.diagnosis import PromptMemory, diagnose
-from promptcache.server.records import CacheRecord, RequestRecords
+from promptcache.server.records import CacheRecord, PrefillRate, RequestRecords
 
 SYSTEM = "You are a careful travel agent; confirm each booking change with the customer. " * 3
 
@@ -271,3 +271,15 @@ def test_eviction_log_is_bounded():
         log.note(bytes([i]) * 16, b"p" * 16, "ram", now=float(i))
     assert len(log) == 2 and log.find(bytes([0]) * 16, b"q" * 16) is None
     assert log.find(bytes([2]) * 16, b"q" * 16).time_s == 2.0
+
+
+def test_prefill_rate_is_a_median_of_measurable_requests():
+    rate = PrefillRate()
+    assert rate.saved(1000) == 0.0  # nothing measured yet: no claim
+    rate.observe(10.0, 100)  # a first request paying the warm-up
+    rate.observe(None, 500)
+    rate.observe(1.0, 10)  # too few computed tokens to measure
+    for _ in range(4):
+        rate.observe(0.1, 100)
+    assert rate.s_per_token == pytest.approx(0.001)
+    assert rate.saved(1000) == pytest.approx(1.0)

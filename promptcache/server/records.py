@@ -4,6 +4,7 @@ dashboard, and the hit-rate alert over a window of recent requests."""
 from __future__ import annotations
 
 import logging
+import statistics
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -57,21 +58,20 @@ class CacheRecord:
 
 
 class PrefillRate:
-    """Seconds per computed prompt token, averaged (EWMA) over requests that computed enough
-    tokens to measure: what a reused token saves."""
+    """Seconds per computed prompt token: the median over the last requests that computed
+    enough tokens to measure (a median: a warm-up or a queued request does not skew it)."""
 
     MIN_TOKENS = 32
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
+    def __init__(self, window: int = 32) -> None:
+        self._rates: deque[float] = deque(maxlen=window)
         self.s_per_token: float | None = None
 
     def observe(self, ttft_s: float | None, computed_tokens: int) -> None:
         if ttft_s is None or computed_tokens < self.MIN_TOKENS:
             return
-        rate = ttft_s / computed_tokens
-        old = self.s_per_token
-        self.s_per_token = rate if old is None else old + self.alpha * (rate - old)
+        self._rates.append(ttft_s / computed_tokens)
+        self.s_per_token = statistics.median(self._rates)
 
     def saved(self, cached_tokens: int) -> float:
         return cached_tokens * (self.s_per_token or 0.0)
