@@ -2,6 +2,7 @@
 records endpoint with tenants and keys, the hit-rate alert, and the units behind them."""
 
 import random
+import time
 
 import httpx
 import numpy as np
@@ -283,3 +284,36 @@ def test_prefill_rate_is_a_median_of_measurable_requests():
         rate.observe(0.1, 100)
     assert rate.s_per_token == pytest.approx(0.001)
     assert rate.saved(1000) == pytest.approx(1.0)
+
+
+@pytest.mark.server
+def test_damaged_block_on_disk(tiny_llama_dir, server_factory, tmp_path):
+    cache_dir = tmp_path / "blocks"
+    srv = server_factory(
+        *_args(tiny_llama_dir, "--ram-budget", "300KB", "--cache-dir", str(cache_dir))
+    )
+    a = ids(11, 300)
+    complete(srv, a)
+    for seed in (12, 13, 14, 15, 16):  # push A out of RAM; it stays on disk
+        complete(srv, ids(seed, 300))
+    stats = httpx.get(srv.url + "/v1/cache/stats").json()
+    assert stats["num_evictions"] > 0
+    deadline = time.time() + 30
+    while httpx.get(srv.url + "/v1/cache/stats").json()["tiers"]["ssd"]["queued_writes"]:
+        assert time.time() < deadline
+        time.sleep(0.1)
+    # damage every block file of A's first block (found by its first 16 token ids)
+    first = np.asarray(a[:16], dtype="<u4").tobytes().hex()
+    damaged = 0
+    for path in cache_dir.rglob("*.safetensors"):
+        data = path.read_bytes()
+        if first.encode() in data:
+            path.write_bytes(data[:-64] + bytes(64))
+            damaged += 1
+    assert damaged == 1
+    complete(srv, a)
+    rec = last_record(srv)
+    assert rec["reason"] == "damaged", rec
+    assert rec["detail"]["damaged_blocks"] == 1 and rec["cached_tokens"] == 0
+    complete(srv, a)  # recomputed and saved again: the next request hits
+    assert last_record(srv)["reason"] == "none"
