@@ -129,6 +129,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
+    if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
+        raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
@@ -138,6 +140,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_output_tokens=args.max_output_tokens,
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
+        hit_rate_alert=args.hit_rate_alert,
+        hit_rate_window=args.hit_rate_window,
     )
     cache = (
         "off"
@@ -217,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    _flag(
+        serve,
+        "hit-rate-alert",
+        0.8,
+        "warn (log, /metrics gauge, dashboard banner) when the token hit rate over the last "
+        "--hit-rate-window requests is under this fraction (0 turns it off)",
+        float,
+    )
+    _flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     keep = str(_env("keep-billing-header", "")).lower() in ("1", "true", "yes")
     serve.add_argument(
         "--keep-billing-header",

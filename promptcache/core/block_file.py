@@ -36,6 +36,8 @@ SUFFIX = ".safetensors"
 class CorruptBlockError(Exception):
     """A block file whose header, identity or checksum does not hold."""
 
+    is_damage = True  # False for a block that is merely gone (evicted between lookup and read)
+
 
 class OldFormatError(CorruptBlockError):
     """A block file of an older format version: not damaged, but never served."""

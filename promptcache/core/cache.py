@@ -18,11 +18,12 @@ from promptcache.core import promotion
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.chain import find_partial
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.stats import CacheStats, Counters
+from promptcache.core.stats import CacheStats, Counters, LookupReport
 from promptcache.core.tier import LowerTier
 from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
@@ -40,14 +41,20 @@ class SaveResult(NamedTuple):
 class Lease:
     """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
 
-    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "_cache", "_released")
+    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "_released")
 
     def __init__(
-        self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str
+        self,
+        cache: PromptCache,
+        num_tokens: int,
+        blocks: tuple[Block, ...],
+        kind: str,
+        report: LookupReport | None = None,
     ) -> None:
         self.num_tokens = num_tokens
         self.blocks = blocks
         self.kind = kind
+        self.report = report  # what the lookup found, for the request's cache record
         # snapshot state at num_tokens: only set when the hit ends exactly at a checkpoint
         last = blocks[-1] if blocks else None
         self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
@@ -83,8 +90,10 @@ class PromptCache:
         requires_checkpoint: bool = False,
         policy: EvictionPolicy | str | None = None,
         next_tier: LowerTier | Sequence[LowerTier] | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
-        """``next_tier``: the tiers behind RAM, nearest first (one tier alone is accepted)."""
+        """``next_tier``: the tiers behind RAM, nearest first (one tier alone is accepted).
+        ``evictions``: the log the lower tiers note their evictions in (one is made if none)."""
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         budget = default_ram_budget() if ram_budget is None else parse_size(ram_budget)
@@ -92,7 +101,9 @@ class PromptCache:
         self.block_size = block_size
         self.requires_checkpoint = requires_checkpoint
         self.counters = Counters()
-        self.ram = RamTier(budget, policy, next_tier, self.counters)
+        # where evicted blocks went (shared with the lower tiers): a miss can say so
+        self.evictions = evictions if evictions is not None else EvictionLog()
+        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions)
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
 
@@ -131,7 +142,7 @@ class PromptCache:
             if self.ram.stores and match.num_matched < seq.num_tokens - 1:
                 plan = promotion.plan(self.ram, seq, match, rc)
             if plan is None:
-                return self._serve(seq, match)
+                return self._serve(seq, match, match.num_tokens)
         try:
             loaded = promotion.load(plan)
         except BaseException:
@@ -139,12 +150,17 @@ class PromptCache:
                 promotion.finish(self.ram, plan, None)
             raise
         with self._lock:
-            promotion.finish(self.ram, plan, loaded)
+            done = promotion.finish(self.ram, plan, loaded)
             # matched again: RAM changed while the lock was let go
-            return self._serve(seq, self.ram.match(seq, rc))
+            return self._serve(
+                seq, self.ram.match(seq, rc), match.num_tokens, plan.tier.name, done.num_damaged
+            )
 
-    def _serve(self, seq: TokenSeq, match: Match) -> Lease:
-        """Count the lookup, pin its blocks (caller holds the lock)."""
+    def _serve(
+        self, seq: TokenSeq, match: Match, from_ram: int, tier: str = "", num_damaged: int = 0
+    ) -> Lease:
+        """Count the lookup, pin its blocks (caller holds the lock). ``from_ram``: tokens RAM
+        held before a promotion from ``tier``."""
         if self.whatif is not None:
             self.whatif.on_lookup(seq, match.num_tokens)
         c = self.counters
@@ -156,7 +172,23 @@ class PromptCache:
             c.hits_by_kind[match.kind] += 1
             self.ram.touch(match.blocks, is_hit=True)
             self.ram.pin(match.blocks)
-        return Lease(self, match.num_tokens, match.blocks, match.kind)
+        report = self._report(seq, match, from_ram, tier, num_damaged)
+        return Lease(self, match.num_tokens, match.blocks, match.kind, report)
+
+    def _report(
+        self, seq: TokenSeq, match: Match, from_ram: int, tier: str, num_damaged: int
+    ) -> LookupReport:
+        by_tier = {"ram": min(from_ram, match.num_tokens)}
+        if match.num_tokens > from_ram and tier:
+            by_tier[tier] = match.num_tokens - from_ram
+        past = match.num_matched // self.block_size  # the first block the cache did not have
+        parent = seq.block_hash(past - 1) if past else seq.root
+        full = seq.block_hash(past) if past < seq.num_full_blocks else parent
+        evicted = self.evictions.find(full, parent)
+        return LookupReport(
+            match.num_tokens, match.kind, match.num_matched, by_tier, num_damaged,
+            self.requires_checkpoint, evicted,
+        )  # fmt: skip
 
     def _unpin(self, blocks: tuple[Block, ...]) -> None:
         with self._lock:

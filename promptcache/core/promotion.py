@@ -10,8 +10,10 @@ When RAM cannot be reserved the lookup stays a RAM-only hit (counted by the tier
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from promptcache.core.block import Block
+from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
 from promptcache.core.ram_tier import RamTier
@@ -30,6 +32,11 @@ class PromotionPlan:
     parent: Block
     reserved: int
     root: BlockHash  # the namespace, pruned once the plan is done if it stayed empty
+
+
+class Promoted(NamedTuple):
+    num_blocks: int
+    num_damaged: int  # blocks that failed their checks (quarantined by their tier)
 
 
 def plan(
@@ -69,16 +76,19 @@ def load(p: PromotionPlan) -> list[ReadResult]:
     return p.tier.read(p.blocks)
 
 
-def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> int:
+def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> Promoted:
     """Under the lock again: release the plan and insert what was loaded (None: nothing, the
-    load failed); returns the number of blocks promoted."""
+    load failed)."""
     ram.unreserve(p.reserved)
     ram.let_go(p.parent)
     parent = p.parent
     promoted = []
+    num_damaged = 0
     for b, result in zip(p.blocks, loaded or (), strict=False):
         if isinstance(result, Exception):
-            break  # the hit ends before an unusable block (a damaged one is quarantined)
+            # the hit ends before an unusable block (a damaged one is quarantined)
+            num_damaged = int(isinstance(result, CorruptBlockError) and result.is_damage)
+            break
         payload, checkpoint = result
         # another request may have saved or promoted it meanwhile
         blk = ram.get(b.block_hash) or ram.insert(parent, b.meta, payload, checkpoint=checkpoint)
@@ -90,4 +100,4 @@ def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> i
     ram.prune_root(p.root)
     if promoted:
         p.tier.touch(promoted)
-    return len(promoted)
+    return Promoted(len(promoted), num_damaged)

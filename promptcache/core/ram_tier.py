@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
@@ -40,6 +41,7 @@ class RamTier:
         policy: EvictionPolicy | str | None = None,
         next_tier: LowerTier | Sequence[LowerTier] | None = None,
         counters: Counters | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
@@ -54,6 +56,7 @@ class RamTier:
         # NullTier, a test's recording tier, may hold things)
         self.stores = [t for t in self.lower_tiers if type(t) is not NullTier]
         self.counters = counters or Counters()
+        self.evictions = evictions if evictions is not None else EvictionLog()
         self.tree = PrefixTree()
         self.used_bytes = 0
         self.reserved_bytes = 0  # promised to promotions loading outside the lock
@@ -239,6 +242,8 @@ class RamTier:
     def _evict(self, victim: Block) -> None:
         self._remove(victim)
         self.counters.num_evictions += 1
+        assert victim.parent is not None
+        self.evictions.note(victim.block_hash, victim.parent.block_hash, self.name)
         if self.stores:
             record = BlockRecord.from_block(victim)
             # every lower tier is offered it (a write-through tier may have dropped it before)

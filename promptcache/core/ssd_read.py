@@ -37,6 +37,8 @@ _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd
 class BlockEvictedError(CorruptBlockError):
     """The block was evicted between lookup and read: the hit ends there; nothing is damaged."""
 
+    is_damage = False
+
 
 class SsdReads:
     """The read half of ``SsdTier`` (a mixin: the tier owns the state below)."""

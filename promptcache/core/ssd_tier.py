@@ -23,6 +23,7 @@ from typing import Any
 
 from promptcache.core.block_file import SUFFIX
 from promptcache.core.codec import PayloadCodec, TreeCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import (
     FILE_MODE,
@@ -60,6 +61,7 @@ class SsdTier(SsdReads, SsdWrites):
         retention_s: float | None = None,
         queue_blocks: int = 64,
         retry_s: float | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
         """Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
@@ -71,6 +73,7 @@ class SsdTier(SsdReads, SsdWrites):
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
         self.stats = SsdStats()
+        self.evictions = evictions  # shared with the cache: a miss can say "evicted from ssd"
         self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
         self._tenants: OrderedDict[BlockHash, str] = OrderedDict()
         # queued hashes -> whether a queued record carries a checkpoint (a block may be queued

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from promptcache.core.budget import parse_size
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.ssd_tier import DEFAULT_SSD_BUDGET, SsdTier
 from promptcache.core.tier import LowerTier, make_tier
 
@@ -17,6 +18,7 @@ def make_lower_tiers(
     ssd_budget: int | str = DEFAULT_SSD_BUDGET,
     ssd_retention: float | None = None,
     codec: PayloadCodec | None = None,
+    evictions: EvictionLog | None = None,
 ) -> list[LowerTier]:
     """The lower tiers, nearest first, for ``PromptCache(next_tier=...)``: an SSD tier under
     ``ssd_dir`` when one is given (raises CacheDirLockedError when another process holds the
@@ -31,6 +33,7 @@ def make_lower_tiers(
                 codec=codec,
                 budget_bytes=parse_size(ssd_budget),
                 retention_s=ssd_retention,
+                evictions=evictions,
             )
         )
     return tiers

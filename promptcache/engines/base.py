@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from promptcache.core.stats import LookupReport
 from promptcache.engines.errors import (
     CacheSaveError,
     ConfigError,
@@ -64,6 +65,7 @@ class PrefillDone:
     cached_tokens: int
     ttft_s: float
     hit_kind: str
+    lookup: LookupReport | None = None  # what the cache lookup found (None: cache off)
 
 
 @dataclass(slots=True)

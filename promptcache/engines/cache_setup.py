@@ -9,6 +9,7 @@ from typing import Any
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.tier import LowerTier
 from promptcache.core.tiers import make_lower_tiers
 from promptcache.engines.errors import ConfigError
@@ -47,6 +48,7 @@ def build_cache(
         return opts.cache
     next_tier = opts.next_tier
     built: list[LowerTier] = []
+    evictions = EvictionLog()  # RAM and every lower tier note evictions here
     if next_tier is None:
         try:
             built = next_tier = make_lower_tiers(
@@ -55,6 +57,7 @@ def build_cache(
                 ssd_budget=opts.ssd_budget,
                 ssd_retention=opts.ssd_retention,
                 codec=codec,
+                evictions=evictions,
             )
         except ValueError as exc:  # a bad budget
             raise ConfigError(f"lower tiers: {exc}") from None
@@ -66,6 +69,7 @@ def build_cache(
             requires_checkpoint=requires_checkpoint,
             next_tier=next_tier,
             policy=opts.policy,
+            evictions=evictions,
         )
     except ValueError as exc:  # a bad budget, block size or policy name
         for tier in built:

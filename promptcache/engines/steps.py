@@ -64,7 +64,10 @@ class Steps:
         elif req.phase is Phase.PREFILL:
             self.prefill_chunk_of(req)
             if req.pos == req.num_prompt:
-                req.outbox.append(PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind))
+                report = req.lease.report if req.lease is not None else None
+                req.outbox.append(
+                    PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
+                )
                 req.started = True
                 scores = self.runner.to_numpy(req.logits)
                 start_decoding(req, self.max_context, self.decode_text, scores)

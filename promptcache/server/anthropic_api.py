@@ -175,7 +175,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
-    events = state.events(request, prep.prompt, prep.params, prep.tenant)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
     if not req.stream:
         fin = None
         async for ev in events:

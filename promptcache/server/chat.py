@@ -150,15 +150,13 @@ class ChatFormatter:
             return
         calls = [_call_of(c) for c in last.get("tool_calls") or []]
 
-        def locate(token: int) -> tuple[int, str]:
-            for k in range(1, len(chat.messages) + 1):
-                part = Chat(chat.messages[:k], chat.tools, chat.tool_choice)
-                if len(self.render(part, tenant)) > token:
-                    return k - 1, str(chat.messages[k - 1].get("role"))
-            return len(chat.messages) - 1, str(chat.messages[-1].get("role"))
-
         gap = self.replies.check(
-            tenant, str(last.get("content") or ""), calls, prompt, self.engine.decode, locate
+            tenant,
+            str(last.get("content") or ""),
+            calls,
+            prompt,
+            self.engine.decode,
+            lambda token: self.message_at(chat, tenant, token),
         )
         if gap is not None:
             log.info(
@@ -166,6 +164,19 @@ class ChatFormatter:
                 "(%s), token %d: expected %r, found %r",
                 gap.message_index, gap.role, gap.token_index, gap.expected, gap.found,
             )  # fmt: skip
+
+    def message_at(self, chat: Chat, tenant: str, token: int) -> tuple[int, str]:
+        """(index, role) of the message holding prompt token ``token``: the first k messages
+        whose rendering reaches past it (binary search: renderings grow with k)."""
+        lo, hi = 1, len(chat.messages)
+        while lo < hi:
+            k = (lo + hi) // 2
+            part = Chat(chat.messages[:k], chat.tools, chat.tool_choice)
+            if len(self.render(part, tenant)) > token:
+                hi = k
+            else:
+                lo = k + 1
+        return lo - 1, str(chat.messages[lo - 1].get("role"))
 
 
 def new_call_id(prefix: str) -> str:

@@ -177,7 +177,7 @@ async def _respond(
     created = int(time.time())
     model = req.model or state.model_id
     obj = "chat.completion" if chat else "text_completion"
-    events = state.events(request, prep.prompt, prep.params, prep.tenant)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
     if not req.stream:
         fin = None
         async for ev in events:
