@@ -197,11 +197,12 @@ def create_app(state: ServerState) -> FastAPI:
             "misses_by_reason": records.reasons(tenant),
         }
 
-    @app.get("/dashboard", response_class=HTMLResponse)
+    # the page and its files are UI, not API: kept out of the OpenAPI schema
+    @app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard_file("index.html"))
 
-    @app.get("/dashboard/{name}")
+    @app.get("/dashboard/{name}", include_in_schema=False)
     async def dashboard_asset(name: str) -> Response:
         if name not in DASHBOARD_ASSETS:
             raise StarletteHTTPException(404, f"no dashboard file {name!r}")
