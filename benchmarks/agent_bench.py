@@ -47,73 +47,18 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from promptcache.bench import IdealSession, plot, summarize
+from promptcache.server.launcher import ServerProcess
 
 TENANT_HEADER = "x-promptcache-tenant"
 REUSE_TARGET = 0.95
 RATIO_TARGET = 0.2
 RATIO_TURN = 8
-
-
-# -- servers (the pattern of tests/conftest.py's ServerProcess) ----------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class ServerProcess:
-    """A real `promptcache serve` process on a free loopback port."""
-
-    def __init__(self, args: list[str], log: Path | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.args = args
-        self.env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": "info"}
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 300) -> ServerProcess:
-        import httpx
-
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
-        cmd = [sys.executable, "-m", "promptcache.cli", "serve", "--port", str(self.port)]
-        self.proc = subprocess.Popen([*cmd, *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.args}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("server did not become healthy")
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def stats(self) -> dict[str, Any]:
-        import httpx
-
-        return httpx.get(self.url + "/v1/cache/stats", timeout=10).json()
 
 
 # -- the conversation and its tools --------------------------------------------------------------
@@ -335,7 +280,9 @@ def run_once(
 ) -> tuple[list[dict[str, Any]], dict[str, Any], list[dict[str, Any]]]:
     from openai import OpenAI
 
-    on = ServerProcess(args.server_args + ["--no-ssd"], log=out / f"server-on-{rep}.log").start()
+    on = ServerProcess(
+        args.server_args + ["--no-ssd"], log=out / f"server-on-{rep}.log", log_level="info"
+    ).start(timeout=300)
     try:
         c_on = OpenAI(base_url=on.url + "/v1", api_key="unused", max_retries=0, timeout=900)
         c_off = OpenAI(base_url=off.url + "/v1", api_key="unused", max_retries=0, timeout=900)
@@ -489,8 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     engine = build_engine(args.engine, args.model, cache_enabled=False)
     list(engine.generate(list(range(100, 612)), SamplingParams(max_tokens=2)))  # untimed warm-up
     ideal = Ideal(engine)
-    off = ServerProcess(args.server_args + ["--no-cache", "--no-ssd"], log=out / "server-off.log")
-    off.start()
+    off = ServerProcess(
+        args.server_args + ["--no-cache", "--no-ssd"], log=out / "server-off.log", log_level="info"
+    )
+    off.start(timeout=300)
     runs, stats, histories = [], [], []
     try:
         from openai import OpenAI

@@ -12,15 +12,13 @@ import argparse
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from conftest import ServerProcess  # noqa: E402
+from promptcache.server.launcher import ServerProcess
 
 SYSTEM = (
     "x-session-header: cc_version=2.1; cch={tag};\n"

@@ -1,0 +1,74 @@
+"""A real ``promptcache serve`` process on a free loopback port: for tests, benchmarks and demos
+that drive the server the way a client does (over HTTP, in another process)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """``start()`` returns once ``/health`` answers; ``stop()`` terminates (or kills) it."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.env = {**os.environ, "PROMPTCACHE_LOG_LEVEL": log_level, **(env or {})}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 120) -> ServerProcess:
+        import httpx
+
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
+        cmd = [sys.executable, "-m", "promptcache.cli", "serve", "--port", str(self.port)]
+        self.proc = subprocess.Popen(
+            [*cmd, *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT
+        )
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.args}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("server did not become healthy")
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def stats(self) -> dict[str, Any]:
+        import httpx
+
+        return dict(httpx.get(self.url + "/v1/cache/stats", timeout=10).json())
