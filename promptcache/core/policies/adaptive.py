@@ -19,8 +19,8 @@ candidates would, and tracking every candidate on the live cache would cost each
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from promptcache.core.block import Block
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 CANDIDATES = ("lru", "s3fifo", "frecency")
 HISTORY_FACTOR = 8  # evicted hashes remembered per resident block (as frecency's own history)
+HISTORY_MIN = 64
 
 
 class AdaptivePolicy:
@@ -42,9 +43,12 @@ class AdaptivePolicy:
         self.current = 0  # index of the candidate in charge
         self.whatif: WhatIf | None = None  # calls hand_over when its leader changes
         # every resident block with the uses it had before (remembered across evictions), and
-        # evicted hashes, oldest first: (uses, last use); both for a hand-over
+        # evicted hashes, oldest first: (uses, last use); both for a hand-over. The history is a
+        # plain dict (insertion order) cut back to its newest entries now and then: the hot
+        # calls stay a few dict operations, the trimming costs O(1) amortized
         self._resident: dict[Block, int] = {}
-        self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
+        self._history: dict[BlockHash, tuple[int, int]] = {}
+        self._history_cap = 2 * HISTORY_MIN
         # the leader's own bound methods, so the hot calls cost nothing extra
         self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
         self.on_access: Callable[[Sequence[Block], bool, int], None] = self.policy.on_access
@@ -53,36 +57,51 @@ class AdaptivePolicy:
         self.pop_victim: Callable[[], Block | None] = self.policy.pop_victim
         self.admit: Callable[[Block, Block], bool] = self.policy.admit
         self.check_integrity: Callable[[set[int]], None] = self.policy.check_integrity
+        self._on_insert: Callable[[Block], None] = self.policy.on_insert
+        self._on_evict: Callable[[Block], None] = self.policy.on_evict
 
     def hand_over(self, index: int) -> None:
         """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks.
         Call only between tier operations (the what-if lookup hook is such a point)."""
         self.current = index
         p = self.policy = make_policy(self.candidate_names[index])
-        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
+        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._trim_history())
         self.on_access, self.add_evictable = p.on_access, p.add_evictable
         self.remove_evictable, self.pop_victim = p.remove_evictable, p.pop_victim
         self.admit, self.check_integrity = p.admit, p.check_integrity
+        self._on_insert, self._on_evict = p.on_insert, p.on_evict
 
     def on_insert(self, block: Block) -> None:
         seen = self._history.pop(block.block_hash, None)
-        self._resident[block] = seen[0] if seen is not None else 0
-        self.policy.on_insert(block)
+        self._resident[block] = 0 if seen is None else seen[0]
+        self._on_insert(block)
 
     def on_evict(self, block: Block) -> None:
-        before = self._resident.pop(block, None)
+        resident = self._resident
+        before = resident.pop(block, None)
         if before is None:
             return
-        self.policy.on_evict(block)
+        self._on_evict(block)
         history = self._history
         history[block.block_hash] = (before + 1 + block.num_hits, block.last_access)
-        while len(history) > max(HISTORY_FACTOR * len(self._resident), 64):
-            history.popitem(last=False)
+        if len(history) > self._history_cap:
+            self._trim_history()
+
+    def _trim_history(self) -> dict[BlockHash, tuple[int, int]]:
+        """Keep the newest ``HISTORY_FACTOR`` per resident block (at least ``HISTORY_MIN``);
+        the history then grows to twice that before the next cut."""
+        limit = max(HISTORY_FACTOR * len(self._resident), HISTORY_MIN)
+        history = self._history
+        if len(history) > limit:
+            history = self._history = dict(islice(history.items(), len(history) - limit, None))
+        self._history_cap = 2 * limit
+        return history
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         for b in blocks:
             self._resident[b] = 0
-        self._history = OrderedDict(history)
+        self._history = dict(history)
+        self._trim_history()
         self.policy.adopt(blocks, history)
 
 

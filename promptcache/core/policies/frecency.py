@@ -127,9 +127,11 @@ class FrecencyPolicy:
         if meta is None:
             return
         self._unlist(meta)
-        self._history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
-        while len(self._history) > max(int(len(self._metas) * self.history_factor), 64):
-            self._history.popitem(last=False)
+        history = self._history
+        history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
+        limit = int(len(self._metas) * self.history_factor)
+        while len(history) > limit and len(history) > 64:
+            history.popitem(last=False)
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         self._history = OrderedDict(history)

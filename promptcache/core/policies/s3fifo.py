@@ -27,7 +27,9 @@ class _Meta(Node):
     __slots__ = ("queue", "freq", "hits_seen", "nbytes", "listed")
 
     def __init__(self, block: Block, queue: int) -> None:
-        super().__init__(block)
+        self.block = block  # Node.__init__, inlined: one per inserted block
+        self.prev: Node | None = None
+        self.next: Node | None = None
         self.queue = queue
         self.freq = 0
         self.hits_seen = block.num_hits  # hits after this one count towards freq
@@ -117,9 +119,11 @@ class S3FifoPolicy:
             self._lists[meta.queue].remove(meta)
         self._bytes[meta.queue] -= meta.nbytes
         if meta.queue == SMALL:
-            self._ghost[block.block_hash] = None
-            while len(self._ghost) > max(int(len(self._metas) * self.ghost_factor), 64):
-                self._ghost.popitem(last=False)
+            ghost = self._ghost
+            ghost[block.block_hash] = None
+            limit = int(len(self._metas) * self.ghost_factor)
+            while len(ghost) > limit and len(ghost) > 64:
+                ghost.popitem(last=False)
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         # no ghost from another policy's evictions: it sends every returning block straight to
