@@ -29,6 +29,10 @@ def sampled_indices(hashes: Sequence[BlockHash], thresholds: Sequence[int]) -> l
     A lower threshold's sample is a subset of a higher one's."""
     if not hashes:
         return [[] for _ in thresholds]
+    if len(hashes) < 128:  # numpy's call overhead dominates a short prompt
+        top = max(thresholds)
+        first = [i for i, h in enumerate(hashes) if h[-1] < top]
+        return [first if t == top else [i for i in first if hashes[i][-1] < t] for t in thresholds]
     last = np.frombuffer(b"".join(hashes), dtype=_U8)[HASH_BYTES - 1 :: HASH_BYTES]
     return [
         list(range(len(hashes))) if t >= 256 else np.flatnonzero(last < t).tolist()
@@ -59,8 +63,10 @@ class MiniCache:
 
     def _resident_prefix(self, chain: Sequence[BlockHash]) -> list[Block]:
         index = self.index
+        if chain[-1] in index:  # the common case on a warm cache: all of it
+            return [index[h] for h in chain]
         # a resident block's ancestors are resident: binary search for the hit's end
-        lo, hi = 0, len(chain)
+        lo, hi = 0, len(chain) - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if chain[mid - 1] in index:
@@ -77,11 +83,12 @@ class MiniCache:
 
     def lookup(self, chain: Sequence[BlockHash]) -> int:
         """Sampled blocks of a prompt found resident (a prefix of ``chain``), touched as hits."""
-        path = self._resident_prefix(chain)
-        if path:
-            self._touch(path, True)
-        self.num_hits += len(path)
         self.num_lookups += len(chain)
+        if not chain or chain[0] not in self.index:
+            return 0
+        path = self._resident_prefix(chain)
+        self._touch(path, True)
+        self.num_hits += len(path)
         return len(path)
 
     def save(self, root: BlockHash, chain: Sequence[BlockHash]) -> None:

@@ -42,6 +42,7 @@ class FrecencyPolicy:
         # server span several cache-fulls
         self.history_factor = history_factor
         self._log_gap: float | None = None  # EMA of ln(reuse interval, in tier clock units)
+        self._window = 0.0  # window_bytes, recomputed when _log_gap moves
         self._heap: list[list[object]] = []
         self._num_listed = 0
         self._metas: dict[Block, _Meta] = {}
@@ -50,17 +51,18 @@ class FrecencyPolicy:
 
     @property
     def window_bytes(self) -> float:
-        return 0.0 if self._log_gap is None else self.reuse_windows * math.exp(self._log_gap)
+        return self._window
 
     def _observe(self, gap: int, weight: float) -> None:
         if gap >= TICKS_PER_BYTE:  # something was inserted in between
             x = math.log(gap)
             lg = self._log_gap
-            self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
+            lg = self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
+            self._window = self.reuse_windows * math.exp(lg)
 
     def _priority(self, block: Block, last: int, freq: int) -> float:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""
-        return last + self.window_bytes * math.log(freq)
+        return last + self._window * math.log(freq) if freq > 1 else last
 
     def _push(self, block: Block, meta: _Meta, last: int, freq: int) -> None:
         self._seq += 1
