@@ -142,6 +142,15 @@ class FrecencyPolicy:
             if b.is_evictable:
                 self.add_evictable(b)
 
+    def hand_over_state(
+        self,
+    ) -> tuple[dict[Block, int], dict[BlockHash, tuple[int, int]]]:
+        """For ``AdaptivePolicy`` handing the tier to another policy: every resident block with
+        its uses remembered from before it was inserted, and the history of evicted hashes,
+        oldest first: (uses, last use)."""
+        resident = {b: meta.base_freq - 1 for b, meta in self._metas.items()}
+        return resident, dict(self._history)
+
     def check_integrity(self, evictable: set[int]) -> None:
         live = [e[2] for e in self._heap if e[2] is not None]
         held = {id(b) for b in live}
