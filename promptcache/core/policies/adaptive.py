@@ -9,7 +9,8 @@ exactly as that fixed policy would, at that policy's speed. On a switch the new 
 the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
 its decisions match its fixed self again within about one cache turnover. The adaptive policy
 keeps a bounded history of evicted hashes (uses, last use) for the same reason: a new leader
-gets the frecency history it would have built.
+gets the frecency history it would have built (under a frecency leader, which keeps that
+history itself, the adaptive policy keeps nothing and costs nothing extra).
 
 Why this: the bound to meet is the best *fixed* policy on each workload, which following the
 measured winner reaches once the winner is clear and stays within the sims' noise when the
