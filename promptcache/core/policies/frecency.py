@@ -24,6 +24,8 @@ from promptcache.core.block import TICKS_PER_BYTE, Block
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
+_heappush, _heappop = heapq.heappush, heapq.heappop
+
 
 class _Meta:
     __slots__ = ("base_freq", "entry")
@@ -65,11 +67,12 @@ class FrecencyPolicy:
         return last + self._window * math.log(freq) if freq > 1 else last
 
     def _push(self, block: Block, meta: _Meta, last: int, freq: int) -> None:
-        self._seq += 1
-        meta.entry = [self._priority(block, last, freq), self._seq, block]
-        heapq.heappush(self._heap, meta.entry)
-        if len(self._heap) > 2 * self._num_listed + 64:  # drop stale entries
-            self._heap = [e for e in self._heap if e[2] is not None]
+        seq = self._seq = self._seq + 1
+        entry = meta.entry = [self._priority(block, last, freq), seq, block]
+        heap = self._heap
+        _heappush(heap, entry)
+        if len(heap) > 2 * self._num_listed + 64:  # drop stale entries
+            self._heap = [e for e in heap if e[2] is not None]
             heapq.heapify(self._heap)
 
     def _unlist(self, meta: _Meta) -> None:
@@ -106,12 +109,15 @@ class FrecencyPolicy:
 
     def remove_evictable(self, block: Block) -> None:
         meta = self._metas.get(block)
-        if meta is not None:
-            self._unlist(meta)
+        if meta is not None and meta.entry is not None:  # _unlist, inlined
+            meta.entry[2] = None
+            meta.entry = None
+            self._num_listed -= 1
 
     def pop_victim(self) -> Block | None:
-        while self._heap:
-            entry = heapq.heappop(self._heap)
+        heap = self._heap
+        while heap:
+            entry = _heappop(heap)
             block = entry[2]
             if block is None:
                 continue
