@@ -10,7 +10,9 @@ trace (block 512, ../shared/data/mooncake); tau-bench agent conversations made b
 benchmarks/make_agent_trace.py (../shared/data/tau_bench); an ``aiperf synthesize agentic-code``
 dataset given with ``--aiperf FILE`` (multi-turn sessions, replies saved as the server does).
 Belady is the next-use-optimal policy on the same tree (``policy_ceiling.HashFuture``).
-The ``mini`` column is the candidate the default's sampled simulations ranked first.
+The ``mini`` column is the candidate the default's sampled simulations ranked first; ``cpu vs
+lru`` the default's replay CPU time over LRU's at that capacity (CPU time: on a shared machine
+wall time mostly measures the neighbours), which should stay at or under 2.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -100,8 +103,9 @@ def main() -> None:
     args = ap.parse_args()
     fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
     cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
+    cols.append("cpu vs lru")
     print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
-    print("|---|---:|" + "---:|" * (len(cols) - 1) + "---|")
+    print("|---|---:|" + "---:|" * (len(cols) - 2) + "---|---:|")
     rows: list[dict[str, Any]] = []
     for shape in shapes(args):
         requests = shape.load()
@@ -114,9 +118,13 @@ def main() -> None:
             else HashFuture(requests, shape.block, shape.block, shape.with_output)
         )
         for cap in shape.capacities:
-            row: dict[str, Any] = {"trace": shape.name, "capacity_tokens": cap, "seconds": {}}
+            row: dict[str, Any] = {
+                "trace": shape.name, "capacity_tokens": cap, "seconds": {}, "cpu_seconds": {}
+            }  # fmt: skip
             for p in [*fixed, DEFAULT_POLICY]:
+                cpu = time.process_time()
                 r = replay(requests, cap, policy=p, **kw)
+                row["cpu_seconds"][p] = time.process_time() - cpu
                 row[p] = r["hit_rate"]
                 row["seconds"][p] = r["seconds"]
                 if p == DEFAULT_POLICY:
@@ -131,8 +139,11 @@ def main() -> None:
             row["shortfall"] = row[best] - row[DEFAULT_POLICY]
             rows.append(row)
             cells = [f"{row[p]:.4f}" for p in [*fixed, DEFAULT_POLICY]]
+            cpu = row["cpu_seconds"]
+            row["cpu_vs_lru"] = cpu[DEFAULT_POLICY] / cpu["lru"] if cpu.get("lru") else None
             cells += [f"{row['belady']:.4f}" if "belady" in row else "-", best,
-                      f"{row['shortfall']:+.4f}", row["mini"]]  # fmt: skip
+                      f"{row['shortfall']:+.4f}", row["mini"],
+                      f"{row['cpu_vs_lru']:.2f}" if row["cpu_vs_lru"] else "-"]  # fmt: skip
             print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
     print("\nReplay seconds (median over capacities) and speed relative to LRU:")
     print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")
@@ -144,6 +155,13 @@ def main() -> None:
         }
         slowest = max(med.values()) / med["lru"] if "lru" in med else float("nan")
         print(f"| {name} | {' | '.join(f'{v:.1f}' for v in med.values())} | {1 / slowest:.2f}x |")
+    timed = [r for r in rows if r.get("cpu_vs_lru")]
+    if timed:
+        slow = max(timed, key=lambda r: r["cpu_vs_lru"])
+        print(
+            f"\nslowest default vs lru (CPU time, per capacity): {slow['cpu_vs_lru']:.2f}x"
+            f" ({slow['trace']} at {slow['capacity_tokens']:,} tokens)"
+        )
     worst = max(rows, key=lambda r: r["shortfall"])
     print(
         f"\nworst shortfall of the default vs the best fixed policy: {worst['shortfall']:+.4f}"

@@ -171,3 +171,46 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
     text = "\n".join(render_cache_stats(stats))
     assert 'promptcache_cache_whatif_hit_rate_by_budget{budget="2x"}' in text
     assert f'promptcache_cache_policy_leader{{policy="{stats["policy_leader"]}"}} 1' in text
+
+
+def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
+    """A 150-block cache turns over every few requests: its miniatures run at 1/4 (not at full
+    size, which would cost each candidate the live cache's upkeep), and the curve's 1x is the
+    leader's candidate miniature rather than a copy of it."""
+    block = 8
+    trace = shape_trace("scan_hot", 0.2, block)
+    cache = PromptCache("t", block_size=block, ram_budget=150 * block)
+    for req in trace:
+        seq = cache.sequence(prompt_tokens(req, block))
+        with cache.lookup(seq):
+            pass
+        cache.save(seq, None, null_slicer)
+    whatif = cache.whatif
+    assert whatif.rates == (4, 4)
+    assert len(whatif.live.sims) == len(FIXED) and len(whatif.curve.sims) == 2
+    assert whatif._curve_rate(1) == whatif.live.rate(whatif.leader)
+    for sim in [*whatif.live.sims, *whatif.curve.sims]:
+        sim.check_integrity()
+    curve = cache.stats().to_dict()["whatif_hit_rate_by_budget"]
+    assert curve["0.5x"] <= curve["1x"] <= curve["2x"]
+
+
+def test_a_frecency_leader_keeps_the_hand_over_state_itself():
+    """Under frecency the adaptive policy keeps no residents or history of its own (frecency
+    keeps the same): a hand-over takes them from frecency, hit counts and all."""
+    from core_helpers import churn_conversations
+
+    policy = AdaptivePolicy(("frecency", "lru", "s3fifo"))
+    cache = PromptCache("k", block_size=4, ram_budget=64 * 30, policy=policy)
+    cache.whatif.on_switch = None
+    assert policy.on_insert == policy.policy.on_insert  # called directly
+    churn_conversations(cache, random.Random(3), steps=400, check_every=50)
+    assert not policy._resident and not policy._history
+    resident, history = policy.policy.hand_over_state()
+    assert resident and history
+    policy.hand_over(1)  # to lru: now tracked here, from frecency's state
+    assert policy._resident.keys() == resident.keys() and policy._history == history
+    churn_conversations(cache, random.Random(4), steps=200, check_every=50)
+    policy.hand_over(0)  # back to frecency, which adopts the history kept meanwhile
+    assert policy.policy._history and not policy._history
+    churn_conversations(cache, random.Random(5), steps=200, check_every=50)

@@ -29,6 +29,10 @@ def sampled_indices(hashes: Sequence[BlockHash], thresholds: Sequence[int]) -> l
     A lower threshold's sample is a subset of a higher one's."""
     if not hashes:
         return [[] for _ in thresholds]
+    if len(hashes) < 128:  # numpy's call overhead dominates a short prompt
+        top = max(thresholds)
+        first = [i for i, h in enumerate(hashes) if h[-1] < top]
+        return [first if t == top else [i for i in first if hashes[i][-1] < t] for t in thresholds]
     last = np.frombuffer(b"".join(hashes), dtype=_U8)[HASH_BYTES - 1 :: HASH_BYTES]
     return [
         list(range(len(hashes))) if t >= 256 else np.flatnonzero(last < t).tolist()
@@ -59,8 +63,10 @@ class MiniCache:
 
     def _resident_prefix(self, chain: Sequence[BlockHash]) -> list[Block]:
         index = self.index
+        if chain[-1] in index:  # the common case on a warm cache: all of it
+            return [index[h] for h in chain]
         # a resident block's ancestors are resident: binary search for the hit's end
-        lo, hi = 0, len(chain)
+        lo, hi = 0, len(chain) - 1
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if chain[mid - 1] in index:
@@ -77,74 +83,75 @@ class MiniCache:
 
     def lookup(self, chain: Sequence[BlockHash]) -> int:
         """Sampled blocks of a prompt found resident (a prefix of ``chain``), touched as hits."""
-        path = self._resident_prefix(chain)
-        if path:
-            self._touch(path, True)
-        self.num_hits += len(path)
         self.num_lookups += len(chain)
+        if not chain or chain[0] not in self.index:
+            return 0
+        path = self._resident_prefix(chain)
+        self._touch(path, True)
+        self.num_hits += len(path)
         return len(path)
 
     def save(self, root: BlockHash, chain: Sequence[BlockHash]) -> None:
-        """Make the sampled chain resident (as far as room allows) and touch it."""
+        """Make the sampled chain resident (as far as room allows) and touch it.
+
+        The tier's rules, in fewer policy calls: the block being extended stays pinned and off
+        the policy's list while room is made for its child (the tier lists it between children
+        and unlists it again, which changes no decision), and each new block is listed only
+        once the chain ends. The decisions are the tier's, hit for hit."""
         if not chain:
             return
         path = self._resident_prefix(chain)
-        parent = path[-1] if path else self.roots.get(root)
-        if parent is None:
-            parent = self.roots[root] = Block(root, None, children=_NO_CHILDREN)
-        for h in chain[len(path) :]:
-            if self.used + self.unit > self.budget and not self._make_room(parent):
-                break
-            parent = self._insert(parent, h)
-            path.append(parent)
+        roots = self.roots
+        end = path[-1] if path else roots.get(root)
+        if end is None:
+            end = roots[root] = Block(root, None, children=_NO_CHILDREN)
+        if len(path) < len(chain):
+            policy = self.policy
+            if end.parent is not None and end.num_children == 0 and end.ref_count == 0:
+                policy.remove_evictable(end)  # gains a child (or is pinned until the end)
+            end.ref_count += 1
+            index, unit, budget = self.index, self.unit, self.budget
+            pop_victim, on_insert, on_evict = policy.pop_victim, policy.on_insert, policy.on_evict
+            add_evictable = policy.add_evictable
+            used, clock = self.used, self.clock
+            step = unit * TICKS_PER_BYTE
+            for h in chain[len(path) :]:
+                while used + unit > budget:
+                    victim = pop_victim()
+                    if victim is None:
+                        break
+                    del index[victim.block_hash]
+                    used -= victim.nbytes
+                    parent = victim.parent
+                    assert parent is not None
+                    parent.num_children -= 1
+                    on_evict(victim)
+                    if parent.num_children == 0 and parent.ref_count == 0:
+                        if parent.parent is None:
+                            del roots[parent.block_hash]
+                        else:
+                            add_evictable(parent)
+                else:
+                    blk = Block(h, end, nbytes=unit, children=_NO_CHILDREN, ref_count=1)
+                    end.num_children += 1
+                    end.ref_count -= 1
+                    index[h] = blk
+                    used += unit
+                    clock += step
+                    blk.last_access = clock
+                    on_insert(blk)
+                    path.append(blk)
+                    end = blk
+                    continue
+                break  # no room could be made
+            self.used, self.clock = used, clock
+            end.ref_count -= 1
+            if end.parent is not None and end.num_children == 0 and end.ref_count == 0:
+                add_evictable(end)
         if path:
             self._touch(path, False)
-        elif parent.num_children == 0 and parent.parent is None:
-            del self.roots[root]
-
-    def _insert(self, parent: Block, h: BlockHash) -> Block:
-        policy = self.policy
-        if parent.parent is not None and parent.num_children == 0 and parent.ref_count == 0:
-            policy.remove_evictable(parent)  # no longer a leaf
-        blk = Block(h, parent, nbytes=self.unit, children=_NO_CHILDREN)
-        parent.num_children += 1
-        self.index[h] = blk
-        self.used += self.unit
-        self.clock += self.unit * TICKS_PER_BYTE
-        blk.last_access = self.clock
-        policy.on_insert(blk)
-        policy.add_evictable(blk)
-        return blk
-
-    def _make_room(self, keep: Block) -> bool:
-        """Evict leaves until one more block fits, never ``keep`` (the chain being saved)."""
-        policy = self.policy
-        was_leaf = keep.is_evictable
-        keep.ref_count += 1
-        if was_leaf:
-            policy.remove_evictable(keep)
-        while self.used + self.unit > self.budget:
-            victim = policy.pop_victim()
-            if victim is None:
-                break
-            self._evict(victim)
-        keep.ref_count -= 1
-        if was_leaf:
-            policy.add_evictable(keep)
-        return self.used + self.unit <= self.budget
-
-    def _evict(self, victim: Block) -> None:
-        del self.index[victim.block_hash]
-        self.used -= victim.nbytes
-        parent = victim.parent
-        assert parent is not None
-        parent.num_children -= 1
-        self.policy.on_evict(victim)
-        if parent.parent is None:
-            if parent.num_children == 0 and parent.ref_count == 0:
-                del self.roots[parent.block_hash]
-        elif parent.is_evictable:
-            self.policy.add_evictable(parent)
+        elif end.num_children == 0 and end.parent is None and end.ref_count == 0:
+            del roots[root]
 
     def check_integrity(self) -> None:
         assert self.used == len(self.index) * self.unit <= self.budget

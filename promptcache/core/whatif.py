@@ -7,10 +7,15 @@ between budgets): a sample can miss a few very hot blocks (one shared system pro
 shifts every budget's estimate alike.
 
 Sampling rate 1/R: R is the largest power of two (at most 64) leaving at least
-``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x miniature, so small caches are simulated at or
-near full size and large ones cost about (K + 3)/R of the live cache's upkeep. Hits are counted
-with an exponential decay over ``horizon`` sampled lookups, so the leader and the curve follow
-the recent workload; a challenger must lead by ``SWITCH_MARGIN`` of the hit rate to take over.
+``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x miniature, but at least ``MIN_RATE`` while that
+leaves ``MIN_TINY_BLOCKS``: a small cache turns over every few requests, so simulating it at
+full size would cost each candidate the live cache's whole upkeep, while a quarter-size
+miniature still ranks the candidates (replay_bench.py, tests/test_adaptive.py). The curve's 1x
+miniature is the leader's candidate miniature when both have one rate, so the what-if work
+costs about (K + 2)/R of the live cache's upkeep, (K + 3)/R when the curve is sparser. Hits
+are counted with an exponential decay over ``horizon`` sampled lookups, so the leader and the
+curve follow the recent workload; a challenger must lead by ``SWITCH_MARGIN`` of the hit rate
+to take over.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ log = logging.getLogger("promptcache.whatif")
 FACTORS = (0.5, 1.0, 2.0)
 MIN_SAMPLED_BLOCKS = 128  # in the 1x miniatures, which pick the leader
 MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
+MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
+MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
 MAX_RATE = 64
 SWITCH_MARGIN = 0.005  # of the decayed lookup volume: near-ties are not worth a hand-over
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
@@ -80,7 +87,8 @@ class WhatIf:
         self.num_switches = 0
         self.rates: tuple[int, int] = (0, 0)  # (live, curve) R; 0 until a save tells block bytes
         self.live: _Decayed | None = None  # every candidate at 1x
-        self.curve: _Decayed | None = None  # the leader at 0.5x, 1x and 2x
+        self.curve: _Decayed | None = None  # the leader at 0.5x, 1x and 2x (1x: see _curve_at)
+        self._curve_at: list[int] = []  # per factor, its sim in curve, or -1: the live leader's
         self._actual = [0.0, 0.0]  # the live cache's decayed hit tokens, lookup tokens
         self._bytes = 0  # new bytes / new tokens saved: the live bytes per token
         self._tokens = 0
@@ -97,12 +105,28 @@ class WhatIf:
         return max(1, round(self.budget_bytes * factor / (self._block_bytes * rate)))
 
     def _new_curve(self) -> _Decayed:
+        """The leader's miniatures at each factor; at 1x its candidate miniature (simulated
+        already) when the curve and the candidates share a sampling rate."""
         rate = self.rates[1]
-        sims = [
-            MiniCache(make_policy(self.policy_names[self.leader]), self._capacity(f, rate), self.block_size)
-            for f in FACTORS
-        ]  # fmt: skip
+        shared = rate == self.rates[0]
+        self._curve_at = []
+        sims: list[MiniCache] = []
+        for f in FACTORS:
+            if f == 1.0 and shared:
+                self._curve_at.append(-1)
+                continue
+            self._curve_at.append(len(sims))
+            capacity = self._capacity(f, rate)
+            sims.append(
+                MiniCache(make_policy(self.policy_names[self.leader]), capacity, self.block_size)
+            )
         return _Decayed(sims, max(32.0 * self._capacity(1.0, rate), 4096.0))
+
+    def _curve_rate(self, j: int) -> float:
+        """The curve's recent sampled hit rate at ``FACTORS[j]``."""
+        assert self.curve is not None and self.live is not None
+        k = self._curve_at[j]
+        return self.live.rate(self.leader) if k < 0 else self.curve.rate(k)
 
     def note_saved(self, num_bytes: int, num_tokens: int) -> None:
         """New blocks were saved: learn the bytes a block of tokens takes (resizing the sims)."""
@@ -117,11 +141,15 @@ class WhatIf:
         if self.live is not None and self.curve is not None:
             for sim in self.live.sims:
                 sim.resize(self._capacity(1.0, self.rates[0]))
-            for f, sim in zip(FACTORS, self.curve.sims, strict=True):
-                sim.resize(self._capacity(f, self.rates[1]))
+            for f, k in zip(FACTORS, self._curve_at, strict=True):
+                if k >= 0:
+                    self.curve.sims[k].resize(self._capacity(f, self.rates[1]))
             return
         budget_blocks = self.budget_bytes / block_bytes
-        live = _rate(budget_blocks, MIN_SAMPLED_BLOCKS, MAX_RATE)
+        live = max(
+            _rate(budget_blocks, MIN_SAMPLED_BLOCKS, MAX_RATE),
+            _rate(budget_blocks, MIN_TINY_BLOCKS, MIN_RATE),
+        )
         self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
         cap = self._capacity(1.0, live)
         sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
@@ -186,10 +214,11 @@ class WhatIf:
         if self.curve is None or self._actual[1] <= 0:
             return {}
         now = self._actual[0] / self._actual[1]
-        at_1x = self.curve.rate(1)
+        rates = [self._curve_rate(j) for j in range(len(FACTORS))]
+        at_1x = rates[FACTORS.index(1.0)]
         return {
-            f"{f:g}x": min(1.0, max(0.0, now + self.curve.rate(j) - at_1x))
-            for j, f in enumerate(FACTORS)
+            f"{f:g}x": min(1.0, max(0.0, now + r - at_1x))
+            for f, r in zip(FACTORS, rates, strict=True)
         }
 
     def snapshot(self) -> dict[str, object]:

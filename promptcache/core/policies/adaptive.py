@@ -9,7 +9,8 @@ exactly as that fixed policy would, at that policy's speed. On a switch the new 
 the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
 its decisions match its fixed self again within about one cache turnover. The adaptive policy
 keeps a bounded history of evicted hashes (uses, last use) for the same reason: a new leader
-gets the frecency history it would have built.
+gets the frecency history it would have built (under a frecency leader, which keeps that
+history itself, the adaptive policy keeps nothing and costs nothing extra).
 
 Why this: the bound to meet is the best *fixed* policy on each workload, which following the
 measured winner reaches once the winner is clear and stays within the sims' noise when the
@@ -19,12 +20,13 @@ candidates would, and tracking every candidate on the live cache would cost each
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from promptcache.core.block import Block
 from promptcache.core.hashing import BlockHash
+from promptcache.core.policies.frecency import FrecencyPolicy
 from promptcache.core.policy import EvictionPolicy, make_policy, register_policy
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 
 CANDIDATES = ("lru", "s3fifo", "frecency")
 HISTORY_FACTOR = 8  # evicted hashes remembered per resident block (as frecency's own history)
+HISTORY_MIN = 64
 
 
 class AdaptivePolicy:
@@ -42,47 +45,78 @@ class AdaptivePolicy:
         self.current = 0  # index of the candidate in charge
         self.whatif: WhatIf | None = None  # calls hand_over when its leader changes
         # every resident block with the uses it had before (remembered across evictions), and
-        # evicted hashes, oldest first: (uses, last use); both for a hand-over
+        # evicted hashes, oldest first: (uses, last use); both for a hand-over. The history is a
+        # plain dict (insertion order) cut back to its newest entries now and then: the hot
+        # calls stay a few dict operations, the trimming costs O(1) amortized. A frecency
+        # leader keeps both itself (``FrecencyPolicy.hand_over_state``): then neither is kept
+        # here and its own insert and evict are called directly.
         self._resident: dict[Block, int] = {}
-        self._history: OrderedDict[BlockHash, tuple[int, int]] = OrderedDict()
-        # the leader's own bound methods, so the hot calls cost nothing extra
+        self._history: dict[BlockHash, tuple[int, int]] = {}
+        self._history_cap = 2 * HISTORY_MIN
+        self._keeper: FrecencyPolicy | None = None  # the leader, when it keeps them
         self.policy: EvictionPolicy = make_policy(self.candidate_names[0])
-        self.on_access: Callable[[Sequence[Block], bool, int], None] = self.policy.on_access
-        self.add_evictable: Callable[[Block], None] = self.policy.add_evictable
-        self.remove_evictable: Callable[[Block], None] = self.policy.remove_evictable
-        self.pop_victim: Callable[[], Block | None] = self.policy.pop_victim
-        self.admit: Callable[[Block, Block], bool] = self.policy.admit
-        self.check_integrity: Callable[[set[int]], None] = self.policy.check_integrity
+        self._follow(self.policy)
+
+    def _follow(self, p: EvictionPolicy) -> None:
+        """Route the hot calls to the leader's own bound methods: they cost nothing extra."""
+        self.policy = p
+        self.on_access: Callable[[Sequence[Block], bool, int], None] = p.on_access
+        self.add_evictable: Callable[[Block], None] = p.add_evictable
+        self.remove_evictable: Callable[[Block], None] = p.remove_evictable
+        self.pop_victim: Callable[[], Block | None] = p.pop_victim
+        self.admit: Callable[[Block, Block], bool] = p.admit
+        self.check_integrity: Callable[[set[int]], None] = p.check_integrity
+        self._on_insert: Callable[[Block], None] = p.on_insert
+        self._on_evict: Callable[[Block], None] = p.on_evict
+        self._keeper = p if isinstance(p, FrecencyPolicy) else None
+        if self._keeper is not None:
+            self.on_insert: Callable[[Block], None] = p.on_insert
+            self.on_evict: Callable[[Block], None] = p.on_evict
+            self._resident, self._history = {}, {}
+        else:
+            self.on_insert, self.on_evict = self._track_insert, self._track_evict
 
     def hand_over(self, index: int) -> None:
         """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks.
         Call only between tier operations (the what-if lookup hook is such a point)."""
+        if self._keeper is not None:
+            self._resident, self._history = self._keeper.hand_over_state()
         self.current = index
-        p = self.policy = make_policy(self.candidate_names[index])
-        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._history)
-        self.on_access, self.add_evictable = p.on_access, p.add_evictable
-        self.remove_evictable, self.pop_victim = p.remove_evictable, p.pop_victim
-        self.admit, self.check_integrity = p.admit, p.check_integrity
+        p = make_policy(self.candidate_names[index])
+        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._trim_history())
+        self._follow(p)
 
-    def on_insert(self, block: Block) -> None:
+    def _track_insert(self, block: Block) -> None:
         seen = self._history.pop(block.block_hash, None)
-        self._resident[block] = seen[0] if seen is not None else 0
-        self.policy.on_insert(block)
+        self._resident[block] = 0 if seen is None else seen[0]
+        self._on_insert(block)
 
-    def on_evict(self, block: Block) -> None:
+    def _track_evict(self, block: Block) -> None:
         before = self._resident.pop(block, None)
         if before is None:
             return
-        self.policy.on_evict(block)
+        self._on_evict(block)
         history = self._history
         history[block.block_hash] = (before + 1 + block.num_hits, block.last_access)
-        while len(history) > max(HISTORY_FACTOR * len(self._resident), 64):
-            history.popitem(last=False)
+        if len(history) > self._history_cap:
+            self._trim_history()
+
+    def _trim_history(self) -> dict[BlockHash, tuple[int, int]]:
+        """Keep the newest ``HISTORY_FACTOR`` per resident block (at least ``HISTORY_MIN``);
+        the history then grows to twice that before the next cut."""
+        limit = max(HISTORY_FACTOR * len(self._resident), HISTORY_MIN)
+        history = self._history
+        if len(history) > limit:
+            history = self._history = dict(islice(history.items(), len(history) - limit, None))
+        self._history_cap = 2 * limit
+        return history
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
-        for b in blocks:
-            self._resident[b] = 0
-        self._history = OrderedDict(history)
+        if self._keeper is None:
+            for b in blocks:
+                self._resident[b] = 0
+            self._history = dict(history)
+            self._trim_history()
         self.policy.adopt(blocks, history)
 
 

@@ -24,6 +24,8 @@ from promptcache.core.block import TICKS_PER_BYTE, Block
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import register_policy
 
+_heappush, _heappop = heapq.heappush, heapq.heappop
+
 
 class _Meta:
     __slots__ = ("base_freq", "entry")
@@ -42,6 +44,7 @@ class FrecencyPolicy:
         # server span several cache-fulls
         self.history_factor = history_factor
         self._log_gap: float | None = None  # EMA of ln(reuse interval, in tier clock units)
+        self._window = 0.0  # window_bytes, recomputed when _log_gap moves
         self._heap: list[list[object]] = []
         self._num_listed = 0
         self._metas: dict[Block, _Meta] = {}
@@ -50,24 +53,26 @@ class FrecencyPolicy:
 
     @property
     def window_bytes(self) -> float:
-        return 0.0 if self._log_gap is None else self.reuse_windows * math.exp(self._log_gap)
+        return self._window
 
     def _observe(self, gap: int, weight: float) -> None:
         if gap >= TICKS_PER_BYTE:  # something was inserted in between
             x = math.log(gap)
             lg = self._log_gap
-            self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
+            lg = self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
+            self._window = self.reuse_windows * math.exp(lg)
 
     def _priority(self, block: Block, last: int, freq: int) -> float:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""
-        return last + self.window_bytes * math.log(freq)
+        return last + self._window * math.log(freq) if freq > 1 else last
 
     def _push(self, block: Block, meta: _Meta, last: int, freq: int) -> None:
-        self._seq += 1
-        meta.entry = [self._priority(block, last, freq), self._seq, block]
-        heapq.heappush(self._heap, meta.entry)
-        if len(self._heap) > 2 * self._num_listed + 64:  # drop stale entries
-            self._heap = [e for e in self._heap if e[2] is not None]
+        seq = self._seq = self._seq + 1
+        entry = meta.entry = [self._priority(block, last, freq), seq, block]
+        heap = self._heap
+        _heappush(heap, entry)
+        if len(heap) > 2 * self._num_listed + 64:  # drop stale entries
+            self._heap = [e for e in heap if e[2] is not None]
             heapq.heapify(self._heap)
 
     def _unlist(self, meta: _Meta) -> None:
@@ -104,12 +109,15 @@ class FrecencyPolicy:
 
     def remove_evictable(self, block: Block) -> None:
         meta = self._metas.get(block)
-        if meta is not None:
-            self._unlist(meta)
+        if meta is not None and meta.entry is not None:  # _unlist, inlined
+            meta.entry[2] = None
+            meta.entry = None
+            self._num_listed -= 1
 
     def pop_victim(self) -> Block | None:
-        while self._heap:
-            entry = heapq.heappop(self._heap)
+        heap = self._heap
+        while heap:
+            entry = _heappop(heap)
             block = entry[2]
             if block is None:
                 continue
@@ -127,9 +135,11 @@ class FrecencyPolicy:
         if meta is None:
             return
         self._unlist(meta)
-        self._history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
-        while len(self._history) > max(int(len(self._metas) * self.history_factor), 64):
-            self._history.popitem(last=False)
+        history = self._history
+        history[block.block_hash] = (meta.base_freq + block.num_hits, block.last_access)
+        limit = int(len(self._metas) * self.history_factor)
+        while len(history) > limit and len(history) > 64:
+            history.popitem(last=False)
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         self._history = OrderedDict(history)
@@ -137,6 +147,15 @@ class FrecencyPolicy:
             self._metas[b] = _Meta(1)
             if b.is_evictable:
                 self.add_evictable(b)
+
+    def hand_over_state(
+        self,
+    ) -> tuple[dict[Block, int], dict[BlockHash, tuple[int, int]]]:
+        """For ``AdaptivePolicy`` handing the tier to another policy: every resident block with
+        its uses remembered from before it was inserted, and the history of evicted hashes,
+        oldest first: (uses, last use)."""
+        resident = {b: meta.base_freq - 1 for b, meta in self._metas.items()}
+        return resident, dict(self._history)
 
     def check_integrity(self, evictable: set[int]) -> None:
         live = [e[2] for e in self._heap if e[2] is not None]

@@ -27,19 +27,14 @@ class _Meta(Node):
     __slots__ = ("queue", "freq", "hits_seen", "nbytes", "listed")
 
     def __init__(self, block: Block, queue: int) -> None:
-        super().__init__(block)
+        self.block = block  # Node.__init__, inlined: one per inserted block
+        self.prev: Node | None = None
+        self.next: Node | None = None
         self.queue = queue
         self.freq = 0
         self.hits_seen = block.num_hits  # hits after this one count towards freq
         self.nbytes = block.nbytes
         self.listed = False
-
-    def sync_freq(self) -> int:
-        """Fold the hits since the last sync into ``freq`` (capped) and return it."""
-        hits = self.block.num_hits
-        self.freq = min(MAX_FREQ, self.freq + hits - self.hits_seen)
-        self.hits_seen = hits
-        return self.freq
 
 
 class S3FifoPolicy:
@@ -65,7 +60,15 @@ class S3FifoPolicy:
 
     def add_evictable(self, block: Block) -> None:
         meta = self._metas[block]
-        self._lists[meta.queue].append(meta)
+        lst = self._lists[meta.queue]
+        tail = meta.prev = lst.tail  # NodeList.append, inlined: the hottest call
+        meta.next = None
+        if tail is None:
+            lst.head = meta
+        else:
+            tail.next = meta
+        lst.tail = meta
+        lst.size += 1
         meta.listed = True
 
     def remove_evictable(self, block: Block) -> None:
@@ -90,7 +93,11 @@ class S3FifoPolicy:
             )
             meta = small.head if use_small else main.head
             assert isinstance(meta, _Meta)
-            freq = meta.sync_freq()
+            hits = meta.block.num_hits  # fold the hits since the last look into freq
+            freq = meta.freq + hits - meta.hits_seen
+            if freq > MAX_FREQ:
+                freq = MAX_FREQ
+            meta.freq, meta.hits_seen = freq, hits
             if use_small:
                 if freq > 0:  # reused while on probation: promote
                     meta.freq = 0
@@ -113,13 +120,16 @@ class S3FifoPolicy:
         meta = self._metas.pop(block, None)
         if meta is None:
             return
+        queue = meta.queue
         if meta.listed:
-            self._lists[meta.queue].remove(meta)
-        self._bytes[meta.queue] -= meta.nbytes
-        if meta.queue == SMALL:
-            self._ghost[block.block_hash] = None
-            while len(self._ghost) > max(int(len(self._metas) * self.ghost_factor), 64):
-                self._ghost.popitem(last=False)
+            self._lists[queue].remove(meta)
+        self._bytes[queue] -= meta.nbytes
+        if queue == SMALL:
+            ghost = self._ghost
+            ghost[block.block_hash] = None
+            excess = len(ghost) - max(int(len(self._metas) * self.ghost_factor), 64)
+            for _ in range(excess):
+                ghost.popitem(last=False)
 
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         # no ghost from another policy's evictions: it sends every returning block straight to
