@@ -154,6 +154,10 @@ def run_once(
         if len(rows) >= args.turns:
             break
         prompt = on.encode_chat(history)
+        if len(prompt) + args.max_tokens >= on.max_context:
+            print(f"stopping after {len(rows)} turns: turn {len(rows) + 1} has {len(prompt)} "
+                  f"prompt tokens, over the model's context of {on.max_context}")  # fmt: skip
+            break
         # rotate the order each turn so no mode always runs first (or right after a decode)
         got: dict[str, Any] = {}
         order = ("on", "off", "ideal")
@@ -246,9 +250,12 @@ def run_bench(args: argparse.Namespace) -> int:
     else:
         conv, source = synthetic_conversation(args.turns), "synthetic"
     warm = engine_cls(model, tokenizer, cache_enabled=False)
+    # first-forward costs, untimed (ids from the tokenizer: any vocabulary size)
     list(
-        warm.generate(list(range(100, 612)), SamplingParams(max_tokens=2))
-    )  # first-forward costs, untimed
+        warm.generate(
+            warm.encode_text("warm up the model " * 128)[:512], SamplingParams(max_tokens=2)
+        )
+    )
     runs = []
     for r in range(args.repeats):
         print(f"run {r + 1}/{args.repeats} ...", flush=True)
