@@ -242,3 +242,17 @@ def test_mlx_round_trip_is_within_one_step(bits):
     bound = step * (1.0 + (1 << bits) * 2**-11) + xg.abs().amax(-1).numpy() * 2**-10 + 1e-6
     assert bool((err <= bound).all())
     assert payload_nbytes(stored) == x.size // 64 * {8: 68, 4: 36}[bits]
+
+
+@pytest.mark.torch
+def test_cli_flags_reach_the_engine(tiny_llama_dir):
+    from promptcache.cli import build_parser, engine_from_args
+
+    args = build_parser().parse_args(
+        ["serve", "--engine", "torch", "--model", str(tiny_llama_dir), "--no-ssd"]
+        + ["--cache-kv-bits", "4", "--cache-kv-group", "32", "--cache-kv-min-tokens", "64"]
+    )
+    engine = engine_from_args(args)
+    assert engine.runner.block_scheme == BlockScheme(bits=4, group=32, min_tokens=64)
+    assert engine.cache_stats()["quant_kv_bits"] == 4
+    engine.close()
