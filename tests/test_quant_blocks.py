@@ -18,6 +18,7 @@ from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch_quant import TorchPacker, dequantize, quantize  # noqa: E402
+from promptcache.server.metrics import render_cache_stats  # noqa: E402
 
 CHUNK, BLOCK = 16, 8
 SCHEMES = {
@@ -147,8 +148,16 @@ def test_torch_hits_on_packed_blocks_match_uncached(kind, scheme):
             )
     stats = cached.cache_stats()
     assert stats["quant_bytes_saved"] > 0 and stats["quant_ratio"] > 1.5
+    metrics = "\n".join(render_cache_stats(stats))
+    assert f"promptcache_cache_quant_bytes_saved {stats['quant_bytes_saved']}" in metrics
     if kind == "gemma3":  # sliding-window rings travel in checkpoints, at full precision
-        assert cached.layout.requires_checkpoint
+        ckpts = [b.checkpoint for b in blocks if b.checkpoint is not None]
+        assert ckpts and cached.layout.requires_checkpoint
+        for ckpt in ckpts:
+            tensors = [v for state in ckpt.values() for v in state.values() if torch.is_tensor(v)]
+            assert tensors and all(
+                t.dtype == torch.float32 for t in tensors if t.is_floating_point()
+            )
 
 
 @pytest.mark.torch
@@ -218,6 +227,30 @@ def test_mlx_hits_on_packed_blocks_match_uncached(scheme):
     assert cached.cache_stats()["quant_ratio"] > 1.5
     with pytest.raises(ConfigError):
         MlxEngine(model, ByteTokenizer(), kv_bits=8, kv_group_size=32, cache_kv_bits=8)
+
+
+@pytest.mark.mlx
+def test_mlx_ssd_restart_on_quantized_blocks(tmp_path):
+    pytest.importorskip("mlx_lm")
+    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.tiny_models import mlx_tiny_model
+
+    model = mlx_tiny_model("llama", head_dim=32)
+    kwargs = dict(
+        block_size=BLOCK, prefill_chunk=CHUNK, ram_budget=10**8, ssd_dir=tmp_path / "ssd",
+        cache_kv_bits=4, cache_kv_group=32,
+    )  # fmt: skip
+    rng = random.Random(6)
+    prompt = [rng.randrange(3, 256) for _ in range(50)]
+    params = SamplingParams(max_tokens=8)
+    first = MlxEngine(model, ByteTokenizer(), **kwargs)
+    want = token_ids(list(first.generate(prompt, params)))
+    first.close()
+    second = MlxEngine(model, ByteTokenizer(), **kwargs)
+    events = list(second.generate(prompt, params))
+    assert events[0].cached_tokens >= 48 and token_ids(events) == want
+    second.cache.check_integrity()
+    second.close()
 
 
 @pytest.mark.mlx
