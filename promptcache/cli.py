@@ -76,6 +76,28 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     _flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
     _flag(p, "device", "cpu", "torch device: cpu | cuda")
     _flag(p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int)
+    _flag(
+        p,
+        "cache-kv-bits",
+        None,
+        "store cached K/V blocks quantized to 8 or 4 bits (RAM, SSD; restored dequantized)",
+        int,
+    )
+    _flag(
+        p,
+        "cache-kv-group",
+        64,
+        "values per scale/minimum along the head dim (--cache-kv-bits)",
+        int,
+    )
+    _flag(
+        p,
+        "cache-kv-min-tokens",
+        0,
+        "blocks starting before this position stay full precision (--cache-kv-bits)",
+        int,
+    )
+    _flag(p, "cache-dtype", None, "store a float32 model's cached blocks as: bfloat16")
     _flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
     no_cache = str(_env("no-cache", "")).lower() in ("1", "true", "yes")
     p.add_argument(
@@ -118,6 +140,10 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         ssd_budget=args.ssd_budget,
         ssd_retention=args.ssd_retention,
         kv_bits=args.kv_bits,
+        cache_kv_bits=args.cache_kv_bits,
+        cache_kv_group=args.cache_kv_group,
+        cache_kv_min_tokens=args.cache_kv_min_tokens,
+        cache_dtype=args.cache_dtype,
     )
 
 

@@ -26,6 +26,7 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
+from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.layers import Layout
@@ -205,7 +206,12 @@ class CachedEngine:
         return GrammarConstraint(self._ll_tokenizer, grammar)
 
     def cache_stats(self) -> dict[str, Any]:
-        return self.cache.stats().to_dict() if self.cache is not None else {}
+        if self.cache is None:
+            return {}
+        out = self.cache.stats().to_dict()
+        # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
+        out.update(quant_stats(getattr(self.runner, "packer", None), out["bytes_by_tier"]["ram"]))
+        return out
 
     def close(self) -> None:
         if self.cache is not None:

@@ -41,6 +41,10 @@ def build_engine(
     ssd_budget: str | int = "10GB",
     ssd_retention: float | None = None,
     kv_bits: int | None = None,
+    cache_kv_bits: int | None = None,
+    cache_kv_group: int = 64,
+    cache_kv_min_tokens: int = 0,
+    cache_dtype: str | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
@@ -48,7 +52,14 @@ def build_engine(
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
     cls = engine_class(kind)
-    extra = {"kv_bits": kv_bits} if kv_bits else {}
+    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
+    if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
+        extra.update(
+            cache_kv_bits=cache_kv_bits,
+            cache_kv_group=cache_kv_group,
+            cache_kv_min_tokens=cache_kv_min_tokens,
+            cache_dtype=cache_dtype,
+        )
     return cls.load(
         resolve_model(model),
         dtype=dtype,

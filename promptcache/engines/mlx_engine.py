@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.mlx_runner import MlxRunner, load_mlx_weights
 
@@ -22,8 +23,11 @@ class MlxEngine(CachedEngine):
         **options: Any,
     ) -> None:
         """``kv_bits``: a quantized KV cache; ``options``: the cache and serving options
-        (``EngineOptions``)."""
-        runner = MlxRunner(model, tokenizer, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        (``EngineOptions``) and the block scheme's (``cache_kv_bits``, ...: see TorchEngine)."""
+        scheme = pop_block_scheme(options)
+        runner = MlxRunner(
+            model, tokenizer, kv_bits=kv_bits, kv_group_size=kv_group_size, block_scheme=scheme
+        )
         super().__init__(runner, **options)
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
 

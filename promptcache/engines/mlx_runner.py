@@ -21,10 +21,12 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx_codec import MlxCodec
+from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
     crop_positional,
     describe_cache,
@@ -104,12 +106,19 @@ def _config_of(model: Any) -> dict[str, Any]:
 
 class MlxRunner:
     """An mlx-lm model (see ``ModelRunner`` for the contract). ``kv_bits``: a quantized KV
-    cache (part of the fingerprint: its blocks differ from full-precision ones)."""
+    cache (part of the fingerprint: its blocks differ from full-precision ones).
+    ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint too)."""
 
     name = "mlx"
 
     def __init__(
-        self, model: Any, tokenizer: Any, *, kv_bits: int | None = None, kv_group_size: int = 64
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+        block_scheme: BlockScheme | None = None,
     ) -> None:
         if kv_bits is not None and kv_bits not in KV_BITS:
             raise ConfigError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))}")
@@ -127,14 +136,23 @@ class MlxRunner:
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self.layout: Layout = describe_cache(self.new_state())
-        dtype = str(next(v for _, v in tree_flatten(model.parameters())).dtype)
+        self.block_scheme = block_scheme or BlockScheme()
+        self.block_scheme.check()
+        if kv_bits is not None and not self.block_scheme.is_default:
+            # its blocks are already quantized: their scales must not be quantized again
+            raise ConfigError("--cache-kv-bits/--cache-dtype need a full-precision live cache")
+        model_dtype = next(v for _, v in tree_flatten(model.parameters())).dtype
+        dtype = str(model_dtype)
+        self.packer = (
+            None if self.block_scheme.is_default else MlxPacker(self.block_scheme, model_dtype)
+        )
         quant = f"kv{kv_bits}g{kv_group_size}" if kv_bits else "kv-full"
         self.fingerprint = fingerprint_model(
             _config_of(model),
             digest_weights(
                 tree_flatten(model.parameters()), lambda a: np.asarray(a.astype(mx.float32))
             ),
-            f"{dtype}:{quant}",
+            f"{dtype}:{quant}{self.block_scheme.tag}",
             self.name,
         )
         eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or ())
@@ -186,13 +204,13 @@ class MlxRunner:
         return logits
 
     def slice_block(self, state: list[Any], start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end)
+        return slice_positional(state, self.layout, start, end, self.packer)
 
     def take_checkpoint(self, state: list[Any]) -> Any:
         return take_checkpoint(state, self.layout)
 
     def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint)
+        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.packer)
 
     def crop(self, state: list[Any], length: int) -> None:
         crop_positional(state, self.layout, length)

@@ -24,6 +24,7 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
+from promptcache.engines.block_scheme import BlockPacker
 from promptcache.engines.layers import AdapterRegistry, Layout
 
 
@@ -119,9 +120,12 @@ def describe_cache(cache: list[Any]) -> Layout:
     )
 
 
-def slice_positional(cache: list[Any], layout: Layout, start: int, end: int) -> Any:
+def slice_positional(
+    cache: list[Any], layout: Layout, start: int, end: int, packer: BlockPacker | None = None
+) -> Any:
     """Owning copies of every positional array for positions [start, end), evaluated: one
-    stacked array when all parts share shape and dtype, else a tuple of 1-stacks."""
+    stacked array when all parts share shape and dtype, else a tuple of 1-stacks. With a
+    ``packer``, the block's stored form under its scheme (quantized / narrower)."""
     parts: list[mx.array] = []
     for slot in layout.positional:
         c = get_slot(cache, slot)
@@ -130,7 +134,7 @@ def slice_positional(cache: list[Any], layout: Layout, start: int, end: int) -> 
     # stacking always allocates: a view would keep the whole step-grown buffer alive
     out = mx.stack(parts) if uniform else tuple(mx.stack([p]) for p in parts)
     mx.eval(out)
-    return out
+    return packer.pack(out, start) if packer is not None else out
 
 
 def _part(payload: Any, i: int) -> mx.array:
@@ -152,13 +156,17 @@ def restore_cache(
     layout: Layout,
     segments: list[tuple[Any, int]],
     checkpoint: tuple[Any, ...] | None,
+    packer: BlockPacker | None = None,
 ) -> list[Any]:
     """Fill ``fresh`` (a new cache list for the model) with a hit: block segments (payload,
-    tokens used) and the checkpoint at the hit's end (required with snapshot slots)."""
+    tokens used) and the checkpoint at the hit's end (required with snapshot slots). A
+    ``packer`` turns stored blocks back into the model's arrays (checkpoints are never packed)."""
     if not segments:
         return fresh
     if layout.snapshot and checkpoint is None:
         raise ValueError("a hit on a model with snapshot layers needs a checkpoint")
+    if packer is not None:
+        segments = [(packer.unpack(p), n) for p, n in segments]
     num_tokens = sum(count for _, count in segments)
     k = 0
     for slot in layout.positional:

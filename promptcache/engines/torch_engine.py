@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.torch_runner import TorchRunner, load_torch_weights
 
@@ -13,8 +14,10 @@ class TorchEngine(CachedEngine):
     name = "torch"
 
     def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
-        """``options``: the cache and serving options (``EngineOptions``)."""
-        super().__init__(TorchRunner(model, tokenizer), **options)
+        """``options``: the cache and serving options (``EngineOptions``) and the block scheme's
+        (``cache_kv_bits``, ``cache_kv_group``, ``cache_kv_min_tokens``, ``cache_dtype``)."""
+        scheme = pop_block_scheme(options)
+        super().__init__(TorchRunner(model, tokenizer, scheme), **options)
 
     load_weights = staticmethod(load_torch_weights)
 

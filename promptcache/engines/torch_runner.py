@@ -15,9 +15,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.torch_codec import TorchCodec
+from promptcache.engines.torch_quant import TorchPacker
 from promptcache.engines.torch_state import (
     crop_positional,
     describe_layers,
@@ -56,11 +58,12 @@ def load_torch_weights(
 
 
 class TorchRunner:
-    """A transformers causal LM on one device (see ``ModelRunner`` for the contract)."""
+    """A transformers causal LM on one device (see ``ModelRunner`` for the contract).
+    ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint)."""
 
     name = "torch"
 
-    def __init__(self, model: Any, tokenizer: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, block_scheme: BlockScheme | None = None) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -68,11 +71,18 @@ class TorchRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.layout: Layout = describe_layers(DynamicCache(config=model.config))
+        self.block_scheme = block_scheme or BlockScheme()
+        self.block_scheme.check()
+        self.packer = (
+            None
+            if self.block_scheme.is_default
+            else TorchPacker(self.block_scheme, self.device, self.dtype)
+        )
         config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
         self.fingerprint = fingerprint_model(
             config,
             digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
-            str(self.dtype),
+            str(self.dtype) + self.block_scheme.tag,
             self.name,
         )
         forward_args = inspect.signature(model.forward).parameters
@@ -117,13 +127,15 @@ class TorchRunner:
         return out.logits[0, -1]
 
     def slice_block(self, state: DynamicCache, start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end)
+        return slice_positional(state, self.layout, start, end, self.packer)
 
     def take_checkpoint(self, state: DynamicCache) -> Any:
         return take_checkpoint(state, self.layout)
 
     def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> DynamicCache:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.device)
+        return restore_cache(
+            self.new_state(), self.layout, segments, checkpoint, self.device, self.packer
+        )
 
     def crop(self, state: DynamicCache, length: int) -> None:
         crop_positional(state, self.layout, length)

@@ -21,6 +21,7 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
+from promptcache.engines.block_scheme import BlockPacker
 from promptcache.engines.layers import AdapterRegistry, Layout
 
 POSITIONAL_ATTRS = ("keys", "values")
@@ -86,18 +87,21 @@ def describe_layers(cache: DynamicCache) -> Layout:
 
 
 def slice_positional(
-    cache: DynamicCache, layout: Layout, start: int, end: int
-) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    cache: DynamicCache, layout: Layout, start: int, end: int, packer: BlockPacker | None = None
+) -> Any:
     """An owning copy of keys and values for positions [start, end): item 2j is positional layer
     j's keys, 2j+1 its values. One stacked tensor when all layers have the same shape: one
-    allocation per block instead of two per layer (and one array per block file)."""
+    allocation per block instead of two per layer (and one array per block file). With a
+    ``packer``, the block's stored form under its scheme (quantized / narrower)."""
     parts: list[torch.Tensor] = []
     for i in layout.positional:
         layer = cache.layers[i]
         parts.extend(LAYERS.lookup(layer).keys_values(layer, start, end))
     if all(p.shape == parts[0].shape and p.dtype == parts[0].dtype for p in parts):
-        return torch.stack(parts)
-    return tuple(p.clone() for p in parts)
+        block: Any = torch.stack(parts)
+    else:
+        block = tuple(p.clone() for p in parts)
+    return packer.pack(block, start) if packer is not None else block
 
 
 def take_checkpoint(cache: DynamicCache, layout: Layout) -> dict[int, dict[str, Any]] | None:
@@ -113,13 +117,17 @@ def restore_cache(
     segments: list[tuple[Any, int]],
     checkpoint: dict[int, dict[str, Any]] | None,
     device: torch.device,
+    packer: BlockPacker | None = None,
 ) -> DynamicCache:
     """Fill a fresh ``cache`` with the state of a hit: block segments (payload, tokens used) and
-    the checkpoint at the hit's end (required when the layout has snapshot layers)."""
+    the checkpoint at the hit's end (required when the layout has snapshot layers). A
+    ``packer`` turns stored blocks back into the model's arrays (checkpoints are never packed)."""
     if not segments:
         return cache
     if layout.snapshot and checkpoint is None:
         raise ValueError("a hit on a model with snapshot layers needs a checkpoint")
+    if packer is not None:
+        segments = [(packer.unpack(p), n) for p, n in segments]
     for j, i in enumerate(layout.positional):
         keys = torch.cat([p[2 * j][:, :, :n, :] for p, n in segments], dim=2).to(device)
         values = torch.cat([p[2 * j + 1][:, :, :n, :] for p, n in segments], dim=2).to(device)

@@ -1,0 +1,108 @@
+"""Group-wise affine quantization of torch K/V blocks (``BlockPacker`` for the torch engine).
+
+Per group of ``group`` values along the last (head) dimension: a float16 scale and minimum,
+values as uint8 levels (8 bits), or two 4-bit levels per byte. The minimum is rounded down and
+the scale up before the levels are computed from the rounded pair, so every value is within
+half a step (``scale / 2``) of its dequantized value and no level is clipped. Groups whose range
+float16 cannot hold keep float32 scales (what ``scale``'s dtype says).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from promptcache.engines.block_scheme import BlockScheme, PackStats
+
+_F16_SAFE = 60000.0  # below float16's max (65504) with room for the rounding nudges
+
+
+def effective_group(dim: int, group: int) -> int:
+    """``group`` when it divides the head dimension, else the largest even divisor of ``dim``
+    not above it (a head of 16 with group 64 uses groups of 16)."""
+    if dim % group == 0:
+        return group
+    g = math.gcd(dim, group)
+    return g if g % 2 == 0 else dim
+
+
+def quantize(x: torch.Tensor, bits: int, group: int) -> dict[str, Any]:
+    """``x`` (any float dtype, last dim divisible into even groups) -> stored dict."""
+    dim = x.shape[-1]
+    g = effective_group(dim, group)
+    levels = (1 << bits) - 1
+    xg = x.float().reshape(*x.shape[:-1], dim // g, g)
+    lo = xg.amin(-1, keepdim=True)
+    hi = xg.amax(-1, keepdim=True)
+    small = bool(torch.maximum(lo.abs(), hi.abs()).max() < _F16_SAFE) if x.numel() else True
+    sdtype = torch.float16 if small else torch.float32
+    lo_s = lo.to(sdtype)
+    lo_s = torch.where(lo_s.float() > lo, torch.nextafter(lo_s, lo_s.new_tensor(-math.inf)), lo_s)
+    lo_f = lo_s.float()
+    scale = ((hi - lo_f) / levels).clamp_min(1e-6)
+    scale_s = scale.to(sdtype)
+    up = scale_s.new_tensor(math.inf)
+    scale_s = torch.where(scale_s.float() < scale, torch.nextafter(scale_s, up), scale_s)
+    q = ((xg - lo_f) / scale_s.float()).round_().clamp_(0, levels).to(torch.uint8)
+    if bits == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << 4)
+    return {
+        "q": q,
+        "scale": scale_s,
+        "min": lo_s,
+        "bits": bits,
+        "dtype": str(x.dtype).removeprefix("torch."),
+    }
+
+
+def dequantize(d: dict[str, Any]) -> torch.Tensor:
+    q = d["q"]
+    if d["bits"] == 4:
+        q = torch.stack([q & 0x0F, q >> 4], dim=-1).flatten(-2)
+    x = q.float() * d["scale"].float() + d["min"].float()
+    return x.flatten(-2).to(getattr(torch, d["dtype"]))
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()
+
+
+class TorchPacker:
+    """``BlockPacker`` on torch tensors (see ``block_scheme``)."""
+
+    def __init__(
+        self, scheme: BlockScheme, device: torch.device | str = "cpu", dtype: Any = torch.float32
+    ) -> None:
+        self.scheme = scheme
+        self.stats = PackStats()
+        self.device = torch.device(device)
+        self.dtype = dtype  # the model's: blocks stored narrower come back in it
+
+    def pack(self, block: Any, start: int) -> Any:
+        if isinstance(block, tuple):
+            return tuple(self._pack_one(b, start) for b in block)
+        return self._pack_one(block, start)
+
+    def _pack_one(self, x: torch.Tensor, start: int) -> Any:
+        s = self.scheme
+        stored: Any = x
+        size = _nbytes(x)
+        if s.quantizes(start) and x.is_floating_point() and x.shape[-1] % 2 == 0:
+            stored = quantize(x, s.bits or 8, s.group)
+            size = sum(_nbytes(v) for v in stored.values() if torch.is_tensor(v))
+        elif s.dtype is not None and x.dtype == torch.float32:
+            stored = x.to(getattr(torch, s.dtype))
+            size = _nbytes(stored)
+        self.stats.add(_nbytes(x), size)
+        return stored
+
+    def unpack(self, stored: Any) -> Any:
+        if isinstance(stored, tuple):
+            return tuple(self.unpack(s) for s in stored)
+        if isinstance(stored, dict):
+            return dequantize(stored).to(self.device)
+        if stored.is_floating_point() and stored.dtype != self.dtype:  # stored as bfloat16
+            return stored.to(self.dtype)
+        return stored
