@@ -1,0 +1,447 @@
+"""Shared tier: verified blocks on a Valkey (or Redis) server, found by chained hash.
+
+Several servers pointing at the same Valkey see each other's blocks: a conversation that moves
+from server A to server B still hits. Blocks are stored as the exact bytes of a block file
+(``block_file.encode_block``: metadata + tensors + checksum); ``valkey_index`` has the key layout
+and the chain lookup. Contract (what a tier adapter relies on):
+
+- ``lookup(seq, start, parent, requires_checkpoint) -> list[SharedMeta]``: ``find_chain``'s
+  semantics, one round trip (Lua) or two (pipelined); [] when down, slow or empty. Never raises.
+- ``read(metas) -> list[(payload, checkpoint) | CorruptBlockError]``: one pipelined round trip;
+  each value verified (checksum, chained hash recomputed, model, root, the entry itself). A bad
+  value is deleted with its entry and counted (``num_corrupt``); an expired or evicted one is a
+  ``SharedBlockMissingError`` and its entry is dropped. Never raises.
+- ``put(record) -> bool``: queued for the writer thread (bounded; full or down: dropped, counted).
+- ``touch(hashes, root=None)``: queued; refreshes the values' TTL and the entries' recency.
+
+TTL and budget: every value has a TTL (``ttl_s``), refreshed by reads and touches; index entries
+unused for a TTL are swept by later puts, and an abandoned namespace's index keys expire whole.
+The byte budget is the server's: ``maxmemory`` with ``allkeys-lru`` (recommended; checked and
+reported at connect). One process's own accounting could not hold a budget that several servers
+share, while the server's LRU is exact, shared and free. An evicted value shows up as a missing
+one at read (its entry dropped then); under ``noeviction`` a full server answers OOM, counted as
+``oom_errors``, the write dropped. ``used_bytes()`` is the server's ``used_memory``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+from valkey.exceptions import NoScriptError
+
+from promptcache.core.block_file import (
+    CorruptBlockError,
+    decode_block,
+    encode_block,
+    verify_identity,
+)
+from promptcache.core.codec import PayloadCodec, TreeCodec
+from promptcache.core.hashing import BlockHash
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.tier import BlockRecord
+from promptcache.core.valkey_index import (
+    DELETE_LUA,
+    LOOKUP_LUA,
+    PUT_LUA,
+    Keys,
+    SharedMeta,
+    kid_field,
+    lookup_args,
+    pack_meta,
+    parse_lookup,
+    select_chain,
+    unpack_meta,
+)
+from promptcache.core.valkey_link import ValkeyLink
+
+log = logging.getLogger("promptcache.shared")
+DEFAULT_TTL_S = 24 * 3600.0
+SWEEP_PER_PUT = 16
+MAX_ROOTS = 65536  # block hash -> namespace root, for touches by hash only; bounded
+
+
+class _Touch(NamedTuple):
+    root: BlockHash
+    hashes: list[BlockHash]
+
+
+class SharedBlockMissingError(CorruptBlockError):
+    """The value expired, was evicted or the server is unreachable: the hit ends; not damage."""
+
+
+def _script(client: Any, src: str, sha: str, keys: list[str], args: list[Any]) -> Any:
+    try:
+        return client.evalsha(sha, len(keys), *keys, *args)
+    except NoScriptError:  # a restarted (or new) server: EVAL loads it into the script cache
+        return client.eval(src, len(keys), *keys, *args)
+
+
+class ValkeyStore:
+    name = "shared"
+    write_through = True
+
+    def __init__(
+        self,
+        url: str,
+        model_fingerprint: str,
+        *,
+        codec: PayloadCodec | None = None,
+        ttl_s: float = DEFAULT_TTL_S,
+        queue_blocks: int = 64,
+        timeout_s: float = 0.5,
+        retry_s: float = 0.25,
+        lookup_mode: str = "lua",
+    ) -> None:
+        """Never raises on an unreachable server (the writer thread keeps probing);
+        ValueError on a URL that is not a Valkey one."""
+        if lookup_mode not in ("lua", "pipeline"):
+            raise ValueError(f"lookup_mode must be 'lua' or 'pipeline', got {lookup_mode!r}")
+        self.model = model_fingerprint
+        self.keys = Keys(model_fingerprint)
+        self.codec = codec or TreeCodec()
+        self.ttl_ms = max(1, int(ttl_s * 1000))
+        self.lookup_mode = lookup_mode
+        self.link = ValkeyLink(url, timeout_s=timeout_s, retry_s=retry_s)
+        self.stats = self.link.stats
+        self._sha = {
+            s: hashlib.sha1(s.encode()).hexdigest() for s in (PUT_LUA, DELETE_LUA, LOOKUP_LUA)
+        }
+        self._lock = threading.Lock()
+        self._roots: OrderedDict[BlockHash, BlockHash] = OrderedDict()
+        self._tenants: dict[BlockHash, str] = {}
+        self._server: dict[str, Any] = {}
+        self._server_at = 0.0
+        self._queue: queue.Queue[BlockRecord | _Touch | None] = queue.Queue(maxsize=queue_blocks)
+        self._closed = False
+        if self.link.probe():
+            self._check_server()
+        self._writer = threading.Thread(target=self._loop, name="promptcache-shared", daemon=True)
+        self._writer.start()
+
+    # -- namespaces and roots ----------------------------------------------------------------
+
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        """Tenant names are for display only (the root is the key): kept in this process."""
+        with self._lock:
+            if len(self._tenants) < 4096:
+                self._tenants[root] = tenant
+
+    def _note_roots(self, metas: Iterable[SharedMeta]) -> None:
+        with self._lock:
+            for m in metas:
+                self._roots[m.block_hash] = m.root
+                self._roots.move_to_end(m.block_hash)
+            while len(self._roots) > MAX_ROOTS:
+                self._roots.popitem(last=False)
+
+    def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
+        return _script(client, src, self._sha[src], keys, args)
+
+    # -- lookups and reads (request path: bounded by the socket timeout, never raise) --------
+
+    def lookup(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
+    ) -> list[SharedMeta]:
+        if self._closed or not self.link.is_up or start * seq.block_size >= seq.num_tokens:
+            return []
+        hashes, toks = lookup_args(seq, start, parent)
+        m, c, _ = self.keys.index(seq.root)
+        if self.lookup_mode == "lua":
+            reply = self.link.call(
+                lambda cl: self._eval(cl, LOOKUP_LUA, [m, c], [parent, hashes, toks])
+            )
+            if reply is None:
+                out: list[SharedMeta] = []
+            else:
+                chain, kids = parse_lookup(reply, seq.root)
+                out = select_chain(
+                    seq, start, parent, chain,
+                    lambda p, k: kids if k == len(chain) else [], requires_checkpoint,
+                )  # fmt: skip
+        else:
+            out = self._lookup_pipelined(seq, start, parent, hashes, toks, requires_checkpoint)
+        self.stats.add(num_hits=int(bool(out)), num_misses=int(not out))
+        self._note_roots(out)
+        return out
+
+    def _lookup_pipelined(
+        self, seq: TokenSeq, start: int, parent: BlockHash, hashes: bytes, toks: bytes, rc: bool
+    ) -> list[SharedMeta]:
+        """Round trip 1: every expected entry and every possible tail child list; round trip 2:
+        the entries of the child list that the walk needs."""
+        m, c, _ = self.keys.index(seq.root)
+        hl = [hashes[i : i + 16] for i in range(0, len(hashes), 16)]
+        parents = [parent, *hl]
+        fields = [kid_field(parents[i], int.from_bytes(toks[4 * i : 4 * i + 4], "little"))
+                  for i in range(len(toks) // 4)]  # fmt: skip
+
+        def first(cl: Any) -> Any:
+            p = cl.pipeline(transaction=False)
+            if hl:
+                p.hmget(m, hl)
+            if fields:
+                p.hmget(c, fields)
+            return p.execute()
+
+        reply = self.link.call(first)
+        if reply is None:
+            return []
+        entries, kid_lists = (reply[0], reply[1] if fields else []) if hl else ([], reply[0])
+        chain: list[SharedMeta] = []
+        for h, e in zip(hl, entries, strict=True):
+            meta = unpack_meta(h, seq.root, e) if e else None
+            if meta is None:
+                break
+            chain.append(meta)
+
+        def children(p: BlockHash, k: int) -> list[SharedMeta]:
+            kids = kid_lists[k] if k < len(kid_lists) else None
+            if not kids:
+                return []
+            ks = [kids[i : i + 16] for i in range(0, len(kids), 16)]
+            got = self.link.call(lambda cl: cl.hmget(m, ks))
+            metas = [
+                unpack_meta(k2, seq.root, e) for k2, e in zip(ks, got or [], strict=False) if e
+            ]
+            return [x for x in metas if x is not None]
+
+        return select_chain(seq, start, parent, chain, children, rc)
+
+    def read(self, metas: list[SharedMeta]) -> list[tuple[Any, Any] | CorruptBlockError]:
+        if not metas:
+            return []
+        now = int(time.time() * 1000)
+
+        def fetch(cl: Any) -> Any:
+            p = cl.pipeline(transaction=False)
+            for x in metas:
+                p.getex(self.keys.data(x.block_hash), px=self.ttl_ms)
+            for x in metas:
+                p.zadd(self.keys.index(x.root)[2], {x.block_hash: now}, xx=True)
+            for root in {x.root for x in metas}:
+                for k in self.keys.index(root):
+                    p.pexpire(k, self.ttl_ms)
+            return p.execute()[: len(metas)]
+
+        values = self.link.call(fetch) if self.link.is_up and not self._closed else None
+        if values is None:
+            return [SharedBlockMissingError("shared tier unreachable")] * len(metas)
+        out: list[tuple[Any, Any] | CorruptBlockError] = []
+        bad: list[SharedMeta] = []
+        missing: list[SharedMeta] = []
+        nbytes = 0
+        for x, v in zip(metas, values, strict=True):
+            if v is None:
+                missing.append(x)
+                out.append(SharedBlockMissingError(f"{x.block_hash.hex()} expired or evicted"))
+                continue
+            try:
+                out.append(self._verify(x, v))
+                nbytes += len(v)
+            except CorruptBlockError as exc:
+                log.warning("shared tier: bad value %s deleted: %s", x.block_hash.hex(), exc)
+                bad.append(x)
+                out.append(exc)
+        self.stats.add(num_blocks_read=len(metas) - len(bad) - len(missing), bytes_read=nbytes,
+                       num_corrupt=len(bad), num_missing=len(missing))  # fmt: skip
+        if bad or missing:
+            self.delete(bad + missing, data=bool(bad))
+        return out
+
+    def _verify(self, meta: SharedMeta, value: bytes) -> tuple[Any, Any]:
+        # a private, writable copy: tensors view it without copying again (as from a file)
+        info, payload, checkpoint = decode_block(bytearray(value), self.codec)
+        verify_identity(info, meta.block_hash.hex())
+        if info.model != self.model or info.root != meta.root:
+            raise CorruptBlockError("value of another model or namespace")
+        if (info.parent_hash, info.token_bytes, info.extra, info.depth, info.has_checkpoint,
+                info.payload_nbytes, len(value)) != (meta.parent, meta.token_bytes, meta.extra,
+                meta.depth, meta.has_checkpoint, meta.payload_nbytes, meta.data_bytes):  # fmt: skip
+            raise CorruptBlockError("value does not match its index entry")
+        return payload, checkpoint
+
+    def delete(self, metas: list[SharedMeta], data: bool = True) -> None:
+        """Entries (and their values when ``data``) removed; best effort."""
+        by_root: dict[BlockHash, list[bytes]] = {}
+        for x in metas:
+            by_root.setdefault(x.root, []).append(x.block_hash)
+
+        def run(cl: Any) -> None:
+            for root, hs in by_root.items():
+                self._eval(cl, DELETE_LUA, list(self.keys.index(root)), hs)
+            if data:
+                for x in metas:  # one key per call: cluster-safe (no cross-slot DEL)
+                    cl.delete(self.keys.data(x.block_hash))
+
+        self.link.call(run)
+
+    # -- writes (writer thread) --------------------------------------------------------------
+
+    def put(self, record: BlockRecord) -> bool:
+        if self._closed or not self.link.is_up:
+            self.stats.add(dropped_writes=1)
+            return False
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.stats.add(dropped_writes=1)
+            return False
+        return True
+
+    def touch(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
+        """Refresh TTL and recency (queued; dropped when the queue is full). Without ``root``,
+        each hash's root comes from this store's recent lookups and puts."""
+        hs = list(hashes)
+        if self._closed or not self.link.is_up or not hs:
+            return
+        with self._lock:
+            groups: dict[BlockHash, list[BlockHash]] = {}
+            for h in hs:
+                r = root or self._roots.get(h)
+                if r is not None:
+                    groups.setdefault(r, []).append(h)
+        for r, g in groups.items():
+            try:
+                self._queue.put_nowait(_Touch(r, g))
+            except queue.Full:
+                break
+
+    def _loop(self) -> None:
+        while True:
+            if not self.link.is_up and self.link.probe_due() and self.link.probe():
+                self._check_server()
+            try:
+                item = self._queue.get(timeout=0.05 if not self.link.is_up else 1.0)
+            except queue.Empty:
+                continue
+            try:
+                if item is None:
+                    break
+                if isinstance(item, _Touch):
+                    self._touch_now(item.root, item.hashes)
+                elif not self.link.is_up:
+                    self.stats.add(dropped_writes=1)
+                else:
+                    self._write(item)
+            except Exception as exc:  # a codec that cannot store the payload, ...
+                self.stats.error(f"{type(exc).__name__}: {exc}", errors=1, dropped_writes=1)
+            finally:
+                self._queue.task_done()
+
+    def _touch_now(self, root: BlockHash, hashes: list[BlockHash]) -> None:
+        now = int(time.time() * 1000)
+        z = self.keys.index(root)[2]
+
+        def run(cl: Any) -> None:
+            p = cl.pipeline(transaction=False)
+            p.zadd(z, dict.fromkeys(hashes, now), xx=True)
+            for h in hashes:
+                p.pexpire(self.keys.data(h), self.ttl_ms)
+            for k in self.keys.index(root):  # the namespace's index lives as long as its blocks
+                p.pexpire(k, self.ttl_ms)
+            p.execute()
+
+        self.link.call(run)
+
+    def _write(self, record: BlockRecord) -> None:
+        root, h = record.root, record.block_hash
+        m, c, z = self.keys.index(root)
+        old = self.link.call(lambda cl: cl.hget(m, h))
+        meta = unpack_meta(h, root, old) if old else None
+        if meta is not None and (meta.has_checkpoint or record.checkpoint is None):
+            self.stats.add(skipped_writes=1)
+            self._touch_now(root, [h])
+            return
+        data = encode_block(record, root, self.model, self.codec)
+        meta = SharedMeta(h, record.parent_hash, root, record.token_bytes, record.extra,
+                          int.from_bytes(record.token_bytes[:4], "little"), record.depth, len(data),
+                          record.nbytes, record.checkpoint is not None, record.is_seq_end)  # fmt: skip
+        now = int(time.time() * 1000)
+        # the value before its entry: an entry never names a value not yet written
+        if self.link.call(lambda cl: cl.set(self.keys.data(h), data, px=self.ttl_ms)) is None:
+            self.stats.add(dropped_writes=1)
+            return
+        args = [h, pack_meta(meta), now, self.ttl_ms, SWEEP_PER_PUT]
+        swept = self.link.call(lambda cl: self._eval(cl, PUT_LUA, [m, c, z], args))
+        if swept is None:  # the value alone is unreachable; it expires with its TTL
+            self.stats.add(dropped_writes=1)
+            return
+        self.stats.add(num_writes=1, bytes_written=len(data), num_swept=int(swept))
+        self._note_roots([meta])
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued write and touch is done; False on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.002)
+        return False
+
+    # -- server, checks, stats -------------------------------------------------------------
+
+    def _check_server(self) -> None:
+        info = self.server_info(max_age_s=0.0)
+        policy = info.get("maxmemory_policy", "")
+        if int(info.get("maxmemory", 0)) and policy == "noeviction":
+            log.warning("shared tier: the server's maxmemory-policy is noeviction: once full, "
+                        "writes fail (counted as oom_errors); allkeys-lru is recommended")  # fmt: skip
+
+    def server_info(self, max_age_s: float = 1.0) -> dict[str, Any]:
+        """The server's memory section of INFO (cached ``max_age_s``); {} when down."""
+        if time.monotonic() - self._server_at > max_age_s:
+            info = self.link.call(lambda cl: cl.info("memory"))
+            stats = self.link.call(lambda cl: cl.info("stats"))
+            if info is None:
+                return {}
+            if "used_memory" not in info and info:  # cluster: {node: section}, summed
+                nodes = list(info.values())
+                info = {"used_memory": sum(int(n.get("used_memory", 0)) for n in nodes),
+                        "maxmemory": sum(int(n.get("maxmemory", 0)) for n in nodes),
+                        "maxmemory_policy": nodes[0].get("maxmemory_policy", "")}  # fmt: skip
+                stats = {}
+            self._server = {**info, **{k: v for k, v in (stats or {}).items() if "_keys" in k}}
+            self._server_at = time.monotonic()
+        return self._server
+
+    def used_bytes(self) -> int:
+        return int(self.server_info().get("used_memory", 0))
+
+    def check_integrity(self) -> None:
+        """Writes flushed; then every index entry parses, sits in its parent's child list (and
+        the lists name only entries), and its value, where still present, verifies and matches
+        it; the server's memory stays within maxmemory (give or take one value). Nothing to
+        check while down."""
+        from promptcache.core.valkey_check import check_store
+
+        self.flush()
+        check_store(self)
+
+    def describe(self) -> dict[str, Any]:
+        info = self.server_info(max_age_s=0.1)
+        return {**self.stats.to_dict(), **self.link.describe(), "url": self.link.url,
+                "lookup_mode": self.lookup_mode, "ttl_s": self.ttl_ms / 1000,
+                "queued_writes": self._queue.qsize(), "used_bytes": int(info.get("used_memory", 0)),
+                "maxmemory": int(info.get("maxmemory", 0)),
+                "maxmemory_policy": info.get("maxmemory_policy", ""),
+                "evicted_keys": int(info.get("evicted_keys", 0)),
+                "expired_keys": int(info.get("expired_keys", 0))}  # fmt: skip
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush(timeout=5.0)
+        self._closed = True
+        # a full queue: the writer is stuck on a slow server (a daemon thread: left behind)
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=5.0)
+        self._writer.join(timeout=5.0)
+        self.link.close()

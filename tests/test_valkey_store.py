@@ -1,0 +1,306 @@
+"""The shared (Valkey) tier against real valkey-server processes: no mocks."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from valkey_helpers import ValkeyProcess, records, server_binary
+
+from promptcache.core.block_file import CorruptBlockError
+from promptcache.core.hashing import Namespace
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.valkey_check import hottest_prefixes
+from promptcache.core.valkey_store import SharedBlockMissingError, ValkeyStore
+
+pytestmark = [
+    pytest.mark.valkey,
+    pytest.mark.skipif(server_binary() is None, reason="no valkey-server binary"),
+]
+
+MODEL = "f" * 32
+B = 8
+
+
+@pytest.fixture
+def server(tmp_path):
+    proc = ValkeyProcess(tmp_path / "valkey").start()
+    yield proc
+    proc.stop()
+
+
+def seq_of(tokens, tenant="", model=MODEL):
+    return TokenSeq(Namespace(model, tenant).root_hash(), tokens, B)
+
+
+def store_all(store, seq, **kw):
+    recs = records(seq, **kw)
+    for r in recs:
+        assert store.put(r)
+    assert store.flush(10)
+    return recs
+
+
+def wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def same(a, b):
+    ka = [x for layer in a["layers"] for x in layer]
+    kb = [x for layer in b["layers"] for x in layer]
+    return a["index"] == b["index"] and all(
+        np.array_equal(x, y) for x, y in zip(ka, kb, strict=True)
+    )
+
+
+@pytest.mark.parametrize("mode", ["lua", "pipeline"])
+def test_round_trip_and_partial_tail(server, mode):
+    writer = ValkeyStore(server.url, MODEL)
+    reader = ValkeyStore(server.url, MODEL, lookup_mode=mode)  # another server, same Valkey
+    try:
+        tokens = list(range(100, 100 + 5 * B))
+        seq = seq_of(tokens)
+        recs = store_all(writer, seq, checkpoint_at={2})
+        got = reader.lookup(seq, 0, seq.root)
+        assert [m.block_hash for m in got] == [r.block_hash for r in recs]
+        out = reader.read(got)
+        for r, (payload, ckpt) in zip(recs, out, strict=True):
+            assert same(payload, r.payload)
+            assert (ckpt is None) == (r.checkpoint is None)
+        assert np.array_equal(out[2][1]["state"], recs[2].checkpoint["state"])
+        # from block 2 on, with parent = hash of block 1
+        got = reader.lookup(seq, 2, seq.block_hash(1))
+        assert [m.depth for m in got] == [2, 3, 4]
+        # a prompt that diverges mid-block 3: blocks 0-2 whole, then block 3 as the best child
+        other = seq_of(tokens[: 3 * B + 5] + [7] * (B - 5) + [1] * B)
+        got = reader.lookup(other, 0, other.root)
+        assert [m.depth for m in got] == [0, 1, 2, 3]
+        assert got[3].block_hash == recs[3].block_hash
+        # only a child that ends in a checkpoint and is covered whole may end a snapshot hit
+        assert reader.lookup(other, 0, other.root, requires_checkpoint=True)[3:] == []
+        ck = seq_of(tokens[: 2 * B + 3])
+        assert [m.depth for m in reader.lookup(ck, 0, ck.root)] == [0, 1, 2]
+        assert reader.lookup(ck, 0, ck.root, requires_checkpoint=True)[2:] == []
+        assert reader.lookup(seq_of([1, 2, 3] * B), 0, seq_of([1]).root) == []
+        d = reader.describe()
+        assert d["state"] == "connected" and d["num_hits"] >= 3 and d["num_misses"] >= 1
+        assert sum(d["rtt_histogram"].values()) > 0
+        writer.check_integrity()
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_tenants_and_models_apart(server):
+    store = ValkeyStore(server.url, MODEL)
+    try:
+        tokens = list(range(3 * B))
+        store_all(store, seq_of(tokens, "alice"))
+        assert len(store.lookup(seq_of(tokens, "alice"), 0, seq_of(tokens, "alice").root)) == 3
+        bob = seq_of(tokens, "bob")
+        assert store.lookup(bob, 0, bob.root) == []
+        other_model = seq_of(tokens, "alice", model="e" * 32)
+        assert store.lookup(other_model, 0, other_model.root) == []
+        store2 = ValkeyStore(server.url, "e" * 32)
+        try:
+            assert store2.lookup(other_model, 0, other_model.root) == []
+        finally:
+            store2.close()
+    finally:
+        store.close()
+
+
+def test_corrupt_value_detected_deleted_never_served(server):
+    store = ValkeyStore(server.url, MODEL)
+    try:
+        seq = seq_of(list(range(3 * B)))
+        store_all(store, seq)
+        raw = server.client()
+        key = store.keys.data(seq.block_hash(1))
+        value = bytearray(raw.get(key))
+        value[-3] ^= 0xFF  # a flipped tensor byte: the checksum fails
+        raw.set(key, bytes(value))
+        metas = store.lookup(seq, 0, seq.root)
+        out = store.read(metas)
+        assert not isinstance(out[0], Exception) and not isinstance(out[2], Exception)
+        assert isinstance(out[1], CorruptBlockError)
+        assert not isinstance(out[1], SharedBlockMissingError)
+        assert store.describe()["num_corrupt"] == 1
+        assert raw.get(key) is None
+        # the chain now ends before the bad block
+        assert [m.depth for m in store.lookup(seq, 0, seq.root)] == [0]
+        # a value swapped for another valid block's bytes is caught too (identity)
+        k0, k2 = store.keys.data(seq.block_hash(0)), store.keys.data(seq.block_hash(2))
+        raw.set(k0, raw.get(k2))
+        out = store.read(store.lookup(seq, 0, seq.root))
+        assert isinstance(out[0], CorruptBlockError)
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_server_killed_then_restarted_empty(server):
+    store = ValkeyStore(server.url, MODEL, timeout_s=0.3, retry_s=0.05)
+    try:
+        seq = seq_of(list(range(4 * B)))
+        store_all(store, seq)
+        assert len(store.lookup(seq, 0, seq.root)) == 4
+        metas = store.lookup(seq, 0, seq.root)
+        server.stop(kill=True)
+        t0 = time.monotonic()
+        assert store.lookup(seq, 0, seq.root) == []  # the failing call marks it down
+        out = store.read(metas)
+        assert all(isinstance(x, SharedBlockMissingError) for x in out)
+        assert store.lookup(seq, 0, seq.root) == []
+        assert time.monotonic() - t0 < 2.0
+        assert store.describe()["state"] == "down"
+        before = store.describe()["dropped_writes"]
+        seq2 = seq_of(list(range(500, 500 + 2 * B)))
+        for r in records(seq2):
+            assert store.put(r) is False
+        assert store.describe()["dropped_writes"] == before + 2
+        server.start()
+        assert wait_for(lambda: store.describe()["state"] == "connected")
+        assert store.describe()["num_reconnects"] >= 1
+        assert store.lookup(seq, 0, seq.root) == []  # restarted empty
+        store_all(store, seq2)  # scripts reloaded after NOSCRIPT
+        got = store.lookup(seq2, 0, seq2.root)
+        assert len(got) == 2 and not any(isinstance(x, Exception) for x in store.read(got))
+    finally:
+        store.close()
+
+
+def test_down_at_start_then_comes_up(tmp_path):
+    proc = ValkeyProcess(tmp_path / "late")
+    store = ValkeyStore(proc.url, MODEL, timeout_s=0.3, retry_s=0.05)
+    try:
+        seq = seq_of(list(range(2 * B)))
+        assert store.describe()["state"] == "down"
+        assert store.lookup(seq, 0, seq.root) == []
+        assert store.put(records(seq)[0]) is False
+        proc.start()
+        assert wait_for(lambda: store.describe()["state"] == "connected")
+        store_all(store, seq)
+        assert len(store.lookup(seq, 0, seq.root)) == 2
+    finally:
+        store.close()
+        proc.stop()
+
+
+def test_ttl_expiry_and_touch(server):
+    store = ValkeyStore(server.url, MODEL, ttl_s=0.6)
+    try:
+        seq = seq_of(list(range(3 * B)))
+        store_all(store, seq)
+        hot = seq_of(list(range(900, 900 + B)))
+        store_all(store, hot)
+        for _ in range(4):  # keep one block alive by touching it
+            time.sleep(0.3)
+            store.touch([hot.block_hash(0)])
+            store.flush()
+        assert len(store.lookup(hot, 0, hot.root)) == 1
+        metas = store.lookup(seq, 0, seq.root)  # entries outlive values until swept or read
+        out = store.read(metas)
+        assert all(isinstance(x, SharedBlockMissingError) for x in out)
+        assert store.lookup(seq, 0, seq.root) == []  # the read dropped the stale entries
+        assert not isinstance(store.read(store.lookup(hot, 0, hot.root))[0], Exception)
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_stale_entries_swept_by_puts(server):
+    store = ValkeyStore(server.url, MODEL, ttl_s=1.0)
+    try:
+        seq = seq_of(list(range(3 * B)))
+        store_all(store, seq)
+        time.sleep(0.6)
+        kept = seq_of(list(range(300, 300 + B)))
+        store_all(store, kept)  # keeps the namespace's index alive
+        time.sleep(0.6)
+        store_all(store, seq_of(list(range(600, 600 + B))))  # sweeps what is older than a TTL
+        assert store.describe()["num_swept"] == 3
+        assert store.lookup(seq, 0, seq.root) == []
+        assert len(store.lookup(kept, 0, kept.root)) == 1
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_byte_budget_is_maxmemory_lru(tmp_path):
+    proc = ValkeyProcess(tmp_path / "lru", "--maxmemory", "4mb",
+                         "--maxmemory-policy", "allkeys-lru").start()  # fmt: skip
+    store = ValkeyStore(proc.url, MODEL)
+    try:
+        seqs = [seq_of(list(range(k * 1000, k * 1000 + 8 * B))) for k in range(20)]
+        for s in seqs:
+            for r in records(s, width=512):  # 128 KiB blocks
+                while not store.put(r):
+                    time.sleep(0.001)
+            store.flush()
+        d = store.describe()
+        assert d["bytes_written"] > 4 * d["maxmemory"]  # far more written than fits
+        assert d["evicted_keys"] > 0 and d["used_bytes"] <= d["maxmemory"] + 2**20
+        assert d["oom_errors"] == 0
+        last = seqs[-1]  # the most recent survives; what was evicted reads as missing
+        assert not any(
+            isinstance(x, Exception) for x in store.read(store.lookup(last, 0, last.root))
+        )
+        for s in seqs[:5]:
+            for x in store.read(store.lookup(s, 0, s.root)):
+                assert not isinstance(x, Exception) or isinstance(x, SharedBlockMissingError)
+        assert store.describe()["num_corrupt"] == 0
+        store.check_integrity()
+    finally:
+        store.close()
+        proc.stop()
+
+
+def test_full_server_noeviction_counts_oom(tmp_path):
+    proc = ValkeyProcess(tmp_path / "oom", "--maxmemory", "3mb",
+                         "--maxmemory-policy", "noeviction").start()  # fmt: skip
+    store = ValkeyStore(proc.url, MODEL)
+    try:
+        for k in range(10):
+            for r in records(seq_of(list(range(k * 1000, k * 1000 + 8 * B))), width=512):
+                store.put(r)
+            store.flush()
+        d = store.describe()
+        assert d["oom_errors"] > 0 and d["state"] == "connected"
+        s = seq_of(list(range(0, 8 * B)))
+        assert store.read(store.lookup(s, 0, s.root))  # reads still work
+    finally:
+        store.close()
+        proc.stop()
+
+
+def test_hottest_prefixes_parent_first_within_budget(server):
+    store = ValkeyStore(server.url, MODEL)
+    try:
+        seqs = [
+            seq_of(list(range(k * 1000, k * 1000 + 3 * B)), tenant=f"t{k % 2}") for k in range(4)
+        ]
+        for s in seqs:
+            store_all(store, s)
+            time.sleep(0.01)
+        store.touch([seqs[0].block_hash(2)], root=seqs[0].root)  # the oldest becomes the hottest
+        store.flush()
+        one_chain = sum(m.data_bytes for m in store.lookup(seqs[0], 0, seqs[0].root))
+        got = hottest_prefixes(store, byte_budget=one_chain)
+        assert {m.block_hash for m in got} == set(seqs[0].full_hashes())
+        got = hottest_prefixes(store, byte_budget=10**9)
+        assert len(got) == 12
+        seen = {s.root for s in seqs}
+        for m in got:  # parent before child
+            assert m.parent in seen
+            seen.add(m.block_hash)
+        out = store.read(got)
+        assert not any(isinstance(x, Exception) for x in out)
+    finally:
+        store.close()

