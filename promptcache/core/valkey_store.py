@@ -33,14 +33,11 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from typing import Any, NamedTuple
-
-from valkey.exceptions import NoScriptError
+from typing import Any
 
 from promptcache.core.block_file import (
     CorruptBlockError,
     decode_block,
-    encode_block,
     verify_identity,
 )
 from promptcache.core.codec import PayloadCodec, TreeCodec
@@ -55,36 +52,23 @@ from promptcache.core.valkey_index import (
     SharedMeta,
     kid_field,
     lookup_args,
-    pack_meta,
     parse_lookup,
     select_chain,
     unpack_meta,
 )
 from promptcache.core.valkey_link import ValkeyLink
+from promptcache.core.valkey_write import SharedWrites, Touch, run_script
 
 log = logging.getLogger("promptcache.shared")
 DEFAULT_TTL_S = 24 * 3600.0
-SWEEP_PER_PUT = 16
 MAX_ROOTS = 65536  # block hash -> namespace root, for touches by hash only; bounded
-
-
-class _Touch(NamedTuple):
-    root: BlockHash
-    hashes: list[BlockHash]
 
 
 class SharedBlockMissingError(CorruptBlockError):
     """The value expired, was evicted or the server is unreachable: the hit ends; not damage."""
 
 
-def _script(client: Any, src: str, sha: str, keys: list[str], args: list[Any]) -> Any:
-    try:
-        return client.evalsha(sha, len(keys), *keys, *args)
-    except NoScriptError:  # a restarted (or new) server: EVAL loads it into the script cache
-        return client.eval(src, len(keys), *keys, *args)
-
-
-class ValkeyStore:
+class ValkeyStore(SharedWrites):
     name = "shared"
     write_through = True
 
@@ -119,7 +103,7 @@ class ValkeyStore:
         self._tenants: dict[BlockHash, str] = {}
         self._server: dict[str, Any] = {}
         self._server_at = 0.0
-        self._queue: queue.Queue[BlockRecord | _Touch | None] = queue.Queue(maxsize=queue_blocks)
+        self._queue: queue.Queue[BlockRecord | Touch | None] = queue.Queue(maxsize=queue_blocks)
         self._closed = False
         if self.link.probe():
             self._check_server()
@@ -143,7 +127,7 @@ class ValkeyStore:
                 self._roots.popitem(last=False)
 
     def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
-        return _script(client, src, self._sha[src], keys, args)
+        return run_script(client, src, self._sha[src], keys, args)
 
     # -- lookups and reads (request path: bounded by the socket timeout, never raise) --------
 
@@ -282,109 +266,6 @@ class ValkeyStore:
                     cl.delete(self.keys.data(x.block_hash))
 
         self.link.call(run)
-
-    # -- writes (writer thread) --------------------------------------------------------------
-
-    def put(self, record: BlockRecord) -> bool:
-        if self._closed or not self.link.is_up:
-            self.stats.add(dropped_writes=1)
-            return False
-        try:
-            self._queue.put_nowait(record)
-        except queue.Full:
-            self.stats.add(dropped_writes=1)
-            return False
-        return True
-
-    def touch(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
-        """Refresh TTL and recency (queued; dropped when the queue is full). Without ``root``,
-        each hash's root comes from this store's recent lookups and puts."""
-        hs = list(hashes)
-        if self._closed or not self.link.is_up or not hs:
-            return
-        with self._lock:
-            groups: dict[BlockHash, list[BlockHash]] = {}
-            for h in hs:
-                r = root or self._roots.get(h)
-                if r is not None:
-                    groups.setdefault(r, []).append(h)
-        for r, g in groups.items():
-            try:
-                self._queue.put_nowait(_Touch(r, g))
-            except queue.Full:
-                break
-
-    def _loop(self) -> None:
-        while True:
-            if not self.link.is_up and self.link.probe_due() and self.link.probe():
-                self._check_server()
-            try:
-                item = self._queue.get(timeout=0.05 if not self.link.is_up else 1.0)
-            except queue.Empty:
-                continue
-            try:
-                if item is None:
-                    break
-                if isinstance(item, _Touch):
-                    self._touch_now(item.root, item.hashes)
-                elif not self.link.is_up:
-                    self.stats.add(dropped_writes=1)
-                else:
-                    self._write(item)
-            except Exception as exc:  # a codec that cannot store the payload, ...
-                self.stats.error(f"{type(exc).__name__}: {exc}", errors=1, dropped_writes=1)
-            finally:
-                self._queue.task_done()
-
-    def _touch_now(self, root: BlockHash, hashes: list[BlockHash]) -> None:
-        now = int(time.time() * 1000)
-        z = self.keys.index(root)[2]
-
-        def run(cl: Any) -> None:
-            p = cl.pipeline(transaction=False)
-            p.zadd(z, dict.fromkeys(hashes, now), xx=True)
-            for h in hashes:
-                p.pexpire(self.keys.data(h), self.ttl_ms)
-            for k in self.keys.index(root):  # the namespace's index lives as long as its blocks
-                p.pexpire(k, self.ttl_ms)
-            p.execute()
-
-        self.link.call(run)
-
-    def _write(self, record: BlockRecord) -> None:
-        root, h = record.root, record.block_hash
-        m, c, z = self.keys.index(root)
-        old = self.link.call(lambda cl: cl.hget(m, h))
-        meta = unpack_meta(h, root, old) if old else None
-        if meta is not None and (meta.has_checkpoint or record.checkpoint is None):
-            self.stats.add(skipped_writes=1)
-            self._touch_now(root, [h])
-            return
-        data = encode_block(record, root, self.model, self.codec)
-        meta = SharedMeta(h, record.parent_hash, root, record.token_bytes, record.extra,
-                          int.from_bytes(record.token_bytes[:4], "little"), record.depth, len(data),
-                          record.nbytes, record.checkpoint is not None, record.is_seq_end)  # fmt: skip
-        now = int(time.time() * 1000)
-        # the value before its entry: an entry never names a value not yet written
-        if self.link.call(lambda cl: cl.set(self.keys.data(h), data, px=self.ttl_ms)) is None:
-            self.stats.add(dropped_writes=1)
-            return
-        args = [h, pack_meta(meta), now, self.ttl_ms, SWEEP_PER_PUT]
-        swept = self.link.call(lambda cl: self._eval(cl, PUT_LUA, [m, c, z], args))
-        if swept is None:  # the value alone is unreachable; it expires with its TTL
-            self.stats.add(dropped_writes=1)
-            return
-        self.stats.add(num_writes=1, bytes_written=len(data), num_swept=int(swept))
-        self._note_roots([meta])
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every queued write and touch is done; False on timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
-                return True
-            time.sleep(0.002)
-        return False
 
     # -- server, checks, stats -------------------------------------------------------------
 
