@@ -304,3 +304,61 @@ def test_hottest_prefixes_parent_first_within_budget(server):
         assert not any(isinstance(x, Exception) for x in out)
     finally:
         store.close()
+
+
+def test_hung_server_times_out_then_recovers(server):
+    """A server that stops answering (SIGSTOP): one lookup waits out the timeout, then the link
+    is down and the next ones return at once; once it answers again the tier reconnects."""
+    import os
+    import signal
+
+    store = ValkeyStore(server.url, MODEL, timeout_s=0.2, retry_s=0.05)
+    try:
+        seq = seq_of(list(range(2 * B)))
+        store_all(store, seq)
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            assert store.lookup(seq, 0, seq.root) == []
+            assert time.monotonic() - t0 < 1.0
+            t0 = time.monotonic()
+            for _ in range(20):
+                assert store.lookup(seq, 0, seq.root) == []
+            assert time.monotonic() - t0 < 0.1
+            assert store.describe()["state"] == "down"
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        assert wait_for(lambda: store.describe()["state"] == "connected")
+        assert len(store.lookup(seq, 0, seq.root)) == 2
+    finally:
+        store.close()
+
+
+def test_full_queue_drops_and_counts_never_blocks(server):
+    store = ValkeyStore(server.url, MODEL, queue_blocks=2)
+    try:
+        seq = seq_of(list(range(64 * B)))
+        recs = records(seq, width=256)
+        t0 = time.monotonic()
+        accepted = sum(store.put(r) for r in recs)
+        assert time.monotonic() - t0 < 0.5
+        store.flush()
+        d = store.describe()
+        assert accepted < len(recs) and d["dropped_writes"] == len(recs) - accepted
+        assert d["num_writes"] == accepted
+        store.check_integrity()
+    finally:
+        store.close()
+
+
+def test_damaged_index_entry_is_a_miss(server):
+    store = ValkeyStore(server.url, MODEL)
+    try:
+        seq = seq_of(list(range(3 * B)))
+        store_all(store, seq)
+        m, _, _ = store.keys.index(seq.root)
+        server.client().hset(m, seq.block_hash(1), b"garbage")
+        assert [x.depth for x in store.lookup(seq, 0, seq.root)] == [0]
+        assert store.describe()["errors"] == 0
+    finally:
+        store.close()
