@@ -12,7 +12,11 @@ from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.valkey_check import hottest_prefixes
-from promptcache.core.valkey_store import SharedBlockMissingError, ValkeyStore
+from promptcache.core.valkey_store import (
+    SharedBlockMissingError,
+    SharedBlockRaceError,
+    ValkeyStore,
+)
 
 pytestmark = [
     pytest.mark.valkey,
@@ -398,3 +402,24 @@ def test_cluster_mode(tmp_path):
     finally:
         store.close()
         cluster.stop()
+
+
+def test_checkpoint_added_between_lookup_and_read_is_a_race_not_damage(server):
+    store = ValkeyStore(server.url, MODEL)
+    try:
+        seq = seq_of(list(range(2 * B)))
+        store_all(store, seq)
+        old = store.lookup(seq, 0, seq.root)
+        assert not old[1].has_checkpoint
+        store_all(store, seq, checkpoint_at={1})  # block 1 rewritten with its checkpoint
+        out = store.read(old)
+        assert not isinstance(out[0], Exception)
+        assert isinstance(out[1], SharedBlockRaceError)
+        d = store.describe()
+        assert d["num_corrupt"] == 0 and d["num_read_races"] == 1
+        new = store.lookup(seq, 0, seq.root)
+        assert new[1].has_checkpoint
+        payload, ckpt = store.read(new)[1]
+        assert ckpt is not None
+    finally:
+        store.close()

@@ -53,6 +53,7 @@ class SharedStats:
     errors: int = 0  # connection errors, timeouts, other error replies
     num_corrupt: int = 0  # entries whose data failed verification: deleted, never served
     num_missing: int = 0  # entries whose data had expired or been evicted: index cleaned
+    num_read_races: int = 0  # values rewritten between lookup and read: the hit ends there
     num_swept: int = 0  # stale index entries removed by puts
     num_disconnects: int = 0
     num_reconnects: int = 0

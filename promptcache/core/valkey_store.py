@@ -68,6 +68,10 @@ class SharedBlockMissingError(CorruptBlockError):
     """The value expired, was evicted or the server is unreachable: the hit ends; not damage."""
 
 
+class SharedBlockRaceError(SharedBlockMissingError):
+    """The right block, but rewritten (a checkpoint added) since the lookup: the hit ends."""
+
+
 class ValkeyStore(SharedWrites):
     name = "shared"
     write_through = True
@@ -221,7 +225,7 @@ class ValkeyStore(SharedWrites):
         out: list[tuple[Any, Any] | CorruptBlockError] = []
         bad: list[SharedMeta] = []
         missing: list[SharedMeta] = []
-        nbytes = 0
+        nbytes = races = 0
         for x, v in zip(metas, values, strict=True):
             if v is None:
                 missing.append(x)
@@ -230,12 +234,16 @@ class ValkeyStore(SharedWrites):
             try:
                 out.append(self._verify(x, v))
                 nbytes += len(v)
+            except SharedBlockRaceError as exc:
+                races += 1
+                out.append(exc)
             except CorruptBlockError as exc:
                 log.warning("shared tier: bad value %s deleted: %s", x.block_hash.hex(), exc)
                 bad.append(x)
                 out.append(exc)
-        self.stats.add(num_blocks_read=len(metas) - len(bad) - len(missing), bytes_read=nbytes,
-                       num_corrupt=len(bad), num_missing=len(missing))  # fmt: skip
+        self.stats.add(num_blocks_read=len(metas) - len(bad) - len(missing) - races,
+                       bytes_read=nbytes, num_corrupt=len(bad), num_missing=len(missing),
+                       num_read_races=races)  # fmt: skip
         if bad or missing:
             self.delete(bad + missing, data=bool(bad))
         return out
@@ -246,10 +254,19 @@ class ValkeyStore(SharedWrites):
         verify_identity(info, meta.block_hash.hex())
         if info.model != self.model or info.root != meta.root:
             raise CorruptBlockError("value of another model or namespace")
-        if (info.parent_hash, info.token_bytes, info.extra, info.depth, info.has_checkpoint,
-                info.payload_nbytes, len(value)) != (meta.parent, meta.token_bytes, meta.extra,
-                meta.depth, meta.has_checkpoint, meta.payload_nbytes, meta.data_bytes):  # fmt: skip
+        if (info.parent_hash, info.token_bytes, info.extra, info.depth) != (
+            meta.parent,
+            meta.token_bytes,
+            meta.extra,
+            meta.depth,
+        ):
             raise CorruptBlockError("value does not match its index entry")
+        if (info.has_checkpoint, info.payload_nbytes, len(value)) != (
+            meta.has_checkpoint,
+            meta.payload_nbytes,
+            meta.data_bytes,
+        ):  # the right block, rewritten since the lookup (a checkpoint added): not damage
+            raise SharedBlockRaceError("value rewritten since the lookup")
         return payload, checkpoint
 
     def delete(self, metas: list[SharedMeta], data: bool = True) -> None:
