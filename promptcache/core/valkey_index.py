@@ -108,13 +108,16 @@ class Keys:
         return BlockHash(bytes.fromhex(k[len(self.prefix) : k.index("}")]))
 
 
-# KEYS: entries, child lists, recency. ARGV: hash, packed entry, now (ms), ttl (ms), sweep limit.
-# New entry: added to its parent's child list. Then stale entries (unused for a ttl: their data
-# has expired too) are swept, a few per put, and the three keys' TTL refreshed: an abandoned
-# namespace's index expires with its data.
+# KEYS: entries, child lists, recency[, value]. ARGV: hash, packed entry, now (ms), ttl (ms),
+# sweep limit[, value]. With a value (standalone servers only: its key lies in another cluster
+# slot) the value and its entry are written in one atomic step and one round trip; in cluster
+# mode the writer SETs the value first. A new entry is added to its parent's child list. Then
+# stale entries (unused for a ttl: their values have expired too) are swept, a few per put, and
+# the index keys' TTL refreshed: an abandoned namespace's index expires with its values.
 PUT_LUA = """
 local m, c, z = KEYS[1], KEYS[2], KEYS[3]
 local h, meta, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+if KEYS[4] then redis.call('SET', KEYS[4], ARGV[6], 'PX', ttl) end
 local function unlink(x, entry)
   local f = string.sub(entry, 1, 20)
   local kids = redis.call('HGET', c, f)

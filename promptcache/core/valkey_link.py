@@ -91,12 +91,17 @@ class SharedStats:
         return out
 
 
+def is_cluster_url(url: str) -> bool:
+    parts = urlsplit(url)
+    return "+cluster" in parts.scheme or parse_qs(parts.query).get("cluster") == ["1"]
+
+
 def make_client(url: str, timeout_s: float) -> Any:
     """A client for ``valkey://host:port/db`` (also ``redis://``, ``valkeys://``, ``rediss://``);
     ``?cluster=1`` (or a ``+cluster`` scheme such as ``valkey+cluster://``) for cluster mode."""
     parts = urlsplit(url)
     scheme = parts.scheme.replace("+cluster", "")
-    cluster = "+cluster" in parts.scheme or parse_qs(parts.query).get("cluster") == ["1"]
+    cluster = is_cluster_url(url)
     if scheme not in ("valkey", "valkeys", "redis", "rediss", "unix"):
         raise ValueError(f"not a Valkey URL: {url!r} (valkey://host:port/db)")
     query = "&".join(p for p in parts.query.split("&") if p and not p.startswith("cluster="))
@@ -119,6 +124,7 @@ class ValkeyLink:
         self, url: str, *, timeout_s: float = 0.5, retry_s: float = 0.25, max_retry_s: float = 30.0
     ) -> None:
         self.url = url
+        self.cluster = is_cluster_url(url)
         self.timeout_s = timeout_s
         self.retry_s, self.max_retry_s = retry_s, max(max_retry_s, retry_s)
         self.stats = SharedStats()

@@ -142,12 +142,15 @@ class SharedWrites:
                           int.from_bytes(record.token_bytes[:4], "little"), record.depth, len(data),
                           record.nbytes, record.checkpoint is not None, record.is_seq_end)  # fmt: skip
         now = int(time.time() * 1000)
-        # the value before its entry: an entry never names a value not yet written
-        if self.link.call(lambda cl: cl.set(self.keys.data(h), data, px=self.ttl_ms)) is None:
+        keys, args = [m, c, z], [h, pack_meta(meta), now, self.ttl_ms, SWEEP_PER_PUT]
+        if not self.link.cluster:  # value and entry together, atomically (see PUT_LUA)
+            keys.append(self.keys.data(h))
+            args.append(data)
+        # cluster: the value before its entry, so an entry never names a value not yet written
+        elif self.link.call(lambda cl: cl.set(self.keys.data(h), data, px=self.ttl_ms)) is None:
             self.stats.add(dropped_writes=1)
             return
-        args = [h, pack_meta(meta), now, self.ttl_ms, SWEEP_PER_PUT]
-        swept = self.link.call(lambda cl: self._eval(cl, PUT_LUA, [m, c, z], args))
+        swept = self.link.call(lambda cl: self._eval(cl, PUT_LUA, keys, args))
         if swept is None:  # the value alone is unreachable; it expires with its TTL
             self.stats.add(dropped_writes=1)
             return
