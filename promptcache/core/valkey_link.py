@@ -4,10 +4,14 @@ Client: ``valkey`` (valkey-py), chosen over ``valkey-glide`` and ``redis``: it i
 project's own fork of redis-py, released with the server, synchronous (the tier runs on request
 threads and one writer thread, no event loop), speaks to Redis servers too, has cluster mode and
 Lua scripts (NOSCRIPT after a restart reloads the script), and with ``libvalkey`` installed
-parses replies in C: multi-megabyte values come back at memory speed (benchmarks/valkey_bench.py
-measures the store against raw GET/SET). ``valkey-glide`` (a Rust core behind FFI) shines with
-many small concurrent commands; this tier sends few, large ones. ``redis`` would work unchanged
-but tracks Redis, not Valkey.
+parses replies in C (benchmarks/valkey_bench.py measures the store against raw GET/SET).
+Measured here (loopback, a busy 2-core machine, best of 3): GET of 1.5-2.9 MB values 650-1650 MB/s
+with valkey-py vs 800-2000 MB/s with ``valkey-glide-sync`` 2.6 (a Rust core behind FFI), 92 KB
+values 2250 vs 1200-1550 MB/s: on par for reads, the request path. Glide SETs large values 2-4x
+faster (850-1850 vs 400-630 MB/s), but writes run on the background writer, where encoding the
+block (checksum, safetensors) costs more than the SET. Glide's sync client is young and a 7 MB
+native wheel; valkey-py is pure Python plus ``libvalkey``. ``redis`` would work unchanged but
+tracks Redis, not Valkey.
 
 Faults never reach a request: a connection error or a timeout marks the link ``down`` and every
 call returns None at once (no connect timeout per request) until the back-off has passed and a
