@@ -198,14 +198,14 @@ def test_down_at_start_then_comes_up(tmp_path):
 
 
 def test_ttl_expiry_and_touch(server):
-    store = ValkeyStore(server.url, MODEL, ttl_s=0.6)
+    store = ValkeyStore(server.url, MODEL, ttl_s=1.0)
     try:
         seq = seq_of(list(range(3 * B)))
         store_all(store, seq)
         hot = seq_of(list(range(900, 900 + B)))
         store_all(store, hot)
-        for _ in range(4):  # keep one block alive by touching it
-            time.sleep(0.3)
+        for _ in range(6):  # keep one block alive by touching it, past the others' TTL
+            time.sleep(0.25)
             store.touch([hot.block_hash(0)])
             store.flush()
         assert len(store.lookup(hot, 0, hot.root)) == 1
