@@ -191,7 +191,7 @@ class ValkeyLink:
             log.warning("shared tier connected again: %s", self.url)
         return True
 
-    def call(self, fn: Callable[[Any], T], *, write: bool = False) -> T | None:
+    def call(self, fn: Callable[[Any], T]) -> T | None:
         """``fn(client)``, timed; None when down or on any error (counted, logged once)."""
         if not self._up:
             return None
