@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 CLAUDE_CODE_VERSION := 2.1.197
 CLAUDE := .tools/claude-code-$(CLAUDE_CODE_VERSION)/node_modules/.bin/claude
 
-.PHONY: install claude-code serve test bench lint fmt clean
+.PHONY: install claude-code chromium serve test bench lint fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,10 +27,17 @@ $(CLAUDE):
 
 claude-code: $(CLAUDE)
 
+# Debian's chromium for the dashboard page test (installed where we may: root with apt-get)
+chromium:
+	@command -v chromium >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			(apt-get install -y -q chromium || (apt-get update -q && apt-get install -y -q chromium)) >/dev/null; \
+		else echo "chromium not found: the dashboard page test will be skipped"; fi; }
+
 serve: install
 	$(BIN)/promptcache serve $(ARGS)
 
-test: install claude-code
+test: install claude-code chromium
 	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: install

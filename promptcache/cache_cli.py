@@ -55,9 +55,9 @@ def cmd_ls(cache_dir: Path, limit: int) -> int:
         )
         for r in rows[:limit]:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_access))
-            tenant = tenants.get(r.root, "?") or "(default)"
+            tenant = tenants.get(r.meta.root, "?") or "(default)"
             print(
-                f"{r.block_hash.hex():<34} {tenant:<12.12} {r.depth:>7} {len(r.token_bytes) // 4:>6} {r.file_bytes:>10,} {'yes' if r.has_checkpoint else '':>4}  {when}"
+                f"{r.block_hash.hex():<34} {tenant:<12.12} {r.meta.depth:>7} {r.meta.num_tokens:>6} {r.file_bytes:>10,} {'yes' if r.has_checkpoint else '':>4}  {when}"
             )
         index.close()
     return 0

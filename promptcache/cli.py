@@ -125,18 +125,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from promptcache.core.ssd_lock import CacheDirLockedError
+    from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
+    if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
+        raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
-        raise SystemExit(f"promptcache: {exc}") from None
+        raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
         max_output_tokens=args.max_output_tokens,
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
+        hit_rate_alert=args.hit_rate_alert,
+        hit_rate_window=args.hit_rate_window,
     )
     cache = (
         "off"
@@ -216,6 +221,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    _flag(
+        serve,
+        "hit-rate-alert",
+        0.8,
+        "warn (log, /metrics gauge, dashboard banner) when the token hit rate over the last "
+        "--hit-rate-window requests is under this fraction (0 turns it off)",
+        float,
+    )
+    _flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     keep = str(_env("keep-billing-header", "")).lower() in ("1", "true", "yes")
     serve.add_argument(
         "--keep-billing-header",
@@ -330,12 +344,21 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run(args)
 
 
+EXIT_CONFIG = 2  # the command cannot start as configured (the message says why)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from promptcache.engines.errors import ConfigError
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:  # a start-up failure, not a crash: the reason, no traceback
+        print(f"promptcache: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
+from promptcache.engines.errors import ConfigError
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -122,9 +124,9 @@ def mlx_ready(path: Path) -> Path:
     return out
 
 
-class ContextExtensionError(SystemExit):
+class ContextExtensionError(ConfigError):
     """``max_context`` asks for more than the model's native context and the model cannot be
-    extended. A SystemExit so that ``serve`` and ``bench`` stop with the message, not a traceback."""
+    extended: a start-up failure (``serve`` and ``bench`` stop with the message, no traceback)."""
 
     def __init__(self, native: int, max_context: int, reason: str) -> None:
         super().__init__(
@@ -132,9 +134,6 @@ class ContextExtensionError(SystemExit):
             f"tokens and cannot be reached: {reason}. Use --max-context {native} or less."
         )
         self.native, self.max_context, self.reason = native, max_context, reason
-
-    def __str__(self) -> str:
-        return str(self.code)
 
 
 def native_context(config: dict) -> int:

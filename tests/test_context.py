@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from engine_checks import token_ids  # noqa: E402
 
 from promptcache.engines.base import Finished, PromptTooLongError, SamplingParams  # noqa: E402
+from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.tiny_models import save_tiny_model  # noqa: E402
 from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
 from promptcache.models import ContextExtensionError, rope_scaling_for  # noqa: E402
@@ -81,7 +82,7 @@ def test_rope_scaling_for_plain_rope_in_both_config_layouts():
 def test_rope_scaling_for_refuses_what_it_cannot_extend(config, reason):
     with pytest.raises(ContextExtensionError, match=reason) as info:
         rope_scaling_for({"max_position_embeddings": NATIVE, **config}, 3 * NATIVE)
-    assert isinstance(info.value, SystemExit)  # serve and bench exit with the message
+    assert isinstance(info.value, ConfigError)  # serve and bench exit with the message
     assert f"native context of {NATIVE}" in str(info.value) and str(3 * NATIVE) in str(info.value)
 
 

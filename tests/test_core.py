@@ -13,7 +13,7 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.hashing import HASHERS, Namespace, hash_block, tokens_to_bytes
 from promptcache.core.policy import make_policy, policy_names
 from promptcache.core.ram_tier import CacheBudgetError
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tier import BlockRecord, NullTier
 
 HASH_SCRIPT = """
 from promptcache.core.cache import PromptCache
@@ -137,7 +137,7 @@ def test_save_adds_only_new_blocks_and_supersedes_partials():
     c.check_integrity()
 
 
-class RecordingTier:
+class RecordingTier(NullTier):
     name = "recording"
     write_through = False
 
@@ -150,12 +150,6 @@ class RecordingTier:
 
     def used_bytes(self):
         return sum(r.nbytes for r in self.records)
-
-    def check_integrity(self):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_eviction_spills_leaves_first_and_pins_hold():
@@ -174,7 +168,7 @@ def test_eviction_spills_leaves_first_and_pins_hold():
     st = c.stats()
     assert st.num_evictions == st.num_spills == len(tier.records) == 2
     # leaves went first: the evicted blocks are a's last two, deepest first
-    assert [r.depth for r in tier.records] == [12, 8]
+    assert [r.meta.depth for r in tier.records] == [12, 8]
     c.check_integrity()
     with c.lookup(c.sequence(a)) as hit:
         assert hit.num_tokens == 8

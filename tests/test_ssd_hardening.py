@@ -251,8 +251,8 @@ def test_namespace_records_are_pruned_with_their_last_block(tmp_path):
             pass
     tier.flush()
     assert sorted(tier.index.tenants().values()) == ["alice", "bob", "carol"]
-    bob = [r for r in tier.index.all_rows() if tier.index.tenants()[r.root] == "bob"]
-    for r in sorted(bob, key=lambda r: -r.depth):  # leaf first, like eviction
+    bob = [r for r in tier.index.all_rows() if tier.index.tenants()[r.meta.root] == "bob"]
+    for r in sorted(bob, key=lambda r: -r.meta.depth):  # leaf first, like eviction
         tier.quarantine(tier.root_dir / r.path, r, "test")
     assert sorted(tier.index.tenants().values()) == ["alice", "carol"]
     cache.check_integrity()
@@ -340,11 +340,11 @@ def test_block_evicted_between_lookup_and_read_is_not_quarantined(tmp_path):
     cache.close()
     cache, tier = make_cache(tmp_path)
     seq = cache.sequence(A + [1])
-    rows = tier.find_chain(seq, 0, seq.root)
+    rows = tier.lookup(seq, 0, seq.root, False)
     assert len(rows) == 8
     tier.budget_bytes = 0
     tier.enforce_capacity()  # evicts every block after the lookup found them
-    results = tier.read_many(rows)
+    results = tier.read(rows)
     assert all(isinstance(r, bf.CorruptBlockError) for r in results)
     st = tier.describe()
     assert st["num_quarantined"] == 0 and not tier.quarantine_dir.exists()
@@ -364,22 +364,22 @@ def test_reads_under_concurrent_eviction_and_rewrite(tmp_path):
     save(cache, A)
     tier.flush()
     seq = cache.sequence(A + [1])
-    rows = tier.find_chain(seq, 0, seq.root)
-    payloads = {r.block_hash: make_slicer(A)(r.depth, r.depth + BLOCK) for r in rows}
+    rows = tier.lookup(seq, 0, seq.root, False)
+    payloads = {r.block_hash: make_slicer(A)(r.meta.depth, r.meta.depth + BLOCK) for r in rows}
     stop = threading.Event()
     good, wrong = [0], []
 
     def reader():
         while not stop.is_set():
             for r in rows:
-                try:
-                    payload, _ = tier.read(r)
-                except bf.CorruptBlockError:
+                result = tier.read([r])[0]
+                if isinstance(result, bf.CorruptBlockError):
                     continue
+                payload, _ = result
                 if np.array_equal(payload, payloads[r.block_hash]):
                     good[0] += 1
                 else:  # an assert here would die with its thread unseen
-                    wrong.append(r.depth)
+                    wrong.append(r.meta.depth)
 
     threads = [threading.Thread(target=reader) for _ in range(2)]
     for t in threads:

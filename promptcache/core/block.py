@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from promptcache.core.hashing import TOKEN_BYTES, BlockHash
 
@@ -44,19 +44,69 @@ def payload_nbytes(payload: Any) -> int:
 TICKS_PER_BYTE = 1024
 
 
+class BlockMeta(NamedTuple):
+    """A block's identity: what its hash covers and where its chain puts it, the same in every
+    tier (RAM block, write record, index row, file header) and never changed after creation.
+
+    Whether a copy ends a saved sequence, holds a checkpoint, and how many payload bytes it
+    has are not identity: a RAM block gains a checkpoint or a sequence end after it is made, and
+    each tier keeps its own copy's state, so those stay beside ``meta`` in each record.
+    A new key (an image digest, a quantization scheme) is a field here plus its storage name in
+    ``META_COLUMNS``; the index schema and the file header follow that table.
+    """
+
+    block_hash: BlockHash
+    parent_hash: BlockHash
+    root: BlockHash  # the namespace root hash the chain starts from
+    token_bytes: bytes
+    extra: bytes = b""  # per-block extra keys (image digests, ...): compared wherever tokens are
+    depth: int = 0  # tokens before this block
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_bytes) // TOKEN_BYTES
+
+    @property
+    def end(self) -> int:
+        return self.depth + len(self.token_bytes) // TOKEN_BYTES
+
+    @property
+    def first_token(self) -> int:
+        return int.from_bytes(self.token_bytes[:TOKEN_BYTES], "little")
+
+
+# BlockMeta field -> its name as an SQLite column and a block-file header key (the same names)
+META_COLUMNS: dict[str, str] = {
+    "block_hash": "hash",
+    "parent_hash": "parent",
+    "root": "root",
+    "token_bytes": "tokens",
+    "extra": "extra",
+    "depth": "depth",
+}
+assert tuple(META_COLUMNS) == BlockMeta._fields
+
+_EMPTY = BlockHash(b"")
+# what a block without tokens carries (a what-if miniature's blocks): shared, so building one is cheap
+NO_META = BlockMeta(_EMPTY, _EMPTY, _EMPTY, b"")
+
+
+def root_meta(root: BlockHash) -> BlockMeta:
+    """The metadata of a namespace root sentinel: no tokens, its own root."""
+    return BlockMeta(root, _EMPTY, root, b"")
+
+
 @dataclass(slots=True, eq=False)
 class Block:
     """One resident block. Identity is the object; ``block_hash`` is the key in the tier index."""
 
+    # == meta.block_hash, kept as a slot: policies and indexes read it on every insert and evict
     block_hash: BlockHash
     parent: Block | None  # None only for a namespace root sentinel
-    token_bytes: bytes
+    meta: BlockMeta = NO_META
     payload: Any = None
     checkpoint: Any = None
     nbytes: int = 0  # payload + checkpoint bytes, as accounted by the tier
-    extra: bytes = b""
-    depth: int = 0  # tokens before this block
-    root: BlockHash = BlockHash(b"")  # the namespace root hash this block descends from
     ref_count: int = 0
     num_children: int = 0
     # children indexed by their first token id; partial blocks are always leaves
@@ -68,12 +118,33 @@ class Block:
     num_hits: int = 0
 
     @property
+    def token_bytes(self) -> bytes:
+        return self.meta.token_bytes
+
+    @property
+    def extra(self) -> bytes:
+        return self.meta.extra
+
+    @property
+    def depth(self) -> int:
+        return self.meta.depth
+
+    @property
+    def root(self) -> BlockHash:
+        return self.meta.root
+
+    @property
     def num_tokens(self) -> int:
-        return len(self.token_bytes) // TOKEN_BYTES
+        return len(self.meta.token_bytes) // TOKEN_BYTES
 
     @property
     def end(self) -> int:
-        return self.depth + self.num_tokens
+        m = self.meta
+        return m.depth + len(m.token_bytes) // TOKEN_BYTES
+
+    @property
+    def has_checkpoint(self) -> bool:
+        return self.checkpoint is not None
 
     @property
     def is_root(self) -> bool:
@@ -84,7 +155,7 @@ class Block:
         return self.ref_count == 0 and self.num_children == 0 and self.parent is not None
 
     def first_token(self) -> int:
-        return int.from_bytes(self.token_bytes[:TOKEN_BYTES], "little")
+        return int.from_bytes(self.meta.token_bytes[:TOKEN_BYTES], "little")
 
 
 class Node:

@@ -13,14 +13,15 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_type_hints
 
 import numpy as np
 import xxhash
 from safetensors.numpy import save as st_save
 
+from promptcache.core.block import META_COLUMNS, BlockMeta
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block
+from promptcache.core.hashing import TOKEN_BYTES, hash_block
 from promptcache.core.private_fs import make_private_dirs, open_private
 from promptcache.core.tier import BlockRecord
 
@@ -35,22 +36,41 @@ SUFFIX = ".safetensors"
 class CorruptBlockError(Exception):
     """A block file whose header, identity or checksum does not hold."""
 
+    is_damage = True  # False for a block that is merely gone (evicted between lookup and read)
+
 
 class OldFormatError(CorruptBlockError):
     """A block file of an older format version: not damaged, but never served."""
 
 
-class BlockFileMeta(NamedTuple):
-    block_hash: BlockHash
-    parent_hash: BlockHash
-    root: BlockHash
-    token_bytes: bytes
-    extra: bytes
-    depth: int
+class BlockFileInfo(NamedTuple):
+    """What a file's header says: the block's identity, the model, and this copy's state."""
+
+    meta: BlockMeta
+    model: str
     is_seq_end: bool
     has_checkpoint: bool
     payload_nbytes: int
-    model: str
+
+
+# header values are strings: bytes fields as hex, ints in decimal (format 2)
+_META_TYPES = get_type_hints(BlockMeta)
+
+
+def meta_to_header(meta: BlockMeta) -> dict[str, str]:
+    return {
+        key: value.hex() if isinstance(value, bytes) else str(value)
+        for key, value in zip(META_COLUMNS.values(), meta, strict=True)
+    }
+
+
+def meta_from_header(header: dict[str, str]) -> BlockMeta:
+    """Raises KeyError or ValueError on a missing or malformed key."""
+    values: list[Any] = []
+    for name, key in META_COLUMNS.items():
+        kind = _META_TYPES[name]
+        values.append(kind(header[key]) if kind is int else kind(bytes.fromhex(header[key])))
+    return BlockMeta(*values)
 
 
 def checksum_block(meta: dict[str, str], arrays: dict[str, np.ndarray]) -> str:
@@ -65,18 +85,13 @@ def checksum_block(meta: dict[str, str], arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def encode_block(record: BlockRecord, root: BlockHash, model: str, codec: PayloadCodec) -> bytes:
+def encode_block(record: BlockRecord, model: str, codec: PayloadCodec) -> bytes:
     arrays, structure = codec.to_arrays(record.payload, record.checkpoint)
     meta = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "model": model,
-        "root": root.hex(),
-        "hash": record.block_hash.hex(),
-        "parent": record.parent_hash.hex(),
-        "tokens": record.token_bytes.hex(),
-        "extra": record.extra.hex(),
-        "depth": str(record.depth),
+        **meta_to_header(record.meta),
         "seq_end": "1" if record.is_seq_end else "0",
         "has_checkpoint": "1" if record.checkpoint is not None else "0",
         "payload_nbytes": str(record.nbytes),
@@ -215,19 +230,14 @@ def read_header(data: Buffer) -> dict[str, str]:
     return meta
 
 
-def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
+def parse_meta(meta: dict[str, str]) -> BlockFileInfo:
     try:
-        return BlockFileMeta(
-            BlockHash(bytes.fromhex(meta["hash"])),
-            BlockHash(bytes.fromhex(meta["parent"])),
-            BlockHash(bytes.fromhex(meta["root"])),
-            bytes.fromhex(meta["tokens"]),
-            bytes.fromhex(meta["extra"]),
-            int(meta["depth"]),
+        return BlockFileInfo(
+            meta_from_header(meta),
+            meta["model"],
             meta["seq_end"] == "1",
             meta["has_checkpoint"] == "1",
             int(meta["payload_nbytes"]),
-            meta["model"],
         )
     except (KeyError, ValueError) as exc:
         raise CorruptBlockError(f"bad metadata: {exc}") from None
@@ -235,7 +245,7 @@ def parse_meta(meta: dict[str, str]) -> BlockFileMeta:
 
 def _load_checked(
     data: Buffer,
-) -> tuple[dict[str, str], BlockFileMeta, dict[str, np.ndarray]]:
+) -> tuple[dict[str, str], BlockFileInfo, dict[str, np.ndarray]]:
     meta = read_header(data)
     info = parse_meta(meta)
     header, start = _split_header(data)
@@ -245,26 +255,27 @@ def _load_checked(
     return meta, info, arrays
 
 
-def verify_identity(info: BlockFileMeta, file_stem: str) -> None:
+def verify_identity(info: BlockFileInfo, file_stem: str) -> None:
     """The block hash recomputed from parent hash + token ids + extra keys must equal the
     recorded one and the file's name; raises CorruptBlockError."""
-    n = len(info.token_bytes)
-    if n == 0 or n % TOKEN_BYTES or info.depth < 0:
+    m = info.meta
+    n = len(m.token_bytes)
+    if n == 0 or n % TOKEN_BYTES or m.depth < 0:
         raise CorruptBlockError("bad token count or depth")
-    if info.depth == 0 and info.parent_hash != info.root:
+    if m.depth == 0 and m.parent_hash != m.root:
         raise CorruptBlockError("a first block whose parent is not its namespace root")
-    if hash_block(info.parent_hash, info.token_bytes, info.extra) != info.block_hash:
+    if hash_block(m.parent_hash, m.token_bytes, m.extra) != m.block_hash:
         raise CorruptBlockError("block hash does not match parent hash + tokens + extra keys")
-    if file_stem != info.block_hash.hex():
+    if file_stem != m.block_hash.hex():
         raise CorruptBlockError("file name does not match its block hash")
 
 
-def check_block(data: Buffer) -> BlockFileMeta:
+def check_block(data: Buffer) -> BlockFileInfo:
     """Header and checksum only (no engine codec needed); raises CorruptBlockError."""
     return _load_checked(data)[1]
 
 
-def decode_block(data: Buffer, codec: PayloadCodec) -> tuple[BlockFileMeta, Any, Any]:
+def decode_block(data: Buffer, codec: PayloadCodec) -> tuple[BlockFileInfo, Any, Any]:
     """(metadata, payload, checkpoint); raises CorruptBlockError unless everything checks out."""
     meta, info, arrays = _load_checked(data)
     try:

@@ -14,16 +14,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from promptcache.core import promotion
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
+from promptcache.core.chain import find_partial
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
-from promptcache.core.promotion import promote
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.stats import CacheStats, Counters
-from promptcache.core.tier import Tier
-from promptcache.core.tree import common_prefix_tokens
+from promptcache.core.stats import CacheStats, Counters, LookupReport
+from promptcache.core.tier import LowerTier
+from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
@@ -39,14 +41,20 @@ class SaveResult(NamedTuple):
 class Lease:
     """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
 
-    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "_cache", "_released")
+    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "_released")
 
     def __init__(
-        self, cache: PromptCache, num_tokens: int, blocks: tuple[Block, ...], kind: str
+        self,
+        cache: PromptCache,
+        num_tokens: int,
+        blocks: tuple[Block, ...],
+        kind: str,
+        report: LookupReport | None = None,
     ) -> None:
         self.num_tokens = num_tokens
         self.blocks = blocks
         self.kind = kind
+        self.report = report  # what the lookup found, for the request's cache record
         # snapshot state at num_tokens: only set when the hit ends exactly at a checkpoint
         last = blocks[-1] if blocks else None
         self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
@@ -81,8 +89,11 @@ class PromptCache:
         ram_budget: int | str | None = None,
         requires_checkpoint: bool = False,
         policy: EvictionPolicy | str | None = None,
-        next_tier: Tier | None = None,
+        next_tier: LowerTier | Sequence[LowerTier] | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
+        """``next_tier``: the tiers behind RAM, nearest first (one tier alone is accepted).
+        ``evictions``: the log the lower tiers note their evictions in (one is made if none)."""
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         budget = default_ram_budget() if ram_budget is None else parse_size(ram_budget)
@@ -90,7 +101,9 @@ class PromptCache:
         self.block_size = block_size
         self.requires_checkpoint = requires_checkpoint
         self.counters = Counters()
-        self.ram = RamTier(budget, policy, next_tier, self.counters)
+        # where evicted blocks went (shared with the lower tiers): a miss can say so
+        self.evictions = evictions if evictions is not None else EvictionLog()
+        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions)
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
 
@@ -104,9 +117,8 @@ class PromptCache:
         """Tokens under this model's namespace for ``tenant``. Raises ValueError on bad ids."""
         root = Namespace(self.model_fingerprint, tenant, salt).root_hash()
         seq = TokenSeq(root, tokens, self.block_size, extras)
-        register = getattr(self.ram.next_tier, "register_namespace", None)
-        if register is not None:
-            register(root, tenant)
+        for tier in self.ram.stores:
+            tier.register_namespace(root, tenant)
         return seq
 
     def _check_seq(self, seq: TokenSeq) -> None:
@@ -120,26 +132,63 @@ class PromptCache:
             raise ValueError("cannot look up or save an empty token sequence")
 
     def lookup(self, seq: TokenSeq) -> Lease:
-        """Longest reusable prefix, pinned. Never covers the last token (its logits are needed)."""
+        """Longest reusable prefix, pinned. Never covers the last token (its logits are needed).
+        A longer prefix in a lower tier is promoted first, read outside the lock."""
         self._check_seq(seq)
+        rc = self.requires_checkpoint
         with self._lock:
-            match = self.ram.match(seq, self.requires_checkpoint)
-            tier = self.ram.next_tier
-            may_extend = hasattr(tier, "find_chain") and match.num_matched < seq.num_tokens - 1
-            if may_extend and promote(self.ram, tier, seq, match, self.requires_checkpoint):  # type: ignore[arg-type]
-                match = self.ram.match(seq, self.requires_checkpoint)
-            if self.whatif is not None:
-                self.whatif.on_lookup(seq, match.num_tokens)
-            c = self.counters
-            c.num_lookups += 1
-            c.lookup_tokens += seq.num_tokens
-            if match.num_tokens:
-                c.num_hits += 1
-                c.hit_tokens += match.num_tokens
-                c.hits_by_kind[match.kind] += 1
-                self.ram.touch(match.blocks, is_hit=True)
-                self.ram.pin(match.blocks)
-            return Lease(self, match.num_tokens, match.blocks, match.kind)
+            match = self.ram.match(seq, rc)
+            plan = None
+            if self.ram.stores and match.num_matched < seq.num_tokens - 1:
+                plan = promotion.plan(self.ram, seq, match, rc)
+            if plan is None:
+                return self._serve(seq, match, match.num_tokens)
+        try:
+            loaded = promotion.load(plan)
+        except BaseException:
+            with self._lock:
+                promotion.finish(self.ram, plan, None)
+            raise
+        with self._lock:
+            done = promotion.finish(self.ram, plan, loaded)
+            # matched again: RAM changed while the lock was let go
+            return self._serve(
+                seq, self.ram.match(seq, rc), match.num_tokens, plan.tier.name, done.num_damaged
+            )
+
+    def _serve(
+        self, seq: TokenSeq, match: Match, from_ram: int, tier: str = "", num_damaged: int = 0
+    ) -> Lease:
+        """Count the lookup, pin its blocks (caller holds the lock). ``from_ram``: tokens RAM
+        held before a promotion from ``tier``."""
+        if self.whatif is not None:
+            self.whatif.on_lookup(seq, match.num_tokens)
+        c = self.counters
+        c.num_lookups += 1
+        c.lookup_tokens += seq.num_tokens
+        if match.num_tokens:
+            c.num_hits += 1
+            c.hit_tokens += match.num_tokens
+            c.hits_by_kind[match.kind] += 1
+            self.ram.touch(match.blocks, is_hit=True)
+            self.ram.pin(match.blocks)
+        report = self._report(seq, match, from_ram, tier, num_damaged)
+        return Lease(self, match.num_tokens, match.blocks, match.kind, report)
+
+    def _report(
+        self, seq: TokenSeq, match: Match, from_ram: int, tier: str, num_damaged: int
+    ) -> LookupReport:
+        by_tier = {"ram": min(from_ram, match.num_tokens)}
+        if match.num_tokens > from_ram and tier:
+            by_tier[tier] = match.num_tokens - from_ram
+        past = match.num_matched // self.block_size  # the first block the cache did not have
+        parent = seq.block_hash(past - 1) if past else seq.root
+        full = seq.block_hash(past) if past < seq.num_full_blocks else parent
+        evicted = self.evictions.find(full, parent)
+        return LookupReport(
+            match.num_tokens, match.kind, match.num_matched, by_tier, num_damaged,
+            self.requires_checkpoint, evicted,
+        )  # fmt: skip
 
     def _unpin(self, blocks: tuple[Block, ...]) -> None:
         with self._lock:
@@ -184,13 +233,7 @@ class PromptCache:
                     payload = payloads[i]
                 else:  # another thread evicted it meanwhile
                     payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
-                blk = self.ram.insert(
-                    node,
-                    seq.block_hash(i),
-                    seq.block_bytes(i * b, (i + 1) * b),
-                    payload,
-                    extra=seq.extra(i),
-                )
+                blk = self.ram.insert(node, seq.block_meta(i), payload)
                 if blk is None:
                     complete = False
                     break
@@ -244,21 +287,15 @@ class PromptCache:
         """(resident block holding positions [start, end), whether it is new; None when no room).
         A partial block is created only when it adds something: new positions, or a place for
         a checkpoint; otherwise the longer block that already covers them is returned."""
-        want = seq.block_bytes(start, end)
-        for child in parent.children.get(seq.token(start), ()):
-            if child.token_bytes == want:
-                return child, False  # same partial block already resident
-            covered = common_prefix_tokens(child.token_bytes, want) == end - start
-            if (
-                covered
-                and checkpoint is None
-                and child.extra == seq.extra(start // self.block_size)
-            ):
-                return child, False  # a longer block already holds these positions
-        payload = slice_positional(start, end) if slice_positional else None
-        blk = self.ram.insert(
-            parent, seq.partial_hash(end), want, payload, extra=seq.extra(start // self.block_size)
+        # an existing block with these positions: the same partial block, or (unless a
+        # checkpoint needs its own place at ``end``) a longer one that covers them
+        found = find_partial(
+            self.ram.tree, seq, parent.block_hash, start, end, longer=checkpoint is None
         )
+        if found is not None:
+            return found, False
+        payload = slice_positional(start, end) if slice_positional else None
+        blk = self.ram.insert(parent, seq.partial_meta(end), payload)
         return blk, blk is not None
 
     def _drop_superseded(self, parent: Block, full: Block) -> None:
@@ -294,12 +331,10 @@ class PromptCache:
                 num_pinned_blocks=sum(1 for b in index.values() if b.ref_count),
                 bytes_by_tier={
                     "ram": self.ram.used_bytes,
-                    self.ram.next_tier.name: self.ram.next_tier.used_bytes(),
+                    **{t.name: t.used_bytes() for t in self.ram.lower_tiers},
                 },
                 ram_budget_bytes=self.ram.budget_bytes,
-                tiers={self.ram.next_tier.name: describe()}
-                if (describe := getattr(self.ram.next_tier, "describe", None))
-                else {},
+                tiers={t.name: d for t in self.ram.lower_tiers if (d := t.describe())},
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
                 whatif=self.whatif.snapshot() if self.whatif is not None else {},
@@ -308,7 +343,9 @@ class PromptCache:
     def check_integrity(self) -> None:
         with self._lock:
             self.ram.check_integrity()
-            self.ram.next_tier.check_integrity()
+            for tier in self.ram.lower_tiers:
+                tier.check_integrity()
 
     def close(self) -> None:
-        self.ram.next_tier.close()
+        for tier in self.ram.lower_tiers:
+            tier.close()

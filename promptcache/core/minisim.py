@@ -91,7 +91,7 @@ class MiniCache:
         path = self._resident_prefix(chain)
         parent = path[-1] if path else self.roots.get(root)
         if parent is None:
-            parent = self.roots[root] = Block(root, None, b"", children=_NO_CHILDREN)
+            parent = self.roots[root] = Block(root, None, children=_NO_CHILDREN)
         for h in chain[len(path) :]:
             if self.used + self.unit > self.budget and not self._make_room(parent):
                 break
@@ -106,7 +106,7 @@ class MiniCache:
         policy = self.policy
         if parent.parent is not None and parent.num_children == 0 and parent.ref_count == 0:
             policy.remove_evictable(parent)  # no longer a leaf
-        blk = Block(h, parent, b"", nbytes=self.unit, children=_NO_CHILDREN)
+        blk = Block(h, parent, nbytes=self.unit, children=_NO_CHILDREN)
         parent.num_children += 1
         self.index[h] = blk
         self.used += self.unit

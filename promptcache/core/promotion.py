@@ -1,87 +1,103 @@
-"""Promotion: when the SSD tier holds a longer prefix than RAM, read it back into RAM.
+"""Promotion: when a lower tier holds a longer prefix than RAM, read it back into RAM.
 
-RAM budget is reserved first; if it cannot be reserved the lookup stays a RAM-only hit (a
-promotion failure, counted). Each file's checksum is verified as it is read; a bad block ends
-the promotion there (it is quarantined by the tier).
+Three steps, so slow reads never hold the cache's lock: ``plan`` (under the lock) asks every
+lower tier, picks the one that extends furthest, reserves RAM for its blocks and pins the RAM
+block they hang from; ``load`` (outside the lock) reads them; ``finish`` (under the lock) gives
+the reservation back and inserts what was read, in order, up to the first unusable block.
+When RAM cannot be reserved the lookup stays a RAM-only hit (counted by the tier).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple
 
+from promptcache.core.block import Block
 from promptcache.core.block_file import CorruptBlockError
+from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
 from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.ssd_index import Row
-from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tree import Match, common_prefix_tokens
+from promptcache.core.tier import LowerTier, ReadResult, StoredBlock
+from promptcache.core.tree import Match
 
 
-class LookupTier(Protocol):
-    """A lower tier that can be searched and read back (the SSD tier)."""
+@dataclass(slots=True)
+class PromotionPlan:
+    """A promotion between its steps: while it lives, ``parent`` is pinned and ``reserved``
+    bytes of RAM are held for it."""
 
-    stats: SsdStats
-
-    def find_chain(
-        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
-    ) -> list[Row]: ...
-
-    def read_many(self, rows: list[Row]) -> list[tuple[object, object] | CorruptBlockError]: ...
-
-    def touch(self, rows: list[Row]) -> None: ...
+    tier: LowerTier
+    blocks: list[StoredBlock]
+    parent: Block
+    reserved: int
+    root: BlockHash  # the namespace, pruned once the plan is done if it stayed empty
 
 
-def promote(
-    ram: RamTier, tier: LookupTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool
-) -> int:
-    """Copy the SSD continuation of ``seq`` into RAM when it beats ``ram_match``; returns the
-    number of blocks promoted."""
-    n, b = seq.num_tokens, seq.block_size
+class Promoted(NamedTuple):
+    num_blocks: int
+    num_damaged: int  # blocks that failed their checks (quarantined by their tier)
+
+
+def plan(
+    ram: RamTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool
+) -> PromotionPlan | None:
+    """Under the cache's lock: the longest lower-tier continuation of ``seq`` if it beats
+    ``ram_match``, with its RAM reserved and its parent pinned; None otherwise."""
     full = ram.tree.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
-    rows = tier.find_chain(
-        seq, start, node.block_hash if node is not None else seq.root, requires_checkpoint
-    )
-    if requires_checkpoint:  # only worth it up to the deepest usable checkpoint
-        keep = 0
-        for j, r in enumerate(rows):
-            complete = (
-                common_prefix_tokens(r.token_bytes, seq.block_bytes(r.depth, min(r.depth + b, n)))
-                == len(r.token_bytes) // 4
-            )
-            if complete and r.has_checkpoint and r.depth + len(r.token_bytes) // 4 <= n - 1:
-                keep = j + 1
-        rows = rows[:keep]
-    if rows:
-        last = rows[-1]
-        reach = last.depth + common_prefix_tokens(
-            last.token_bytes, seq.block_bytes(last.depth, min(last.depth + b, n))
-        )
-    if not rows or min(reach, n - 1) <= ram_match.num_tokens:
-        tier.stats.add(num_misses=1)
-        return 0
+    parent_hash = node.block_hash if node is not None else seq.root
+    best: tuple[int, LowerTier, list[StoredBlock]] | None = None
+    asked: list[LowerTier] = []
+    for tier in ram.stores:
+        found = tier.lookup(seq, start, parent_hash, requires_checkpoint)
+        asked.append(tier)
+        reach = min(chain_reach(seq, found), seq.num_tokens - 1)
+        if found and reach > ram_match.num_tokens and (best is None or reach > best[0]):
+            best = (reach, tier, found)
+    for tier in asked:
+        if best is None or tier is not best[1]:
+            tier.note_miss(failed=False)
+    if best is None:
+        return None
+    _, tier, blocks = best
     parent = node if node is not None else ram.root(seq.root)
-    if not ram.reserve(sum(r.payload_nbytes for r in rows), protect=parent):
-        tier.stats.add(promotion_failures=1)
+    nbytes = sum(b.nbytes for b in blocks)
+    if not ram.reserve(nbytes, protect=parent):
+        tier.note_miss(failed=True)
         ram.prune_root(seq.root)
-        return 0
-    promoted: list[Row] = []
-    for r, result in zip(rows, tier.read_many(rows), strict=True):
-        if isinstance(result, CorruptBlockError):
-            break  # the hit ends before a damaged block (the tier quarantined it)
+        return None
+    ram.hold(parent)
+    return PromotionPlan(tier, blocks, parent, nbytes, seq.root)
+
+
+def load(p: PromotionPlan) -> list[ReadResult]:
+    """Outside the lock: the planned blocks as read (verified) by their tier."""
+    return p.tier.read(p.blocks)
+
+
+def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> Promoted:
+    """Under the lock again: release the plan and insert what was loaded (None: nothing, the
+    load failed)."""
+    ram.unreserve(p.reserved)
+    ram.let_go(p.parent)
+    parent = p.parent
+    promoted = []
+    num_damaged = 0
+    for b, result in zip(p.blocks, loaded or (), strict=False):
+        if isinstance(result, Exception):
+            # the hit ends before an unusable block (a damaged one is quarantined)
+            num_damaged = int(isinstance(result, CorruptBlockError) and result.is_damage)
+            break
         payload, checkpoint = result
-        existing = ram.get(r.block_hash)
-        blk = existing or ram.insert(
-            parent, r.block_hash, r.token_bytes, payload, extra=r.extra, checkpoint=checkpoint
-        )
+        # another request may have saved or promoted it meanwhile
+        blk = ram.get(b.block_hash) or ram.insert(parent, b.meta, payload, checkpoint=checkpoint)
         if blk is None:
             break
-        blk.is_seq_end = blk.is_seq_end or r.is_seq_end
-        promoted.append(r)
+        blk.is_seq_end = blk.is_seq_end or b.is_seq_end
+        promoted.append(b.block_hash)
         parent = blk
-    ram.prune_root(seq.root)
+    ram.prune_root(p.root)
     if promoted:
-        tier.touch(promoted)
-        tier.stats.add(num_hits=1, num_promoted_blocks=len(promoted))
-    return len(promoted)
+        p.tier.touch(promoted)
+    return Promoted(len(promoted), num_damaged)

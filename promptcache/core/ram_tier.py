@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from promptcache.core.block import TICKS_PER_BYTE, Block, payload_nbytes, stamp_use
+from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import Counters
-from promptcache.core.tier import BlockRecord, NullTier, Tier
+from promptcache.core.tier import BlockRecord, LowerTier, NullTier
 from promptcache.core.tree import Match, PrefixTree
 
 
@@ -17,10 +19,19 @@ class CacheBudgetError(ValueError):
     """A single block (or checkpoint) is larger than the whole RAM budget."""
 
 
+def as_tier_list(tiers: LowerTier | Sequence[LowerTier] | None) -> list[LowerTier]:
+    """The lower tiers in order (nearest first); a lone tier or None accepted as before."""
+    if tiers is None:
+        return []
+    if isinstance(tiers, Sequence):
+        return list(tiers)
+    return [tiers]
+
+
 class RamTier:
-    """Invariant: ``used_bytes`` == sum of resident ``nbytes`` <= ``budget_bytes``; every
-    resident block's parent is resident (or a root); the policy holds exactly the evictable ones.
-    Not thread-safe: the owning cache serialises calls."""
+    """Invariant: ``used_bytes`` == sum of resident ``nbytes``, ``used_bytes + reserved_bytes
+    <= budget_bytes``; every resident block's parent is resident (or a root); the policy holds
+    exactly the evictable ones. Not thread-safe: the owning cache serialises calls."""
 
     name = "ram"
 
@@ -28,8 +39,9 @@ class RamTier:
         self,
         budget_bytes: int,
         policy: EvictionPolicy | str | None = None,
-        next_tier: Tier | None = None,
+        next_tier: LowerTier | Sequence[LowerTier] | None = None,
         counters: Counters | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
@@ -37,11 +49,23 @@ class RamTier:
         self.policy = (
             policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
         )
-        self.next_tier: Tier = next_tier or NullTier()
+        # nearest first; never empty, so stats name a tier even without one (as before: "null")
+        self.lower_tiers: list[LowerTier] = as_tier_list(next_tier) or [NullTier()]
+        self._write_through = [t for t in self.lower_tiers if t.write_through]
+        # the tiers that can hold anything: spilled to, asked on a RAM miss (a subclass of
+        # NullTier, a test's recording tier, may hold things)
+        self.stores = [t for t in self.lower_tiers if type(t) is not NullTier]
         self.counters = counters or Counters()
+        self.evictions = evictions if evictions is not None else EvictionLog()
         self.tree = PrefixTree()
         self.used_bytes = 0
+        self.reserved_bytes = 0  # promised to promotions loading outside the lock
         self.clock = 0
+
+    @property
+    def next_tier(self) -> LowerTier:
+        """The nearest lower tier (the only one before tiers became a list)."""
+        return self.lower_tiers[0]
 
     def __len__(self) -> int:
         return len(self.tree)
@@ -79,19 +103,13 @@ class RamTier:
     # -- writing -----------------------------------------------------------------------------
 
     def insert(
-        self,
-        parent: Block,
-        block_hash: BlockHash,
-        token_bytes: bytes,
-        payload: Any,
-        *,
-        extra: bytes = b"",
-        checkpoint: Any = None,
+        self, parent: Block, meta: BlockMeta, payload: Any, *, checkpoint: Any = None
     ) -> Block | None:
-        """Make a new block resident under ``parent``; None when no room can be made.
-
-        Raises CacheBudgetError, changing nothing, when the block alone exceeds the budget.
+        """Make a new block resident under ``parent`` (``meta`` chains to it); None when no
+        room can be made. Raises CacheBudgetError, changing nothing, when the block alone
+        exceeds the budget.
         """
+        assert meta.parent_hash == parent.block_hash
         nbytes = payload_nbytes(payload) + payload_nbytes(checkpoint)
         if nbytes > self.budget_bytes:
             raise CacheBudgetError(
@@ -99,15 +117,7 @@ class RamTier:
                 "bytes; raise --ram-budget or lower --block-size"
             )
         block = Block(
-            block_hash,
-            parent,
-            token_bytes,
-            payload=payload,
-            checkpoint=checkpoint,
-            nbytes=nbytes,
-            extra=extra,
-            depth=parent.end,
-            root=parent.root if parent.parent is not None else parent.block_hash,
+            meta.block_hash, parent, meta, payload=payload, checkpoint=checkpoint, nbytes=nbytes
         )
         if not self._make_room(nbytes, protect=parent, candidate=block):
             self.counters.num_save_skipped_blocks += 1
@@ -120,8 +130,7 @@ class RamTier:
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
-        if self.next_tier.write_through:
-            self.next_tier.put(BlockRecord.from_block(block))
+        self._write_through_put(block)
         return block
 
     def attach_checkpoint(self, block: Block, checkpoint: Any) -> bool:
@@ -137,15 +146,42 @@ class RamTier:
         block.checkpoint = checkpoint
         block.nbytes += nbytes
         self.used_bytes += nbytes
-        if self.next_tier.write_through:
-            self.next_tier.put(BlockRecord.from_block(block))
+        self._write_through_put(block)
         return True
 
+    def _write_through_put(self, block: Block) -> None:
+        if self._write_through:
+            record = BlockRecord.from_block(block)
+            for tier in self._write_through:
+                tier.put(record)
+
     def reserve(self, nbytes: int, protect: Block) -> bool:
-        """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit."""
-        return nbytes <= self.budget_bytes and self._make_room(
+        """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit, then
+        hold them for the caller (``unreserve`` gives them back) so no save takes them."""
+        if nbytes > self.budget_bytes or not self._make_room(
             nbytes, protect=protect, candidate=protect
-        )
+        ):
+            return False
+        self.reserved_bytes += nbytes
+        return True
+
+    def unreserve(self, nbytes: int) -> None:
+        assert 0 <= nbytes <= self.reserved_bytes
+        self.reserved_bytes -= nbytes
+
+    def hold(self, block: Block) -> None:
+        """Pin one block, a namespace root too, while the lock is let go (a promotion's parent)."""
+        if block.parent is None:
+            block.ref_count += 1
+        else:
+            self.pin((block,))
+
+    def let_go(self, block: Block) -> None:
+        if block.parent is None:
+            assert block.ref_count > 0, "let_go without hold"
+            block.ref_count -= 1
+        else:
+            self.unpin((block,))
 
     def discard(self, block: Block) -> None:
         """Drop an evictable block without spilling it (it is redundant)."""
@@ -161,13 +197,14 @@ class RamTier:
     def prune_root(self, root_hash: BlockHash) -> None:
         """Forget a namespace root that holds no blocks (safe to call any time)."""
         root = self.tree.roots.get(root_hash)
-        if root is not None and root.num_children == 0:
+        if root is not None and root.num_children == 0 and root.ref_count == 0:
             del self.tree.roots[root_hash]
 
     # -- eviction ----------------------------------------------------------------------------
 
     def _make_room(self, nbytes: int, protect: Block, candidate: Block) -> bool:
-        if self.used_bytes + nbytes <= self.budget_bytes:
+        budget = self.budget_bytes - self.reserved_bytes
+        if self.used_bytes + nbytes <= budget:
             return True
         # pin the block being extended so making room never evicts the chain being saved
         protect.ref_count += 1
@@ -177,7 +214,7 @@ class RamTier:
         if was_evictable:
             self.policy.remove_evictable(protect)
         try:
-            while self.used_bytes + nbytes > self.budget_bytes:
+            while self.used_bytes + nbytes > budget:
                 victim = self.policy.pop_victim()
                 if victim is None:
                     return False
@@ -205,9 +242,13 @@ class RamTier:
     def _evict(self, victim: Block) -> None:
         self._remove(victim)
         self.counters.num_evictions += 1
-        tier = self.next_tier
-        if not isinstance(tier, NullTier) and tier.put(BlockRecord.from_block(victim)):
-            self.counters.num_spills += 1
+        assert victim.parent is not None
+        self.evictions.note(victim.block_hash, victim.parent.block_hash, self.name)
+        if self.stores:
+            record = BlockRecord.from_block(victim)
+            # every lower tier is offered it (a write-through tier may have dropped it before)
+            if sum(tier.put(record) for tier in self.stores):
+                self.counters.num_spills += 1
 
     def _remove(self, block: Block) -> None:
         parent = block.parent
@@ -224,8 +265,10 @@ class RamTier:
         index = self.tree.index
         held = sum(b.nbytes for b in index.values())
         assert held == self.used_bytes, f"accounted {self.used_bytes} != held {held}"
-        assert self.used_bytes <= self.budget_bytes, (
-            f"{self.used_bytes} over budget {self.budget_bytes}"
+        assert self.reserved_bytes >= 0
+        assert self.used_bytes + self.reserved_bytes <= self.budget_bytes, (
+            f"{self.used_bytes} used + {self.reserved_bytes} reserved over budget "
+            f"{self.budget_bytes}"
         )
         child_counts: dict[int, int] = {}
         for blk in index.values():
@@ -243,5 +286,5 @@ class RamTier:
         for node in list(index.values()) + list(self.tree.roots.values()):
             assert node.num_children == child_counts.get(id(node), 0), "child count drift"
         for root in self.tree.roots.values():
-            assert root.num_children > 0, "empty root kept"
+            assert root.num_children > 0 or root.ref_count > 0, "empty root kept"
         self.policy.check_integrity({id(b) for b in index.values() if b.is_evictable})

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block, tokens_to_bytes
 
 
@@ -77,6 +78,13 @@ class TokenSeq:
             hashes.append(parent)
         return parent
 
+    def hashes_upto(self, stop: int) -> list[BlockHash]:
+        """The computed hashes, at least of full blocks ``0 .. stop - 1`` (shared, do not
+        mutate; may be longer)."""
+        if stop > len(self._hashes):
+            self.block_hash(stop - 1)
+        return self._hashes
+
     def full_hashes(self) -> list[BlockHash]:
         """Hashes of every full block (computed once; the list is shared, do not mutate)."""
         if self.num_full_blocks:
@@ -95,6 +103,31 @@ class TokenSeq:
         i = end // self.block_size
         return hash_block(
             self.parent_hash(i), self.block_bytes(i * self.block_size, end), self.extra(i)
+        )
+
+    def block_meta(self, index: int) -> BlockMeta:
+        """Metadata of full block ``index``."""
+        b = self.block_size
+        hashes = self.hashes_upto(index + 1)
+        return BlockMeta(
+            hashes[index],
+            hashes[index - 1] if index else self.root,
+            self.root,
+            self.block_bytes(index * b, (index + 1) * b),
+            self._extras.get(index, b""),
+            index * b,
+        )
+
+    def partial_meta(self, end: int) -> BlockMeta:
+        """Metadata of the partial block that ends at ``end`` (not a block boundary)."""
+        i, b = end // self.block_size, self.block_size
+        return BlockMeta(
+            self.partial_hash(end),
+            self.parent_hash(i),
+            self.root,
+            self.block_bytes(i * b, end),
+            self._extras.get(i, b""),
+            i * b,
         )
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> TokenSeq:

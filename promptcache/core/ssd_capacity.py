@@ -40,4 +40,6 @@ def delete_blocks(tier: SsdTier, index: SsdIndex, rows: list[Row]) -> None:
     """Files, rows, and the record of a namespace left without a block (caller holds the lock)."""
     for r in rows:
         (tier.root_dir / r.path).unlink(missing_ok=True)
+        if tier.evictions is not None:
+            tier.evictions.note(r.block_hash, r.meta.parent_hash, tier.name)
     index.delete(r.block_hash for r in rows)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from promptcache.core.block import META_COLUMNS, BlockMeta
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE, open_private, tighten
 
@@ -47,14 +48,10 @@ CREATE TABLE IF NOT EXISTS namespaces (root BLOB PRIMARY KEY, tenant TEXT NOT NU
 
 
 class Row(NamedTuple):
-    block_hash: BlockHash
-    parent: BlockHash
-    root: BlockHash
-    token_bytes: bytes
-    extra: bytes
-    first_token: int
-    depth: int
-    path: str
+    """One indexed block: its identity plus where and how its file is stored."""
+
+    meta: BlockMeta
+    path: str  # relative to the model folder
     file_bytes: int
     payload_nbytes: int
     has_checkpoint: bool
@@ -62,26 +59,35 @@ class Row(NamedTuple):
     created: float
     last_access: float
 
+    @property
+    def block_hash(self) -> BlockHash:
+        return self.meta.block_hash
 
-_COLS = "hash, parent, root, tokens, extra, first_token, depth, path, file_bytes, payload_nbytes, has_checkpoint, is_seq_end, created, last_access"
+
+_META_COLS = ", ".join(META_COLUMNS.values())
+_LOCATION_COLS = (
+    "path, file_bytes, payload_nbytes, has_checkpoint, is_seq_end, created, last_access"
+)
+_COLS = f"{_META_COLS}, {_LOCATION_COLS}"
+_NUM_META = len(META_COLUMNS)
+# first_token is derived from the tokens; stored only for the children index
+_INSERT = (
+    f"INSERT OR REPLACE INTO blocks ({_COLS}, first_token) "
+    f"VALUES ({','.join('?' * (_NUM_META + len(Row._fields)))})"
+)
 
 
 def _row(r: tuple[Any, ...]) -> Row:
+    path, file_bytes, payload_nbytes, has_ckpt, seq_end, created, last_access = r[_NUM_META:]
     return Row(
-        BlockHash(r[0]),
-        BlockHash(r[1]),
-        BlockHash(r[2]),
-        r[3],
-        r[4],
-        r[5],
-        r[6],
-        r[7],
-        r[8],
-        r[9],
-        bool(r[10]),
-        bool(r[11]),
-        r[12],
-        r[13],
+        BlockMeta(*r[:_NUM_META]),
+        path,
+        file_bytes,
+        payload_nbytes,
+        bool(has_ckpt),
+        bool(seq_end),
+        created,
+        last_access,
     )
 
 
@@ -125,12 +131,10 @@ class SsdIndex:
         """The block's row, and its namespace's record when this is the namespace's first."""
         with self._lock, self._db:
             self._db.execute("BEGIN")
-            self._db.execute(
-                f"INSERT OR REPLACE INTO blocks ({_COLS}) VALUES ({','.join('?' * 14)})", row
-            )
+            self._db.execute(_INSERT, (*row.meta, *row[1:], row.meta.first_token))
             self._db.execute(
                 "INSERT OR IGNORE INTO namespaces (root, tenant) VALUES (?, ?)",
-                (row.root, tenant[:TENANT_MAX_CHARS]),
+                (row.meta.root, tenant[:TENANT_MAX_CHARS]),
             )
 
     def delete(self, hashes: Iterable[BlockHash]) -> None:

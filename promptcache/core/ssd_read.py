@@ -13,8 +13,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
+from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import (
     CorruptBlockError,
     decode_block,
@@ -22,19 +22,22 @@ from promptcache.core.block_file import (
     read_open_file,
     verify_identity,
 )
+from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.ssd_index import Row, SsdIndex
 from promptcache.core.ssd_reconcile import matches_row
 from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tree import common_prefix_tokens
+from promptcache.core.tier import ReadResult, StoredBlock
 
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 
 
 class BlockEvictedError(CorruptBlockError):
     """The block was evicted between lookup and read: the hit ends there; nothing is damaged."""
+
+    is_damage = False
 
 
 class SsdReads:
@@ -51,62 +54,39 @@ class SsdReads:
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
         raise NotImplementedError
 
-    def find_chain(
+    def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
-    ) -> list[Row]:
+    ) -> list[StoredBlock]:
         """Indexed blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``):
-        whole blocks by hash, then the child sharing the longest prefix with what follows (with
-        ``requires_checkpoint``: the longest child that ``seq`` covers whole and that ends in a
-        checkpoint, since a hit can only end on one)."""
-        if self.index is None or self._closed:
+        the shared walk (``chain.match_chain``); with ``requires_checkpoint`` only as far as
+        the deepest checkpoint a hit could end on (``chain.checkpoint_path``)."""
+        index = self.index
+        if index is None or self._closed:
             return []
-        rows: list[Row] = []
-        b, n = seq.block_size, seq.num_tokens
-        for i in range(start, seq.num_full_blocks):
-            r = self.index.get(seq.block_hash(i))
-            if (
-                r is None
-                or r.parent != parent
-                or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-                or r.extra != seq.extra(i)
-            ):
-                break
-            rows.append(r)
-            parent = r.block_hash
-        pos = (start + len(rows)) * b
-        if pos < n:
-            want = seq.block_bytes(pos, min(pos + b, n))
-            best, best_key = None, (0, False)
-            for r in self.index.children(parent, seq.token(pos)):
-                common = common_prefix_tokens(r.token_bytes, want)
-                if r.extra != seq.extra(pos // b):
-                    continue
-                if requires_checkpoint and not (
-                    r.has_checkpoint and common == len(r.token_bytes) // 4
-                ):
-                    continue
-                key = (common, r.has_checkpoint)
-                if key > best_key:
-                    best, best_key = r, key
-            if best is not None:
-                rows.append(best)
-        return rows
+        full, tail, _ = match_chain(index, seq, start, parent)
+        if requires_checkpoint:
+            rows = checkpoint_path(index, seq, start, parent, full)
+        else:
+            rows = full if tail is None else [*full, tail]
+        return [StoredBlock(r.meta, r.payload_nbytes, r.has_checkpoint, r.is_seq_end) for r in rows]
 
-    def read(self, row: Row) -> tuple[Any, Any]:
-        """(payload, checkpoint) of an indexed block; a damaged file is quarantined and raises
-        CorruptBlockError; a block evicted since the lookup raises BlockEvictedError.
-        (Reload latency and throughput are recorded per promotion, by ``read_many``.)"""
-        path = self.root_dir / row.path
+    def _read_one(self, meta: BlockMeta) -> tuple[ReadResult, int]:
+        """((payload, checkpoint) or the error, file bytes read). A damaged file is
+        quarantined (CorruptBlockError); a block evicted since the lookup is a
+        BlockEvictedError."""
         with self.files_lock:  # eviction cannot delete it between this check and the open
-            current = self.index.get(row.block_hash) if self.index is not None else None
-            if current is None or current.path != row.path:
+            row = self.index.get(meta.block_hash) if self.index is not None else None
+            if row is None or row.meta != meta:
                 self.stats.add(num_read_races=1)
-                raise BlockEvictedError(f"{row.path} was evicted before it was read")
+                return BlockEvictedError(
+                    f"{meta.block_hash.hex()} was evicted before it was read"
+                ), 0
+            path = self.root_dir / row.path
             try:
                 f = io.FileIO(path, "rb")  # read outside the lock
             except OSError as exc:
                 self.quarantine(path, row, str(exc))
-                raise CorruptBlockError(str(exc)) from None
+                return CorruptBlockError(str(exc)), 0
         try:
             with f:
                 data = read_open_file(f)
@@ -116,33 +96,40 @@ class SsdReads:
                 raise CorruptBlockError("file does not hold the indexed block")
         except (OSError, CorruptBlockError) as exc:
             self.quarantine(path, row, str(exc))
-            raise CorruptBlockError(str(exc)) from None
-        return payload, checkpoint
+            return CorruptBlockError(str(exc)), 0
+        return (payload, checkpoint), row.file_bytes
 
-    def read_many(self, rows: list[Row]) -> list[tuple[Any, Any] | CorruptBlockError]:
-        """``read`` for each row, several files at once (a few reads in flight beat one at a time
-        on small files); a damaged file's entry is its CorruptBlockError."""
-
-        def one(row: Row) -> tuple[Any, Any] | CorruptBlockError:
-            try:
-                return self.read(row)
-            except CorruptBlockError as exc:
-                return exc
-
+    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
+        """Each block's (payload, checkpoint), several files at once (a few reads in flight
+        beat one at a time on small files); a damaged or evicted block's entry is its
+        CorruptBlockError. Records the reload's latency and throughput."""
+        if not blocks:
+            return []
         t0 = time.perf_counter()
-        prefetch_files([self.root_dir / r.path for r in rows])
-        out = [one(rows[0])] if len(rows) == 1 else list(_READERS.map(one, rows))
-        nbytes = sum(
-            r.file_bytes for r, res in zip(rows, out, strict=True) if not isinstance(res, Exception)
+        index = self.index
+        if index is not None:
+            prefetch_files(
+                [self.root_dir / r.path for b in blocks if (r := index.get(b.block_hash))]
+            )
+        metas = [b.meta for b in blocks]
+        out = (
+            [self._read_one(metas[0])]
+            if len(metas) == 1
+            else list(_READERS.map(self._read_one, metas))
         )
-        self.stats.observe_reload(time.perf_counter() - t0, nbytes)
-        return out
+        self.stats.observe_reload(time.perf_counter() - t0, sum(n for _, n in out))
+        return [res for res, _ in out]
 
-    def touch(self, rows: list[Row]) -> None:
+    def touch(self, hashes: list[BlockHash]) -> None:
+        """A promotion from this tier: count the hit, refresh the blocks' access times."""
+        self.stats.add(num_hits=1, num_promoted_blocks=len(hashes))
         index = self.index
         if index is None:
             return
         try:
-            index.touch((r.block_hash for r in rows), time.time())
+            index.touch(hashes, time.time())
         except Exception as exc:
             self.stats.error(f"{type(exc).__name__}: {exc}")
+
+    def note_miss(self, failed: bool) -> None:
+        self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from promptcache.core.block_file import (
     SUFFIX,
     TMP_PREFIX,
-    BlockFileMeta,
+    BlockFileInfo,
     CorruptBlockError,
     OldFormatError,
     check_block,
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("promptcache.ssd")
 
 
-def check_file(path: Path, data: bytes, model: str | None) -> BlockFileMeta:
+def check_file(path: Path, data: bytes, model: str | None) -> BlockFileInfo:
     """Everything a file must satisfy to be indexed (of ``model`` unless None); raises
     CorruptBlockError (OldFormatError for an older format)."""
     info = check_block(data)
@@ -40,16 +40,9 @@ def check_file(path: Path, data: bytes, model: str | None) -> BlockFileMeta:
     return info
 
 
-def matches_row(info: BlockFileMeta, row: Row) -> bool:
+def matches_row(info: BlockFileInfo, row: Row) -> bool:
     """The file holds exactly the block its index row describes."""
-    return (
-        info.block_hash == row.block_hash
-        and info.parent_hash == row.parent
-        and info.root == row.root
-        and info.token_bytes == row.token_bytes
-        and info.extra == row.extra
-        and info.depth == row.depth
-    )
+    return info.meta == row.meta
 
 
 def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
@@ -103,13 +96,7 @@ def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
     tenant = folder.rsplit("-", 1)[0] if "-" in folder else ""
     index.upsert(
         Row(
-            info.block_hash,
-            info.parent_hash,
-            info.root,
-            info.token_bytes,
-            info.extra,
-            int.from_bytes(info.token_bytes[:4], "little"),
-            info.depth,
+            info.meta,
             rel,
             len(data),
             info.payload_nbytes,
@@ -117,7 +104,7 @@ def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
             info.is_seq_end,
             now,
             now,
-        ),  # fmt: skip
+        ),
         "" if tenant == "default" else tenant,
     )
     tier.stats.add(num_reindexed=1)

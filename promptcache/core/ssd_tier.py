@@ -23,6 +23,7 @@ from typing import Any
 
 from promptcache.core.block_file import SUFFIX
 from promptcache.core.codec import PayloadCodec, TreeCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import (
     FILE_MODE,
@@ -38,7 +39,7 @@ from promptcache.core.ssd_read import SsdReads
 from promptcache.core.ssd_reconcile import reconcile_dir
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.ssd_write import SsdWrites
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tier import BlockRecord, register_tier
 
 log = logging.getLogger("promptcache.ssd")
 DEFAULT_SSD_BUDGET = 10 * 10**9
@@ -60,6 +61,7 @@ class SsdTier(SsdReads, SsdWrites):
         retention_s: float | None = None,
         queue_blocks: int = 64,
         retry_s: float | None = None,
+        evictions: EvictionLog | None = None,
     ) -> None:
         """Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
@@ -71,6 +73,7 @@ class SsdTier(SsdReads, SsdWrites):
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
         self.stats = SsdStats()
+        self.evictions = evictions  # shared with the cache: a miss can say "evicted from ssd"
         self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
         self._tenants: OrderedDict[BlockHash, str] = OrderedDict()
         # queued hashes -> whether a queued record carries a checkpoint (a block may be queued
@@ -200,7 +203,7 @@ class SsdTier(SsdReads, SsdWrites):
                 assert st.st_mode & 0o777 == FILE_MODE, f"{r.path}: mode {st.st_mode & 0o777:o}"
                 held += st.st_size
             assert held == self.used_bytes()
-            roots = {r.root for r in rows}
+            roots = {r.meta.root for r in rows}
             assert set(index.tenants()) <= roots, "namespace records without blocks"
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
@@ -212,3 +215,6 @@ class SsdTier(SsdReads, SsdWrites):
         return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
                 "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
                 "enabled": index is not None}  # fmt: skip
+
+
+register_tier("ssd", SsdTier)

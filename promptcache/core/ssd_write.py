@@ -137,22 +137,16 @@ class SsdWrites:
     def _write(self, record: BlockRecord) -> None:
         index = self.index
         assert index is not None
-        root = record.root
-        path = self._path_for(root, record.block_hash)
-        data = encode_block(record, root, self.model, self.codec)
+        meta = record.meta
+        path = self._path_for(meta.root, meta.block_hash)
+        data = encode_block(record, self.model, self.codec)
         tmp = write_temp(path, data)  # the slow part (fsync) outside the lock: reads go on
         with self.files_lock:
             commit_temp(tmp, path)
             now = time.time()
-            old = index.get(record.block_hash)
+            old = index.get(meta.block_hash)
             row = Row(
-                record.block_hash,
-                record.parent_hash,
-                root,
-                record.token_bytes,
-                record.extra,
-                int.from_bytes(record.token_bytes[:4], "little"),
-                record.depth,
+                meta,
                 str(path.relative_to(self.root_dir)),
                 len(data),
                 record.nbytes,
@@ -160,13 +154,13 @@ class SsdWrites:
                 record.is_seq_end,
                 old.created if old else now,
                 now,
-            )  # fmt: skip
+            )
             try:
-                index.upsert(row, self._tenant(root))
+                index.upsert(row, self._tenant(meta.root))
             except BaseException:  # no file without its row: it would hold bytes off the budget
                 path.unlink(missing_ok=True)
                 with contextlib.suppress(sqlite3.Error):
-                    index.delete([record.block_hash])
+                    index.delete([meta.block_hash])
                 raise
         self.stats.add(num_writes=1, bytes_written=len(data))
 

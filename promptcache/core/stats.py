@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from promptcache.core.evictions import Eviction
 from promptcache.core.tree import HIT_KINDS
 
 
@@ -24,6 +25,18 @@ class Counters:
     num_evictions: int = 0
     num_spills: int = 0
     num_superseded: int = 0  # partial blocks dropped because a full block now covers them
+
+
+class LookupReport(NamedTuple):
+    """What one lookup found, for the request's cache record and its miss reason."""
+
+    num_tokens: int  # reused
+    kind: str  # one of HIT_KINDS, or "miss"
+    num_matched: int  # raw common prefix with the cache, before checkpoint and last-token caps
+    tokens_by_tier: dict[str, int]  # reused tokens by the tier they were found in
+    num_damaged: int  # blocks that failed their checks on the way in (quarantined)
+    requires_checkpoint: bool  # snapshot layers: a hit ends only where a checkpoint was saved
+    evicted: Eviction | None  # the first block past the match, if the eviction log knows it
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,54 +1,93 @@
-"""What a RAM tier hands to the tier behind it, and the null tier that drops everything."""
+"""The tiers behind RAM: the protocol they share, what passes between them, the null tier."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-from promptcache.core.block import Block
+from promptcache.core.block import Block, BlockMeta
 from promptcache.core.hashing import BlockHash
+from promptcache.core.sequence import TokenSeq
 
 
 class BlockRecord(NamedTuple):
-    """A block as it leaves a tier: everything needed to store it and chain it again."""
+    """A block as it leaves a tier: its identity plus this copy's data and state."""
 
-    block_hash: BlockHash
-    parent_hash: BlockHash
-    token_bytes: bytes
-    extra: bytes
-    depth: int
+    meta: BlockMeta
     payload: Any
     checkpoint: Any
-    nbytes: int
+    nbytes: int  # payload + checkpoint bytes
     is_seq_end: bool
-    root: BlockHash
+
+    @property
+    def block_hash(self) -> BlockHash:
+        return self.meta.block_hash
 
     @classmethod
     def from_block(cls, block: Block) -> BlockRecord:
         assert block.parent is not None
-        return cls(
-            block.block_hash,
-            block.parent.block_hash,
-            block.token_bytes,
-            block.extra,
-            block.depth,
-            block.payload,
-            block.checkpoint,
-            block.nbytes,
-            block.is_seq_end,
-            block.root,
-        )
+        return cls(block.meta, block.payload, block.checkpoint, block.nbytes, block.is_seq_end)
 
 
-class Tier(Protocol):
-    """A lower tier that takes the blocks a RAM tier evicts."""
+class StoredBlock(NamedTuple):
+    """What a lower tier knows of a block it holds, before reading it: enough to walk the
+    chain (``chain.ChainEntry``) and to reserve RAM for it."""
+
+    meta: BlockMeta
+    nbytes: int  # payload + checkpoint bytes once read back
+    has_checkpoint: bool
+    is_seq_end: bool
+
+    @property
+    def block_hash(self) -> BlockHash:
+        return self.meta.block_hash
+
+
+# what ``read`` gives per block: (payload, checkpoint), or the exception that ended it
+ReadResult = tuple[Any, Any] | Exception
+
+
+class LowerTier(Protocol):
+    """A tier behind RAM, keyed by block hash (SSD today, a shared tier later).
+
+    RAM hands it evicted blocks (and, when ``write_through``, every new one); a lookup that RAM
+    cannot serve far enough asks each lower tier for a continuation and promotes the longest.
+    Calls may come from several request threads at once (under the cache's lock for all but
+    ``read``, which runs outside it); a tier must never block a request on its writes.
+    """
 
     name: str
     write_through: bool  # True: the RAM tier also puts every new block, not only evicted ones
 
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        """A namespace root is in use by ``tenant`` (for names on disk; may be ignored)."""
+
+    def lookup(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
+    ) -> list[StoredBlock]:
+        """Blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``), found by
+        the shared walk (``chain``): whole blocks, then the best partial one; with
+        ``requires_checkpoint`` only up to the deepest checkpoint a hit could end on."""
+
+    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
+        """Each block's (payload, checkpoint), verified, or the exception that makes it
+        unusable (damaged: the tier quarantines it; gone since the lookup: nothing is wrong).
+        Called outside the cache's lock; slow I/O belongs here."""
+
     def put(self, record: BlockRecord) -> bool:
-        """Accept a block (evicted, or new when ``write_through``). Must not block the caller: it may queue the write or drop the
-        block (returning False). Putting the same hash twice is harmless."""
+        """Accept a block (evicted, or new when ``write_through``). Must not block the caller:
+        it may queue the write or drop the block (returning False). Putting the same hash twice
+        is harmless."""
+
+    def touch(self, hashes: list[BlockHash]) -> None:
+        """These blocks were promoted to RAM (a hit of this tier): count it, refresh recency."""
+
+    def note_miss(self, failed: bool) -> None:
+        """A lookup asked this tier and promoted nothing from it: its continuation was not the
+        longest (``failed`` False), or RAM had no room for it (``failed`` True)."""
+
+    def describe(self) -> dict[str, Any]:
+        """Counters and settings for ``/v1/cache/stats`` (empty: nothing to show)."""
 
     def used_bytes(self) -> int:
         """Bytes this tier holds now."""
@@ -60,14 +99,37 @@ class Tier(Protocol):
         """Flush what is pending and release resources; safe to call twice."""
 
 
+Tier = LowerTier  # the name before reads joined the protocol
+
+
 class NullTier:
-    """Drops every block: eviction from RAM is final."""
+    """Holds nothing: eviction from RAM is final."""
 
     name = "null"
     write_through = False
 
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        pass
+
+    def lookup(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
+    ) -> list[StoredBlock]:
+        return []
+
+    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
+        return [KeyError(b.block_hash.hex()) for b in blocks]
+
     def put(self, record: BlockRecord) -> bool:
         return False
+
+    def touch(self, hashes: list[BlockHash]) -> None:
+        pass
+
+    def note_miss(self, failed: bool) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {}
 
     def used_bytes(self) -> int:
         return 0
@@ -79,14 +141,14 @@ class NullTier:
         pass
 
 
-_TIERS: dict[str, Callable[..., Tier]] = {"null": NullTier}
+_TIERS: dict[str, Callable[..., LowerTier]] = {"null": NullTier}
 
 
-def register_tier(name: str, factory: Callable[..., Tier]) -> None:
+def register_tier(name: str, factory: Callable[..., LowerTier]) -> None:
     _TIERS[name] = factory
 
 
-def make_tier(name: str, **kwargs: Any) -> Tier:
+def make_tier(name: str, **kwargs: Any) -> LowerTier:
     if name not in _TIERS:
         raise ValueError(f"unknown tier {name!r}; known: {', '.join(sorted(_TIERS))}")
     return _TIERS[name](**kwargs)

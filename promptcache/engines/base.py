@@ -1,4 +1,6 @@
-"""What every engine offers the server: one request in, a stream of events out."""
+"""What every engine offers the server: one request in, a stream of events out.
+
+The error types live in ``errors.py`` and are re-exported here with the rest of the API."""
 
 from __future__ import annotations
 
@@ -7,22 +9,32 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from promptcache.core.stats import LookupReport
+from promptcache.engines.errors import (
+    CacheSaveError,
+    ConfigError,
+    EngineError,
+    EngineFailure,
+    EngineTimeoutError,
+    PromptTooLongError,
+    RequestError,
+)
 
-class EngineError(ValueError):
-    """A request the engine cannot serve as asked (the server answers 400)."""
-
-
-class EngineTimeoutError(EngineError):
-    """The request's time budget ran out before its first token (the server answers 503)."""
-
-
-class PromptTooLongError(EngineError):
-    """The prompt (or prompt + the requested output) does not fit the context."""
-
-    def __init__(self, message: str, num_tokens: int = 0, max_context: int = 0) -> None:
-        super().__init__(message)
-        self.num_tokens = num_tokens
-        self.max_context = max_context
+__all__ = [
+    "CacheSaveError",
+    "ConfigError",
+    "Engine",
+    "EngineError",
+    "EngineFailure",
+    "EngineTimeoutError",
+    "Event",
+    "Finished",
+    "PrefillDone",
+    "PromptTooLongError",
+    "RequestError",
+    "SamplingParams",
+    "TextDelta",
+]
 
 
 @dataclass(slots=True)
@@ -38,13 +50,13 @@ class SamplingParams:
 
     def validate(self) -> None:
         if self.max_tokens < 1:
-            raise EngineError("max_tokens must be at least 1")
+            raise RequestError("max_tokens must be at least 1")
         if self.temperature < 0:
-            raise EngineError("temperature must be >= 0")
+            raise RequestError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
-            raise EngineError("top_p must be in (0, 1]")
+            raise RequestError("top_p must be in (0, 1]")
         if self.top_k < 0:
-            raise EngineError("top_k must be >= 0")
+            raise RequestError("top_k must be >= 0")
 
 
 @dataclass(slots=True)
@@ -53,6 +65,7 @@ class PrefillDone:
     cached_tokens: int
     ttft_s: float
     hit_kind: str
+    lookup: LookupReport | None = None  # what the cache lookup found (None: cache off)
 
 
 @dataclass(slots=True)
@@ -77,10 +90,16 @@ Event = PrefillDone | TextDelta | Finished
 
 
 class Engine(Protocol):
+    """What the server uses. Errors: ``RequestError`` (and its ``PromptTooLongError``,
+    ``EngineTimeoutError``) for requests that cannot be served as asked, ``EngineFailure`` for
+    faults of the engine or its cache; both raised before the first event or from the stream."""
+
     name: str
     model_id: str
     max_context: int
     vocab_size: int  # token ids are in [0, vocab_size)
+    eos_ids: set[int]
+    tokenizer: Any  # an HF-style tokenizer (chat template, encode, decode)
 
     def encode_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -90,6 +109,12 @@ class Engine(Protocol):
     def encode_text(self, text: str) -> list[int]:
         """Prompt token ids for a raw completion prompt."""
 
+    def decode(self, ids: list[int]) -> str:
+        """Text of token ids, special tokens skipped."""
+
+    def make_constraint(self, grammar: str) -> Any:
+        """A fresh grammar state for one request (raises RequestError on a bad grammar)."""
+
     def generate(
         self,
         prompt_ids: list[int],
@@ -98,7 +123,7 @@ class Engine(Protocol):
         cancel: threading.Event | None = None,
     ) -> Iterator[Event]:
         """Prefill (reusing the cache), then decode. Yields PrefillDone once, TextDelta per
-        piece of text and Finished last. Raises EngineError before the first event on bad input.
+        piece of text and Finished last. Raises RequestError before the first event on bad input.
         Setting ``cancel`` stops decoding at the next token and still yields Finished."""
 
     def cache_stats(self) -> dict[str, Any]:

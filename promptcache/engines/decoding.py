@@ -1,19 +1,19 @@
-"""The decode loop after a prefill: sample, stream text, stop on EOS, stop strings, a complete
-grammar, the token budget, the context, a cancel or the request's deadline."""
+"""Decoding one token of a request: sample (grammar-masked), stream text, and decide whether the
+reply ends: EOS, a stop string, a complete grammar, the token budget, the context or a cancel.
+The deadline and the model forward are the step's (``steps.py``); this is per-token bookkeeping."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from promptcache.engines.base import Finished, SamplingParams, TextDelta
 from promptcache.engines.grammar import GrammarConstraint
+from promptcache.engines.request import Request
 from promptcache.engines.sampling import sample_token
 from promptcache.engines.textstream import StopTextStream
-from promptcache.engines.turns import StepTimeout
 
 
 def sample_next(
@@ -27,55 +27,66 @@ def sample_next(
     return sample_token(scores, params, rng)
 
 
-def decode_reply(
-    engine: Any,
-    state: Any,
-    logits: Any,
-    num_prompt: int,
-    num_cached: int,
-    params: SamplingParams,
-    constraint: GrammarConstraint | None,
-    step: Callable[[], AbstractContextManager[Any]],
-    is_cancelled: Callable[[], bool],
-) -> Iterator[TextDelta | Finished]:
-    """Yields TextDelta per piece of text, then Finished. ``step()`` is one turn on the engine
-    (it raises StepTimeout once the deadline passed); ``logits`` are the prompt's last."""
+def start_decoding(
+    req: Request, max_context: int, decode_text: Callable[[list[int]], str], scores: np.ndarray
+) -> None:
+    """After the prefill: the seeded generator, the text stream, the budget, the first token
+    sampled from the prompt's last logits (``scores``)."""
+    params = req.params
     seed = params.seed
-    rng = np.random.default_rng(seed % 2**64) if seed is not None else None
-    room = engine.max_context - num_prompt
-    max_new = min(params.max_tokens, room)
-    stream = StopTextStream(engine.decode, params.stop)
-    generated: list[int] = []
-    reason = "length" if params.max_tokens <= room else "context"
-    next_id = sample_next(engine.to_numpy(logits), params, rng, constraint)
-    for index in range(max_new):
-        if is_cancelled():
-            reason = "cancelled"
-            break
-        generated.append(next_id)
-        if next_id in engine.eos_ids:
-            reason = "stop"
-            break
-        delta = stream.push(next_id)
-        if delta:
-            yield TextDelta(delta, [next_id])
-        if constraint is not None:
-            constraint.accept(next_id)
-        if stream.stopped or (constraint is not None and constraint.is_stopped):
-            reason = "stop"
-            break
-        if index == max_new - 1:
-            break
-        try:
-            with step():
-                logits = engine.forward(state, [next_id])
-        except StepTimeout:
-            reason = "timeout"
-            break
-        next_id = sample_next(engine.to_numpy(logits), params, rng, constraint)
+    req.rng = np.random.default_rng(seed % 2**64) if seed is not None else None
+    room = max_context - req.num_prompt
+    req.max_new = min(params.max_tokens, room)
+    req.length_reason = "length" if params.max_tokens <= room else "context"
+    req.stream = StopTextStream(decode_text, params.stop)
+    req.next_id = sample_next(scores, params, req.rng, req.constraint)
+
+
+def sample_after(req: Request, scores: np.ndarray) -> None:
+    """The next token from the logits of the last emitted one."""
+    req.next_id = sample_next(scores, req.params, req.rng, req.constraint)
+
+
+def emit_token(req: Request, eos_ids: Any) -> str | None:
+    """The sampled token's turn: a cancel drops it, else it joins the reply (TextDelta to the
+    outbox). Returns why the reply ends here, or None to go on."""
+    if req.is_cancelled:
+        return "cancelled"
+    token = req.next_id
+    req.generated.append(token)
+    if token in eos_ids:
+        return "stop"
+    assert req.stream is not None
+    delta = req.stream.push(token)
+    if delta:
+        req.outbox.append(TextDelta(delta, [token]))
+    constraint = req.constraint
+    if constraint is not None:
+        constraint.accept(token)
+    if req.stream.stopped or (constraint is not None and constraint.is_stopped):
+        return "stop"
+    if len(req.generated) >= req.max_new:
+        return req.length_reason
+    return None
+
+
+def finish_reply(req: Request, reason: str) -> None:
+    """The held-back text, then Finished (a request cancelled before decoding has no reply)."""
+    stream = req.stream
+    if stream is None:
+        req.outbox.append(Finished(reason, req.num_prompt, 0, req.cached, ""))
+        return
     tail = stream.flush()
     if tail:
-        yield TextDelta(tail, [])
-    yield Finished(
-        reason, num_prompt, len(generated), num_cached, stream.text, stream.matched_stop, generated
+        req.outbox.append(TextDelta(tail, []))
+    req.outbox.append(
+        Finished(
+            reason,
+            req.num_prompt,
+            len(req.generated),
+            req.cached,
+            stream.text,
+            stream.matched_stop,
+            list(req.generated),
+        )
     )

@@ -1,10 +1,15 @@
-"""Choosing and building the engine for ``promptcache serve`` and ``bench``."""
+"""Choosing and building the engine for ``promptcache serve`` and ``bench``.
+
+Library code: a configuration that cannot work raises ``ConfigError`` (the CLI turns it into
+its exit message), never ``SystemExit``."""
 
 from __future__ import annotations
 
 import importlib.util
 import platform
 from typing import Any
+
+from promptcache.engines.errors import ConfigError
 
 
 def pick_engine(name: str) -> str:
@@ -41,7 +46,7 @@ def build_engine(
 
     kind = pick_engine(engine)
     if kv_bits and kind != "mlx":
-        raise SystemExit("--kv-bits needs --engine mlx")
+        raise ConfigError("--kv-bits needs --engine mlx")
     cls = engine_class(kind)
     extra = {"kv_bits": kv_bits} if kv_bits else {}
     return cls.load(
@@ -62,17 +67,17 @@ def build_engine(
 
 
 def engine_class(kind: str) -> Any:
-    """The engine class for ``torch`` or ``mlx``, with a clear message when it cannot load."""
+    """The engine class for ``torch`` or ``mlx``; ConfigError with what to do when it can't."""
     if kind == "torch":
         from promptcache.engines.torch_engine import TorchEngine
 
         return TorchEngine
     if kind == "mlx":
         if not importlib.util.find_spec("mlx_lm"):
-            raise SystemExit(
+            raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
         from promptcache.engines.mlx_engine import MlxEngine
 
         return MlxEngine
-    raise SystemExit(f"unknown engine {kind!r}: use auto, torch or mlx")
+    raise ConfigError(f"unknown engine {kind!r}: use auto, torch or mlx")

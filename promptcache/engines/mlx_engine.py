@@ -1,60 +1,12 @@
-"""MLX/mlx-lm engine: the model steps of ``CachedEngine`` on mlx-lm's cache objects.
-
-Runs wherever MLX does: Apple Silicon (unified memory, Metal) and Linux CPU. Block payloads stay
-MLX arrays in the RAM tier; sizes come from shapes, never from evaluating an array.
-"""
+"""MLX/mlx-lm engine: ``CachedEngine`` on an ``MlxRunner`` (optionally a quantized KV cache)."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
-from mlx.utils import tree_flatten
-from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
-
-from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
-from promptcache.engines.mlx_codec import MlxCodec
-from promptcache.engines.mlx_state import (
-    MlxLayout,
-    crop_positional,
-    describe_cache,
-    restore_cache,
-    slice_positional,
-    take_checkpoint,
-)
-
-
-def _mlx_rope_scaling(config: dict[str, Any], max_context: int | None) -> dict[str, Any] | None:
-    """``rope_scaling_for`` checked against the mlx-lm model args the config loads into: they
-    must take ``rope_scaling``, and their rope_theta default stands in for a config without one."""
-    from mlx_lm.utils import _get_classes
-
-    from promptcache.models import ContextExtensionError, native_context, rope_scaling_for
-
-    native = native_context(config)
-    if not max_context or max_context <= native:
-        return None
-    fields = {f.name: f for f in dataclasses.fields(_get_classes(config)[1])}
-    if "rope_scaling" not in fields:
-        reason = f"mlx-lm's {config.get('model_type')} model takes no RoPE scaling"
-        raise ContextExtensionError(native, max_context, reason)
-    theta = fields.get("rope_theta")
-    if "rope_theta" not in config and "rope_parameters" not in config and theta is not None:
-        config = {**config, "rope_theta": theta.default}
-    return rope_scaling_for(config, max_context)
-
-
-def _config_of(model: Any) -> dict[str, Any]:
-    args = getattr(model, "args", None)
-    raw = vars(args) if args is not None else {}
-    return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
+from promptcache.engines.mlx_runner import MlxRunner, load_mlx_weights
 
 
 class MlxEngine(CachedEngine):
@@ -69,115 +21,23 @@ class MlxEngine(CachedEngine):
         kv_group_size: int = 64,
         **options: Any,
     ) -> None:
-        """``kv_bits``: a quantized KV cache; ``options``: those of ``CachedEngine._init_cache``."""
-        self.model = model
-        # the YaRN settings load_weights applied to reach max_context, or None (native RoPE)
-        self.rope_scaling: dict | None = getattr(model, "promptcache_rope_scaling", None)
-        if kv_bits is not None and kv_bits not in (2, 3, 4, 5, 6, 8):
-            raise ValueError("kv_bits must be one of 2, 3, 4, 5, 6, 8")
-        if kv_group_size not in (32, 64, 128):
-            raise ValueError("kv_group_size must be 32, 64 or 128")
-        args = getattr(model, "args", None)
-        head_dim = getattr(args, "head_dim", None) or (
-            args.hidden_size // args.num_attention_heads if args is not None else None
-        )
-        if kv_bits is not None and head_dim and head_dim % kv_group_size:
-            raise ValueError(f"kv_group_size {kv_group_size} must divide the head size {head_dim}")
+        """``kv_bits``: a quantized KV cache; ``options``: the cache and serving options
+        (``EngineOptions``)."""
+        runner = MlxRunner(model, tokenizer, kv_bits=kv_bits, kv_group_size=kv_group_size)
+        super().__init__(runner, **options)
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
-        self.layout: MlxLayout = describe_cache(self.new_state())
-        dtype = str(next(v for _, v in tree_flatten(model.parameters())).dtype)
-        quant = f"kv{kv_bits}g{kv_group_size}" if kv_bits else "kv-full"
-        self.fingerprint = fingerprint_model(
-            _config_of(model),
-            digest_weights(
-                tree_flatten(model.parameters()), lambda a: np.asarray(a.astype(mx.float32))
-            ),
-            f"{dtype}:{quant}",
-            self.name,
+
+    load_weights = staticmethod(load_mlx_weights)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+    ) -> MlxEngine:
+        """An engine on the model folder ``path`` via ``mlx_lm.load``; ``options`` as for the
+        constructor. A ``max_context`` above the native context loads the model with YaRN RoPE
+        scaling, or raises ``ContextExtensionError``. The model id defaults to the folder name."""
+        path = Path(path)
+        model, tokenizer = load_mlx_weights(
+            path, dtype=dtype, device=device, max_context=options.get("max_context")
         )
-        eos_ids = set(getattr(tokenizer, "eos_token_ids", None) or ())
-        if getattr(tokenizer, "eos_token_id", None) is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self.eos_ids = eos_ids
-        self.vocab_size = int(getattr(args, "vocab_size", 0) or len(tokenizer.vocab))
-        limit = getattr(args, "max_position_embeddings", None) or 2048
-        self._init_cache(tokenizer, model_limit=limit, **options)
-
-    @staticmethod
-    def load_weights(
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-    ) -> tuple[Any, Any]:
-        """(model, tokenizer) via ``mlx_lm.load``; ``dtype`` casts floating weights, except in a
-        quantized model (its scales and biases keep the dtype they were quantized with). A
-        ``max_context`` above the native context loads the model with YaRN RoPE scaling (or
-        raises ContextExtensionError when it cannot be extended)."""
-        import json
-
-        import mlx.nn as nn
-        from mlx_lm import load
-
-        from promptcache.models import context_extension_note, legacy_rope_keys
-
-        config = json.loads((Path(path) / "config.json").read_text())
-        model_config = legacy_rope_keys(config)
-        rope = _mlx_rope_scaling({**config, **model_config}, max_context)
-        if rope is not None:
-            # "type" too: some mlx-lm model args insist on it; initialize_rope reads either
-            model_config["rope_scaling"] = {**rope, "type": "yarn"}
-            model_config["max_position_embeddings"] = max_context
-        model, tokenizer = load(str(path), model_config=model_config)
-        quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
-        if not any(isinstance(m, quantized) for _, m in model.named_modules()):
-            model.set_dtype(getattr(mx, dtype))
-        if rope is not None:
-            args = getattr(model, "args", None)
-            if args is not None:  # some model args have no such field: the engine reads it here
-                args.max_position_embeddings = max_context
-            logging.getLogger("promptcache").info(
-                "%s: %s", Path(path).name, context_extension_note(rope)
-            )
-        # object.__setattr__: an mlx Module stores a dict attribute as a child module's params
-        object.__setattr__(model, "promptcache_rope_scaling", rope)
-        return model, tokenizer
-
-    # -- model steps ----------------------------------------------------------------------------
-
-    def new_state(self) -> list[Any]:
-        cache = make_prompt_cache(self.model)
-        if self.kv_bits is None:
-            return cache
-        return [
-            QuantizedKVCache(self.kv_group_size, self.kv_bits) if type(c) is KVCache else c
-            for c in cache
-        ]
-
-    def forward(self, state: list[Any], ids: list[int]) -> mx.array:
-        # the lm head runs on the last position only: earlier positions' logits are never used
-        if len(ids) > 1:
-            self.model(mx.array([ids[:-1]]), cache=state)
-            mx.eval([c.state for c in state])
-        logits = self.model(mx.array([ids[-1:]]), cache=state)[0, -1]
-        mx.eval(logits, [c.state for c in state])
-        return logits
-
-    def slice_block(self, state: list[Any], start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end)
-
-    def take_checkpoint(self, state: list[Any]) -> Any:
-        return take_checkpoint(state, self.layout)
-
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint)
-
-    def crop(self, state: list[Any], length: int) -> None:
-        crop_positional(state, self.layout, length)
-
-    def to_numpy(self, logits: mx.array) -> np.ndarray:
-        return np.asarray(logits.astype(mx.float32))
-
-    def codec(self) -> PayloadCodec:
-        return MlxCodec()
+        return cls(model, tokenizer, model_id=options.pop("model_id", path.name), **options)

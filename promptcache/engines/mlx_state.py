@@ -1,10 +1,10 @@
-"""Conversion between mlx-lm cache objects and core payloads.
+"""Conversion between mlx-lm cache objects and core payloads, one adapter per cache kind.
 
-A model's cache is a list with one object per layer; a ``CacheList`` layer holds several.
-``KVCache`` and ``QuantizedKVCache`` are positional: their arrays are sliced per block along the
-sequence axis. Every other kind (``RotatingKVCache`` ring, ``ArraysCache`` SSM/conv state, ...)
-is snapshot state, copied whole into checkpoints. Only the classes' public ``state``, ``offset``
-and ``trim`` are used; mlx-lm is never patched.
+A model's cache is a list with one object per layer; a ``CacheList`` layer holds several (its
+adapter splits it into slots). ``KVCache`` and ``QuantizedKVCache`` are positional: their arrays
+(2 and 6) are sliced per block along the sequence axis. ``RotatingKVCache`` (a ring),
+``ArraysCache`` (SSM/conv state) and every unregistered kind are snapshot state, copied whole into
+checkpoints. Only the classes' public ``state``, ``offset`` and ``trim`` are used.
 
 MLX arrays are immutable values but ``a[i] = x`` rebinds the Python object in place, so every
 array kept outside the live cache is a new array object, and state handed back is copied again.
@@ -12,81 +12,24 @@ array kept outside the live cache is a new array object, and state handed back i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    CacheList,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
 
-POSITIONAL_TYPES = (KVCache, QuantizedKVCache)
+from promptcache.engines.layers import AdapterRegistry, Layout
 
 
 class Slot(NamedTuple):
     layer: int
     sub: int  # index inside a CacheList; -1 for a plain layer cache
-
-
-class MlxLayout(NamedTuple):
-    positional: tuple[Slot, ...]
-    snapshot: tuple[Slot, ...]
-    kinds: tuple[str, ...]  # class name per slot, for the logs
-
-    @property
-    def requires_checkpoint(self) -> bool:
-        return bool(self.snapshot)
-
-    @property
-    def has_positional(self) -> bool:
-        return bool(self.positional)
-
-
-def iter_slots(cache: list[Any]) -> list[tuple[Slot, Any]]:
-    out = []
-    for i, c in enumerate(cache):
-        if isinstance(c, CacheList):
-            out.extend((Slot(i, j), sub) for j, sub in enumerate(c.caches))
-        else:
-            out.append((Slot(i, -1), c))
-    return out
-
-
-def get_slot(cache: list[Any], slot: Slot) -> Any:
-    c = cache[slot.layer]
-    return c.caches[slot.sub] if slot.sub >= 0 else c
-
-
-def describe_cache(cache: list[Any]) -> MlxLayout:
-    positional, snapshot, kinds = [], [], []
-    for slot, c in iter_slots(cache):
-        (positional if isinstance(c, POSITIONAL_TYPES) else snapshot).append(slot)
-        kinds.append(type(c).__name__)
-    return MlxLayout(tuple(positional), tuple(snapshot), tuple(kinds))
-
-
-def _seq_arrays(c: Any) -> list[mx.array]:
-    """A positional cache's arrays, each with the sequence on axis -2 (buffers may be longer than
-    ``offset``: mlx-lm grows them in steps)."""
-    if isinstance(c, QuantizedKVCache):
-        return [*c.keys, *c.values]
-    return [c.keys, c.values]
-
-
-def slice_positional(cache: list[Any], layout: MlxLayout, start: int, end: int) -> Any:
-    """Owning copies of every positional array for positions [start, end), evaluated: one
-    stacked array when all parts share shape and dtype, else a tuple of 1-stacks."""
-    parts = [
-        a[..., start:end, :]
-        for slot in layout.positional
-        for a in _seq_arrays(get_slot(cache, slot))
-    ]
-    uniform = all(p.shape == parts[0].shape and p.dtype == parts[0].dtype for p in parts)
-    # stacking always allocates: a view would keep the whole step-grown buffer alive
-    out = mx.stack(parts) if uniform else tuple(mx.stack([p]) for p in parts)
-    mx.eval(out)
-    return out
-
-
-def _part(payload: Any, i: int) -> mx.array:
-    return payload[i] if isinstance(payload, mx.array) else payload[i][0]
 
 
 def copy_state(value: Any) -> Any:
@@ -98,18 +41,115 @@ def copy_state(value: Any) -> Any:
     return value
 
 
-def take_checkpoint(cache: list[Any], layout: MlxLayout) -> tuple[Any, ...] | None:
+@dataclass(frozen=True, slots=True)
+class MlxLayer:
+    """How one mlx-lm cache kind is stored. ``num_arrays`` > 0: positional, that many arrays
+    with the sequence on axis -2 (buffers may be longer than ``offset``: mlx-lm grows them in
+    steps); 0: snapshot state (its ``state`` copied whole); ``container``: a list of caches."""
+
+    num_arrays: int = 0
+    quantized: bool = False  # state also carries group size and bits
+    container: bool = False
+
+    @property
+    def positional(self) -> bool:
+        return self.num_arrays > 0
+
+    @property
+    def snapshot(self) -> bool:
+        return not self.num_arrays and not self.container
+
+    def subcaches(self, c: Any) -> list[Any]:
+        return list(c.caches) if self.container else [c]
+
+    def seq_arrays(self, c: Any) -> list[mx.array]:
+        if self.quantized:
+            return [*c.keys, *c.values]
+        return [c.keys, c.values]
+
+    def set_arrays(self, c: Any, arrays: list[mx.array], num_tokens: int) -> None:
+        if self.quantized:
+            half = self.num_arrays // 2
+            keys, values = tuple(arrays[:half]), tuple(arrays[half:])
+            c.state = (keys, values, num_tokens, c.group_size, c.bits)
+        else:
+            c.state = (arrays[0], arrays[1], num_tokens)
+
+    def crop(self, c: Any, length: int) -> None:
+        c.trim(c.offset - length)
+
+    def checkpoint(self, c: Any) -> Any:
+        return copy_state(c.state)
+
+    def restore_checkpoint(self, c: Any, state: Any) -> None:
+        c.state = copy_state(state)
+
+
+SNAPSHOT = MlxLayer()
+LAYERS: AdapterRegistry[MlxLayer] = AdapterRegistry(default=SNAPSHOT)
+LAYERS.register(KVCache, MlxLayer(num_arrays=2))
+LAYERS.register(QuantizedKVCache, MlxLayer(num_arrays=6, quantized=True))  # (w, scales, biases)
+LAYERS.register(RotatingKVCache, SNAPSHOT)  # a ring: positions are overwritten
+LAYERS.register(ArraysCache, SNAPSHOT)  # SSM/conv state
+LAYERS.register(CacheList, MlxLayer(container=True))
+
+
+def iter_slots(cache: list[Any]) -> list[tuple[Slot, Any]]:
+    out: list[tuple[Slot, Any]] = []
+    for i, c in enumerate(cache):
+        adapter = LAYERS.lookup(c)
+        if adapter.container:
+            out.extend((Slot(i, j), sub) for j, sub in enumerate(adapter.subcaches(c)))
+        else:
+            out.append((Slot(i, -1), c))
+    return out
+
+
+def get_slot(cache: list[Any], slot: Slot) -> Any:
+    c = cache[slot.layer]
+    return LAYERS.lookup(c).subcaches(c)[slot.sub] if slot.sub >= 0 else c
+
+
+def describe_cache(cache: list[Any]) -> Layout:
+    slots = iter_slots(cache)
+    return Layout(
+        tuple(s for s, c in slots if LAYERS.lookup(c).positional),
+        tuple(s for s, c in slots if LAYERS.lookup(c).snapshot),
+        tuple(type(c).__name__ for _, c in slots),
+    )
+
+
+def slice_positional(cache: list[Any], layout: Layout, start: int, end: int) -> Any:
+    """Owning copies of every positional array for positions [start, end), evaluated: one
+    stacked array when all parts share shape and dtype, else a tuple of 1-stacks."""
+    parts: list[mx.array] = []
+    for slot in layout.positional:
+        c = get_slot(cache, slot)
+        parts.extend(a[..., start:end, :] for a in LAYERS.lookup(c).seq_arrays(c))
+    uniform = all(p.shape == parts[0].shape and p.dtype == parts[0].dtype for p in parts)
+    # stacking always allocates: a view would keep the whole step-grown buffer alive
+    out = mx.stack(parts) if uniform else tuple(mx.stack([p]) for p in parts)
+    mx.eval(out)
+    return out
+
+
+def _part(payload: Any, i: int) -> mx.array:
+    return payload[i] if isinstance(payload, mx.array) else payload[i][0]
+
+
+def take_checkpoint(cache: list[Any], layout: Layout) -> tuple[Any, ...] | None:
     """Every snapshot slot's ``state`` at the current position, aligned with ``layout.snapshot``."""
     if not layout.snapshot:
         return None
-    ckpt = tuple(copy_state(get_slot(cache, slot).state) for slot in layout.snapshot)
+    slots = [get_slot(cache, slot) for slot in layout.snapshot]
+    ckpt = tuple(LAYERS.lookup(c).checkpoint(c) for c in slots)
     mx.eval(ckpt)
     return ckpt
 
 
 def restore_cache(
     fresh: list[Any],
-    layout: MlxLayout,
+    layout: Layout,
     segments: list[tuple[Any, int]],
     checkpoint: tuple[Any, ...] | None,
 ) -> list[Any]:
@@ -123,23 +163,20 @@ def restore_cache(
     k = 0
     for slot in layout.positional:
         c = get_slot(fresh, slot)
+        adapter = LAYERS.lookup(c)
         arrays = []
-        for _ in range(6 if isinstance(c, QuantizedKVCache) else 2):
-            arrays.append(
-                mx.concatenate([_part(p, k)[..., :count, :] for p, count in segments], axis=-2)
-            )
+        for _ in range(adapter.num_arrays):
+            arrays.append(mx.concatenate([_part(p, k)[..., :n, :] for p, n in segments], axis=-2))
             k += 1
-        if isinstance(c, QuantizedKVCache):
-            c.state = (tuple(arrays[:3]), tuple(arrays[3:]), num_tokens, c.group_size, c.bits)
-        else:
-            c.state = (arrays[0], arrays[1], num_tokens)
+        adapter.set_arrays(c, arrays, num_tokens)
     for slot, state in zip(layout.snapshot, checkpoint or (), strict=True):
-        get_slot(fresh, slot).state = copy_state(state)
+        c = get_slot(fresh, slot)
+        LAYERS.lookup(c).restore_checkpoint(c, state)
     return fresh
 
 
-def crop_positional(cache: list[Any], layout: MlxLayout, length: int) -> None:
+def crop_positional(cache: list[Any], layout: Layout, length: int) -> None:
     """Cut every positional slot back to ``length`` tokens (only valid without snapshot slots)."""
     for slot in layout.positional:
         c = get_slot(cache, slot)
-        c.trim(c.offset - length)
+        LAYERS.lookup(c).crop(c, length)

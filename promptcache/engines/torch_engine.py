@@ -1,125 +1,32 @@
-"""PyTorch/transformers engine: the model steps of ``CachedEngine`` on transformers cache objects."""
+"""PyTorch/transformers engine: ``CachedEngine`` on a ``TorchRunner``."""
 
 from __future__ import annotations
 
-import inspect
-import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
-
-from promptcache.core.codec import PayloadCodec
-from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
-from promptcache.engines.torch_codec import TorchCodec
-from promptcache.engines.torch_state import (
-    LayerLayout,
-    crop_positional,
-    describe_layers,
-    restore_cache,
-    slice_positional,
-    take_checkpoint,
-)
-from promptcache.models import context_extension_note, rope_scaling_for
-
-log = logging.getLogger("promptcache")
+from promptcache.engines.torch_runner import TorchRunner, load_torch_weights
 
 
 class TorchEngine(CachedEngine):
     name = "torch"
 
     def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
-        """``options``: the cache and serving options of ``CachedEngine._init_cache``."""
-        self.model = model.eval()
-        # the YaRN settings load_weights applied to reach max_context, or None (native RoPE)
-        self.rope_scaling: dict | None = getattr(model, "promptcache_rope_scaling", None)
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.layout: LayerLayout = describe_layers(DynamicCache(config=model.config))
-        config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
-        self.fingerprint = fingerprint_model(
-            config,
-            digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
-            str(self.dtype),
-            self.name,
+        """``options``: the cache and serving options (``EngineOptions``)."""
+        super().__init__(TorchRunner(model, tokenizer), **options)
+
+    load_weights = staticmethod(load_torch_weights)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+    ) -> TorchEngine:
+        """An engine on the HF model folder ``path``; ``options`` as for the constructor. A
+        ``max_context`` above the native context loads the model with YaRN RoPE scaling, or
+        raises ``ContextExtensionError``. The model id defaults to the folder name."""
+        path = Path(path)
+        model, tokenizer = load_torch_weights(
+            path, dtype=dtype, device=device, max_context=options.get("max_context")
         )
-        forward_args = inspect.signature(model.forward).parameters
-        self._keep_arg = "logits_to_keep" in forward_args
-        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
-        eos = (
-            getattr(model.generation_config, "eos_token_id", None)
-            if hasattr(model, "generation_config")
-            else None
-        )
-        eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
-        if tokenizer.eos_token_id is not None:
-            eos_ids.add(tokenizer.eos_token_id)
-        self.eos_ids = eos_ids
-        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self._init_cache(
-            tokenizer,
-            model_limit=getattr(model.config, "max_position_embeddings", None) or 2048,
-            **options,
-        )
-
-    @staticmethod
-    def load_weights(
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-    ) -> tuple[Any, Any]:
-        """(model, tokenizer) from an HF folder, for sharing one model between engines. A
-        ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
-        ContextExtensionError when it has no plain RoPE to scale)."""
-        config = AutoConfig.from_pretrained(path)
-        rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        if rope is not None:  # before the weights load: the rotary tables are built from config
-            config.rope_parameters = rope
-            config.max_position_embeddings = max_context
-        model = AutoModelForCausalLM.from_pretrained(
-            path, config=config, dtype=getattr(torch, dtype)
-        )
-        model = model.to(device).eval()
-        # read back by TorchEngine (an engine built on a shared model reports it too)
-        object.__setattr__(model, "promptcache_rope_scaling", rope)
-        if rope is not None:
-            log.info("%s: %s", Path(path).name, context_extension_note(rope))
-        return model, tokenizer
-
-    # -- model steps ----------------------------------------------------------------------------
-
-    def new_state(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
-
-    @torch.inference_mode()
-    def forward(self, state: DynamicCache, ids: list[int]) -> torch.Tensor:
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        kwargs = {"logits_to_keep": 1} if self._keep_arg else {}
-        kwargs[self._cache_arg] = state
-        out = self.model(input_ids=x, use_cache=True, **kwargs)
-        return out.logits[0, -1]
-
-    def slice_block(self, state: DynamicCache, start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end)
-
-    def take_checkpoint(self, state: DynamicCache) -> Any:
-        return take_checkpoint(state, self.layout)
-
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> DynamicCache:
-        return restore_cache(self.model.config, self.layout, segments, checkpoint, self.device)
-
-    def crop(self, state: DynamicCache, length: int) -> None:
-        crop_positional(state, self.layout, length)
-
-    def to_numpy(self, logits: torch.Tensor) -> np.ndarray:
-        return logits.detach().float().cpu().numpy()
-
-    def codec(self) -> PayloadCodec:
-        return TorchCodec(self.device)
+        return cls(model, tokenizer, model_id=options.pop("model_id", path.name), **options)

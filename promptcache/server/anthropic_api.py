@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from promptcache.engines.base import EngineError, Finished, PrefillDone, SamplingParams, TextDelta
+from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
 from promptcache.server.chat import Chat
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.state import Reply, ServerState
@@ -28,13 +28,13 @@ DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # another model's reasoning:
 UNSUPPORTED_MEDIA = ("image", "document")
 
 
-def _unsupported(kind: str) -> EngineError:
+def _unsupported(kind: str) -> RequestError:
     if kind in UNSUPPORTED_MEDIA:
-        return EngineError(
+        return RequestError(
             f"content blocks of type {kind!r} are not supported: this server's model has no "
             "vision or document input yet (text, tool_use, tool_result and thinking blocks are)"
         )
-    return EngineError(
+    return RequestError(
         f"content block of type {kind!r} is not supported "
         "(text, tool_use, tool_result, thinking, redacted_thinking)"
     )
@@ -107,14 +107,16 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
     choice = req.tool_choice or {}
     kind = choice.get("type", "auto")
     if kind not in ("auto", "any", "tool", "none"):
-        raise EngineError(f"tool_choice.type must be auto, any, tool or none, not {kind!r}")
+        raise RequestError(f"tool_choice.type must be auto, any, tool or none, not {kind!r}")
     chat.tool_choice = {"any": "required", "tool": "named"}.get(kind, kind)
     chat.tool_name = choice.get("name") if kind == "tool" else None
     chat.parallel_tool_calls = not choice.get("disable_parallel_tool_use", False)
     fmt = (req.output_config or {}).get("format") or req.output_format
     if fmt:
         if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
-            raise EngineError("output format: only {type: json_schema, schema: {...}} is supported")
+            raise RequestError(
+                "output format: only {type: json_schema, schema: {...}} is supported"
+            )
         chat.response_schema = fmt["schema"]
     return chat
 
@@ -173,7 +175,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
-    events = state.events(request, prep.prompt, prep.params, prep.tenant)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
     if not req.stream:
         fin = None
         async for ev in events:

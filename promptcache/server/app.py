@@ -5,14 +5,20 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from promptcache.engines.base import EngineError, EngineTimeoutError, PromptTooLongError
+from promptcache.engines.base import (
+    EngineFailure,
+    EngineTimeoutError,
+    PromptTooLongError,
+    RequestError,
+)
 from promptcache.server import anthropic_api, openai_api
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
@@ -34,12 +40,19 @@ ENDPOINTS = (
     "/v1/messages/count_tokens",
     "/v1/models",
     "/v1/cache/stats",
+    "/v1/cache/requests",
+    "/dashboard",
     "/health",
     "/metrics",
 )
 
 
 STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
+
+
+def dashboard_file(name: str) -> str:
+    return (resources.files("promptcache.server") / "dashboard" / name).read_text("utf-8")
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -110,13 +123,18 @@ def create_app(state: ServerState) -> FastAPI:
         response.headers["retry-after"] = str(exc.retry_after_s)
         return response
 
-    @app.exception_handler(EngineError)
-    async def on_engine(request: Request, exc: EngineError) -> JSONResponse:
+    @app.exception_handler(RequestError)
+    async def on_request_error(request: Request, exc: RequestError) -> JSONResponse:
         return reject(request, 400, str(exc))
 
+    # the server's faults, never the client's: a plain ValueError from library code (a bug, a
+    # cache refusing a save) is one too. Logged with the traceback; the client gets a 500.
+    @app.exception_handler(EngineFailure)
     @app.exception_handler(ValueError)
-    async def on_value(request: Request, exc: ValueError) -> JSONResponse:
-        return reject(request, 400, str(exc))
+    async def on_failure(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
+        message = f"the server failed to serve this request ({type(exc).__name__}); see its log"
+        return error_response(request.url.path, 500, message)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run
@@ -161,10 +179,39 @@ def create_app(state: ServerState) -> FastAPI:
         stats = state.cache_stats()
         return {"enabled": bool(stats), **stats, "continuity": state.continuity_stats()}
 
+    @app.get("/v1/cache/requests")
+    async def cache_requests(
+        request: Request,
+        limit: int = Query(100, ge=1, le=1000),
+        tenant: str | None = None,
+    ) -> Any:
+        """Recent cache records, newest first. A tenant key sees its own requests only."""
+        grant = request.scope.get("state", {}).get("grant")
+        if grant is not None and not grant.is_admin:
+            tenant = str(grant.tenant)
+        records = state.records
+        return {
+            "model": state.model_id,
+            "requests": [r.to_dict() for r in records.recent(limit, tenant)],
+            "alert": records.alert(tenant),
+            "misses_by_reason": records.reasons(tenant),
+        }
+
+    @app.get("/dashboard", response_class=HTMLResponse)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse(dashboard_file("index.html"))
+
+    @app.get("/dashboard/{name}")
+    async def dashboard_asset(name: str) -> Response:
+        if name not in DASHBOARD_ASSETS:
+            raise StarletteHTTPException(404, f"no dashboard file {name!r}")
+        return Response(dashboard_file(name), media_type=DASHBOARD_ASSETS[name])
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(
-            state.metrics.render(state.cache_stats()), media_type="text/plain; version=0.0.4"
+            state.metrics.render(state.cache_stats(), state.records),
+            media_type="text/plain; version=0.0.4",
         )
 
     return app

@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from promptcache.engines.base import EngineError
+from promptcache.engines.base import RequestError
 from promptcache.engines.grammar import (
     check_grammar,
     hf_tokenizer_of,
@@ -82,7 +82,7 @@ class ChatFormatter:
             messages = _results_as_user(messages)
         try:
             return self.engine.encode_chat(messages, tools)
-        except EngineError:
+        except RequestError:
             if not _has_late_system(messages):
                 raise
         # templates that allow a system message only first: later ones become user turns
@@ -107,7 +107,7 @@ class ChatFormatter:
         return {"role": "assistant", "content": text}
 
     def grammar(self, chat: Chat) -> str | None:
-        """The grammar the reply must follow, or None; raises EngineError (400) when invalid."""
+        """The grammar the reply must follow, or None; raises RequestError (400) when invalid."""
         grammar = None
         if chat.tools and chat.tool_choice in ("required", "named"):
             try:
@@ -118,7 +118,7 @@ class ChatFormatter:
                     special_tokens=self._marker_tokens,
                 )
             except ValueError as exc:
-                raise EngineError(f"tool_choice: {exc}") from exc
+                raise RequestError(f"tool_choice: {exc}") from exc
         elif chat.response_schema is not None:
             grammar = json_schema_grammar(chat.response_schema)
         if grammar is not None:
@@ -150,15 +150,13 @@ class ChatFormatter:
             return
         calls = [_call_of(c) for c in last.get("tool_calls") or []]
 
-        def locate(token: int) -> tuple[int, str]:
-            for k in range(1, len(chat.messages) + 1):
-                part = Chat(chat.messages[:k], chat.tools, chat.tool_choice)
-                if len(self.render(part, tenant)) > token:
-                    return k - 1, str(chat.messages[k - 1].get("role"))
-            return len(chat.messages) - 1, str(chat.messages[-1].get("role"))
-
         gap = self.replies.check(
-            tenant, str(last.get("content") or ""), calls, prompt, self.engine.decode, locate
+            tenant,
+            str(last.get("content") or ""),
+            calls,
+            prompt,
+            self.engine.decode,
+            lambda token: self.message_at(chat, tenant, token),
         )
         if gap is not None:
             log.info(
@@ -166,6 +164,19 @@ class ChatFormatter:
                 "(%s), token %d: expected %r, found %r",
                 gap.message_index, gap.role, gap.token_index, gap.expected, gap.found,
             )  # fmt: skip
+
+    def message_at(self, chat: Chat, tenant: str, token: int) -> tuple[int, str]:
+        """(index, role) of the message holding prompt token ``token``: the first k messages
+        whose rendering reaches past it (binary search: renderings grow with k)."""
+        lo, hi = 1, len(chat.messages)
+        while lo < hi:
+            k = (lo + hi) // 2
+            part = Chat(chat.messages[:k], chat.tools, chat.tool_choice)
+            if len(self.render(part, tenant)) > token:
+                hi = k
+            else:
+                lo = k + 1
+        return lo - 1, str(chat.messages[lo - 1].get("role"))
 
 
 def new_call_id(prefix: str) -> str:
@@ -180,11 +191,11 @@ def _call_of(call: dict[str, Any]) -> ToolCall:
     try:
         value = json.loads(args or "{}")
     except (TypeError, ValueError):
-        raise EngineError(
+        raise RequestError(
             f"tool_calls: arguments of {fn.get('name')!r} are not a JSON object"
         ) from None
     if not isinstance(value, dict) or not fn.get("name"):
-        raise EngineError("tool_calls: each call needs a function name and object arguments")
+        raise RequestError("tool_calls: each call needs a function name and object arguments")
     return ToolCall(str(fn["name"]), json.dumps(value))
 
 

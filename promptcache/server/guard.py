@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptcache.engines.errors import ConfigError
 from promptcache.server.errors import error_response
 
 log = logging.getLogger("promptcache.server")
@@ -25,7 +26,9 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
-OPEN_PATHS = frozenset({"/", "/health"})  # no key needed: liveness only, nothing cached
+# no key needed: liveness, and the dashboard's static files (its data calls present a key)
+OPEN_PATHS = frozenset({"/", "/health"})
+OPEN_PREFIXES = ("/dashboard",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +58,7 @@ def load_api_keys(path: str | None, env: str | None = None) -> dict[str, KeyGran
             lines.append([key, tenant, flag] if flag else [key, tenant])
     for parts in lines:
         if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] != "admin") or not parts[1]:
-            raise SystemExit(
+            raise ConfigError(
                 "api keys: each entry is KEY TENANT [admin] (file) or KEY=TENANT[:admin]"
             )
         grants[digest_key(parts[0])] = KeyGrant(parts[1], len(parts) == 3)
@@ -144,7 +147,8 @@ class Guard:
         tenants = [v for k, v in scope["headers"] if k.lower() == b"x-promptcache-tenant"]
         if len(tenants) > 1:
             return 400, "x-promptcache-tenant given more than once", {}
-        if not self.api_keys or scope["path"] in OPEN_PATHS:
+        path = scope["path"]
+        if not self.api_keys or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             return None
         key = presented_key(headers)
         grant = self.api_keys.get(digest_key(key)) if key else None

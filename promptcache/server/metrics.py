@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from promptcache.server.records import RequestRecords
+
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
@@ -60,7 +62,7 @@ class ServerMetrics:
             if ttft_s is not None:
                 self.ttft.observe(ttft_s)
 
-    def render(self, cache: dict[str, Any]) -> str:
+    def render(self, cache: dict[str, Any], records: RequestRecords | None = None) -> str:
         with self._lock:
             lines = ["# TYPE promptcache_requests_total counter"]
             for (endpoint, status), n in sorted(self.requests.items()):
@@ -75,7 +77,29 @@ class ServerMetrics:
                 lines += [f"# TYPE promptcache_{name} counter", f"promptcache_{name} {value}"]
             lines += self.ttft.render("promptcache_ttft_seconds")
         lines += render_cache_stats(cache)
+        if records is not None:
+            lines += render_records(records)
         return "\n".join(lines) + "\n"
+
+
+def render_records(records: RequestRecords) -> list[str]:
+    """Misses by reason and the windowed hit-rate alert."""
+    alert = records.alert()
+    lines = ["# TYPE promptcache_requests_by_miss_reason_total counter"]
+    lines += [
+        f'promptcache_requests_by_miss_reason_total{{reason="{k}"}} {v}'
+        for k, v in records.reasons().items()
+    ]
+    rate = alert["window_hit_rate"]
+    lines += [
+        "# TYPE promptcache_hit_rate_window gauge",
+        f"promptcache_hit_rate_window {rate if rate is not None else 'NaN'}",
+        "# TYPE promptcache_hit_rate_alert_threshold gauge",
+        f"promptcache_hit_rate_alert_threshold {alert['threshold']}",
+        "# TYPE promptcache_hit_rate_alert gauge",
+        f"promptcache_hit_rate_alert {int(alert['alerting'])}",
+    ]
+    return lines
 
 
 def _label(key: str) -> str:

@@ -14,9 +14,9 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from promptcache.engines.base import (
-    EngineError,
     Finished,
     PromptTooLongError,
+    RequestError,
     SamplingParams,
     TextDelta,
 )
@@ -46,12 +46,12 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
             for part in content:
                 kind = part.get("type")
                 if kind in ("image_url", "input_image", "input_audio", "file"):
-                    raise EngineError(
+                    raise RequestError(
                         f"message content parts of type {kind!r} are not supported: this "
                         "server's model has no image, audio or file input yet (text only)"
                     )
                 if kind not in ("text", "input_text"):
-                    raise EngineError(
+                    raise RequestError(
                         f"message content part of type {kind!r} is not supported (text only)"
                     )
                 texts.append(str(part.get("text", "")))
@@ -76,17 +76,17 @@ def to_chat(req: ChatCompletionRequest) -> Chat:
         if tool.get("type", "function") != "function" or not (tool.get("function") or {}).get(
             "name"
         ):
-            raise EngineError("tools: each tool must be {type: function, function: {name, ...}}")
+            raise RequestError("tools: each tool must be {type: function, function: {name, ...}}")
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
         if not name:
-            raise EngineError("tool_choice: a named choice needs function.name")
+            raise RequestError("tool_choice: a named choice needs function.name")
         chat.tool_choice, chat.tool_name = "named", name
     elif choice in ("auto", "none", "required"):
         chat.tool_choice = choice
     else:
-        raise EngineError(
+        raise RequestError(
             f"tool_choice must be none, auto, required or a named function, not {choice!r}"
         )
     chat.parallel_tool_calls = req.parallel_tool_calls
@@ -95,12 +95,12 @@ def to_chat(req: ChatCompletionRequest) -> Chat:
     if kind == "json_schema":
         schema = (fmt.get("json_schema") or {}).get("schema")
         if not isinstance(schema, dict):
-            raise EngineError("response_format.json_schema.schema must be a JSON schema object")
+            raise RequestError("response_format.json_schema.schema must be a JSON schema object")
         chat.response_schema = schema
     elif kind == "json_object":
         chat.response_schema = {"type": "object"}
     elif kind != "text":
-        raise EngineError(
+        raise RequestError(
             f"response_format.type must be text, json_object or json_schema, not {kind!r}"
         )
     return chat
@@ -157,11 +157,11 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
         prompt = list(p)  # type: ignore[arg-type]
         vocab = state.engine.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
-            raise EngineError(f"prompt: token ids must be in [0, {vocab}) for this model")
+            raise RequestError(f"prompt: token ids must be in [0, {vocab}) for this model")
     else:
         if isinstance(p, list):
             if len(p) != 1:
-                raise ValueError("prompt: exactly one prompt per request is supported")
+                raise RequestError("prompt: exactly one prompt per request is supported")
             p = p[0]
         prompt = await run_in_threadpool(state.engine.encode_text, str(p))
     state.check_params(params)
@@ -177,7 +177,7 @@ async def _respond(
     created = int(time.time())
     model = req.model or state.model_id
     obj = "chat.completion" if chat else "text_completion"
-    events = state.events(request, prep.prompt, prep.params, prep.tenant)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
     if not req.stream:
         fin = None
         async for ev in events:

@@ -2,29 +2,35 @@
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
 from starlette.requests import Request
 
 from promptcache.engines.base import (
     Engine,
-    EngineError,
     Event,
     Finished,
     PrefillDone,
     PromptTooLongError,
+    RequestError,
     SamplingParams,
 )
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
+from promptcache.server.diagnosis import PromptMemory, diagnose
 from promptcache.server.guard import KeyGrant
 from promptcache.server.metrics import ServerMetrics
+from promptcache.server.records import CacheRecord, RequestRecords
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
+log = logging.getLogger("promptcache.cache")
 
 
 class QueueFullError(Exception):
@@ -74,6 +80,8 @@ class ServerState:
         max_output_tokens: int | None = None,
         keep_billing_header: bool = False,
         limits: Limits | None = None,
+        hit_rate_alert: float = 0.8,
+        hit_rate_window: int = 50,
     ) -> None:
         self.engine = engine
         self.model_id = model_id or engine.model_id
@@ -84,6 +92,8 @@ class ServerState:
         self.formatter = ChatFormatter(engine)
         self.limits = limits or Limits()
         self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
+        self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
+        self.prompts = PromptMemory()  # what miss diagnosis compares a prompt with
 
     def tenant_of(self, request: Request, user: str | None = None) -> str:
         """Cache namespace of a request: with API keys the key's tenant only; without, the
@@ -95,7 +105,7 @@ class ServerState:
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
-            raise ValueError("the prompt is empty")
+            raise RequestError("the prompt is empty")
         limit = self.engine.max_context
         if self.limits.max_prompt_tokens and len(prompt) > self.limits.max_prompt_tokens:
             raise PromptTooLongError(
@@ -127,11 +137,11 @@ class ServerState:
         """Stop-string limits and the time budget; then the engine's own checks."""
         lim = self.limits
         if len(params.stop) > lim.max_stop_strings:
-            raise EngineError(
+            raise RequestError(
                 f"at most {lim.max_stop_strings} stop strings per request, not {len(params.stop)}"
             )
         if any(len(s) > lim.max_stop_chars for s in params.stop):
-            raise EngineError(f"a stop string may have at most {lim.max_stop_chars} characters")
+            raise RequestError(f"a stop string may have at most {lim.max_stop_chars} characters")
         params.timeout_s = lim.request_timeout_s
         params.validate()
 
@@ -153,20 +163,32 @@ class ServerState:
         return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
 
     async def events(
-        self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
+        self,
+        request: Request,
+        prompt: list[int],
+        params: SamplingParams,
+        tenant: str,
+        chat: Chat | None = None,
     ) -> AsyncIterator[Event]:
         if self.num_active >= self.limits.max_queue:
             raise QueueFullError(self.limits.max_queue)
         self.num_active += 1
         try:
-            async for ev in self._events(request, prompt, params, tenant):
+            async for ev in self._events(request, prompt, params, tenant, chat):
                 yield ev
         finally:
             self.num_active -= 1
 
     async def _events(
-        self, request: Request, prompt: list[int], params: SamplingParams, tenant: str
+        self,
+        request: Request,
+        prompt: list[int],
+        params: SamplingParams,
+        tenant: str,
+        chat: Chat | None,
     ) -> AsyncIterator[Event]:
+        endpoint = request.url.path
+
         def generate(cancel: threading.Event) -> Iterator[Event]:
             # counted on the worker thread: a request whose client left is counted too
             prefill: PrefillDone | None = None
@@ -178,10 +200,76 @@ class ServerState:
                     self.metrics.record(
                         ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, ttft
                     )
+                    self.record(endpoint, tenant, prompt, chat, prefill, ev)
                 yield ev
 
         async for ev in run_events(request, generate):
             yield ev
+
+    def record(
+        self,
+        endpoint: str,
+        tenant: str,
+        prompt: list[int],
+        chat: Chat | None,
+        prefill: PrefillDone | None,
+        fin: Finished,
+    ) -> CacheRecord:
+        """The request's cache record: reuse, tiers, saved time and the miss reason."""
+        records = self.records
+        rid = records.next_id()
+        tokens = np.asarray(prompt, dtype=np.uint32)
+        report = prefill.lookup if prefill is not None else None
+
+        def locate(token: int) -> tuple[int, str]:
+            try:
+                return self.formatter.message_at(chat, tenant, token) if chat else (-1, "")
+            except Exception:  # a template that cannot render a prefix of the chat
+                return -1, ""
+
+        if prefill is None:
+            reason, detail = "cancelled", {}
+        else:
+            miss = diagnose(
+                tokens,
+                report,
+                self.prompts,
+                tenant,
+                may_name_namespaces=not self.limits.api_keys,
+                decode=self.engine.decode,
+                locate=locate,
+                now_s=time.time(),
+            )
+            reason, detail = miss.reason, miss.detail
+            saved = tokens
+            if fin.reason not in ("cancelled", "timeout") and fin.completion_ids:
+                saved = np.concatenate([tokens, np.asarray(fin.completion_ids, dtype=np.uint32)])
+            self.prompts.add(tenant, rid, saved)
+        ttft = prefill.ttft_s if prefill is not None else None
+        records.rate.observe(ttft, fin.prompt_tokens - fin.cached_tokens)
+        rec = CacheRecord(
+            request_id=rid,
+            time_s=time.time(),
+            tenant=tenant,
+            endpoint=endpoint,
+            finish=fin.reason,
+            prompt_tokens=fin.prompt_tokens,
+            cached_tokens=fin.cached_tokens,
+            completion_tokens=fin.completion_tokens,
+            hit_kind=prefill.hit_kind if prefill is not None else "none",
+            tokens_by_tier=dict(report.tokens_by_tier) if report is not None else {},
+            ttft_s=ttft,
+            saved_s=records.rate.saved(fin.cached_tokens),
+            reason=reason,
+            detail=detail,
+        )
+        records.add(rec)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "request %d (%s): reused %d of %d prompt tokens; miss reason %s %s",
+                rid, tenant or "default", fin.cached_tokens, fin.prompt_tokens, reason, detail,
+            )  # fmt: skip
+        return rec
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()

@@ -1,7 +1,7 @@
 """Run an engine generation on a worker thread and consume its events from asyncio.
 
-The engine serves one generation at a time (its lock is the queue); waiting requests park on
-worker threads. A client that disconnects sets the cancel event: a queued request is dropped
+The engine's scheduler advances one request per step in FIFO turns; each generation's
+consumer waits (and drives steps) on a worker thread. A client that disconnects sets the cancel event: a queued request is dropped
 before prefill, a running one stops at its next token, and its pinned blocks are released.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from promptcache.engines.base import EngineTimeoutError, Event, Finished
+from promptcache.engines.base import EngineTimeoutError, Event, Finished, RequestError
 
 log = logging.getLogger("promptcache.server")
 
@@ -106,7 +106,7 @@ def stream_error(exc: Exception, stream_id: str) -> tuple[str, str]:
     if isinstance(exc, EngineTimeoutError):
         log.warning("stream %s: %s", stream_id, exc)
         return str(exc), "overloaded_error"
-    if isinstance(exc, ValueError):  # EngineError and other request errors
+    if isinstance(exc, RequestError):  # the client's: bad input, too long, a bad grammar
         log.warning("stream %s: %s", stream_id, exc)
         return str(exc), "invalid_request_error"
     log.exception("stream %s failed", stream_id)

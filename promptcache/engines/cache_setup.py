@@ -1,0 +1,77 @@
+"""Building the prompt cache an engine serves from: its options, the RAM tier, and the lower
+tiers the core's factory (``core.tiers.make_lower_tiers``) builds from the settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from promptcache.core.cache import PromptCache
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.evictions import EvictionLog
+from promptcache.core.tier import LowerTier
+from promptcache.core.tiers import make_lower_tiers
+from promptcache.engines.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """Serving and cache options shared by every engine (the keyword options of
+    ``TorchEngine``/``MlxEngine``). ``cache``: an existing cache to use; else one is built
+    (``cache_enabled``) with a RAM tier of ``ram_budget`` and, with ``ssd_dir``, an SSD tier
+    behind it (or ``next_tier`` as given). ``max_context`` is capped at the model's limit."""
+
+    model_id: str = "model"
+    cache: PromptCache | None = None
+    cache_enabled: bool = True
+    block_size: int = 64
+    ram_budget: int | str | None = None
+    prefill_chunk: int = 512
+    max_context: int | None = None
+    next_tier: Any = None
+    policy: str | None = None
+    ssd_dir: str | Path | None = None
+    ssd_budget: int | str = "10GB"
+    ssd_retention: float | None = None
+
+    def check(self) -> None:
+        if self.prefill_chunk <= 0:
+            raise ConfigError("prefill_chunk must be positive")
+
+
+def build_cache(
+    opts: EngineOptions, fingerprint: str, codec: PayloadCodec, requires_checkpoint: bool
+) -> PromptCache | None:
+    """The cache ``opts`` ask for, or None when it is off."""
+    if opts.cache is not None or not opts.cache_enabled:
+        return opts.cache
+    next_tier = opts.next_tier
+    built: list[LowerTier] = []
+    evictions = EvictionLog()  # RAM and every lower tier note evictions here
+    if next_tier is None:
+        try:
+            built = next_tier = make_lower_tiers(
+                fingerprint=fingerprint,
+                ssd_dir=opts.ssd_dir,
+                ssd_budget=opts.ssd_budget,
+                ssd_retention=opts.ssd_retention,
+                codec=codec,
+                evictions=evictions,
+            )
+        except ValueError as exc:  # a bad budget
+            raise ConfigError(f"lower tiers: {exc}") from None
+    try:
+        return PromptCache(
+            fingerprint,
+            block_size=opts.block_size,
+            ram_budget=opts.ram_budget,
+            requires_checkpoint=requires_checkpoint,
+            next_tier=next_tier,
+            policy=opts.policy,
+            evictions=evictions,
+        )
+    except ValueError as exc:  # a bad budget, block size or policy name
+        for tier in built:
+            tier.close()  # its folder lock: a retry in this process must find it free
+        raise ConfigError(f"prompt cache: {exc}") from None

@@ -1,0 +1,88 @@
+"""One generation request between its steps: what it asked for, where it is, what it produced.
+
+The scheduler moves a request through its phases one step at a time; the consumer's thread reads
+the events a step leaves in ``outbox``. Hot state: a slots dataclass, no per-step allocation
+beyond the events themselves.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from promptcache.core.cache import Lease
+from promptcache.core.sequence import TokenSeq
+from promptcache.engines.base import Event, SamplingParams
+from promptcache.engines.grammar import GrammarConstraint
+from promptcache.engines.textstream import StopTextStream
+
+
+class Phase(enum.Enum):
+    NEW = "new"  # queued: not looked up yet
+    PREFILL = "prefill"  # restored (or empty) state, prompt chunks left to run
+    DECODE = "decode"  # PrefillDone sent; one token per step
+    SAVE = "save"  # Finished sent; the final save (prompt + reply) is left
+    DONE = "done"  # nothing left; the lease is released
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    tenant: str = ""
+    cancel: threading.Event | None = None
+    constraint: GrammarConstraint | None = None
+    deadline: float | None = None  # time.monotonic() when the time budget runs out
+    t0: float = field(default_factory=time.perf_counter)  # arrival, for the TTFT
+    # the cache and the model state
+    phase: Phase = Phase.NEW
+    seq: TokenSeq | None = None
+    lease: Lease | None = None
+    state: Any = None
+    logits: Any = None  # the last forward's last-position logits
+    pos: int = 0  # prompt tokens in ``state``
+    # decoding (set up when the prefill ends)
+    rng: np.random.Generator | None = None
+    stream: StopTextStream | None = None
+    generated: list[int] = field(default_factory=list)  # every sampled token, EOS included
+    next_id: int = -1  # sampled, not yet emitted
+    max_new: int = 0  # tokens the reply may have: max_tokens or the room left in the context
+    length_reason: str = "length"  # the reason when max_new runs out: "length" or "context"
+    started: bool = False  # PrefillDone was sent: a timeout now ends the reply, not the request
+    # delivery: events for the consumer (an exception ends the request); owned by the scheduler
+    outbox: deque[Event | BaseException] = field(default_factory=deque)
+    in_flight: bool = False  # a step (or a settle) is working on it right now
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def cached(self) -> int:
+        return self.lease.num_tokens if self.lease is not None else 0
+
+    @property
+    def hit_kind(self) -> str:
+        return self.lease.kind if self.lease is not None else "off"
+
+    @property
+    def is_cancelled(self) -> bool:
+        return self.cancel is not None and self.cancel.is_set()
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline - time.monotonic()
+
+    def is_expired(self) -> bool:
+        left = self.time_left()
+        return left is not None and left <= 0
+
+    def release(self) -> None:
+        """Unpin the cached prefix (idempotent)."""
+        if self.lease is not None:
+            self.lease.release()

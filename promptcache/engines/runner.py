@@ -1,0 +1,59 @@
+"""The model runner: one loaded model of one library and the model steps on its cache objects.
+
+A runner knows nothing of requests, the prompt cache's protocol or scheduling: it loads weights,
+says what identifies them (the fingerprint), and runs, slices, checkpoints, restores and crops
+per-request model state (``state``, the library's own cache object). ``torch_runner`` and
+``mlx_runner`` implement it; ``CachedEngine`` is built on one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from promptcache.core.codec import PayloadCodec
+from promptcache.engines.layers import Layout
+
+
+class ModelRunner(Protocol):
+    """Contract: every method but ``forward`` is cheap bookkeeping or a copy; none is
+    thread-safe (the scheduler runs one step at a time). Payloads and checkpoints are owning
+    copies: the cache keeps them while ``state`` goes on changing."""
+
+    name: str  # the library ("torch", "mlx"): part of the fingerprint
+    model: Any
+    tokenizer: Any
+    fingerprint: str  # what identifies the weights, dtype and cache format in cache keys
+    layout: Layout  # which layers are positional and which are snapshot state
+    model_limit: int  # the context the loaded weights serve (RoPE scaling applied)
+    eos_ids: set[int]
+    vocab_size: int  # token ids are in [0, vocab_size)
+    rope_scaling: dict[str, Any] | None  # the YaRN settings applied at load, or None
+
+    def new_state(self) -> Any:
+        """An empty per-request model cache."""
+
+    def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[Any]:
+        """Run ``ids[i]`` through the model on top of ``states[i]`` (appending to it), for every
+        sequence i; each sequence's last-position logits. The sequences are independent: a runner
+        may batch them or loop over them, with the same results."""
+
+    def slice_block(self, state: Any, start: int, end: int) -> Any:
+        """An owning copy of the positional state for positions [start, end)."""
+
+    def take_checkpoint(self, state: Any) -> Any:
+        """A copy of the snapshot state at the current position; None without snapshot layers."""
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> Any:
+        """A fresh state holding a hit: block payloads (with tokens used) and the checkpoint."""
+
+    def crop(self, state: Any, length: int) -> None:
+        """Cut the positional state back to ``length`` (only called without snapshot layers)."""
+
+    def to_numpy(self, logits: Any) -> np.ndarray:
+        """One sequence's logits as float32 numpy (for sampling and grammar masks)."""
+
+    def codec(self) -> PayloadCodec:
+        """How this runner's payloads travel to block files."""

@@ -1,0 +1,191 @@
+"""What one step does to one request: its lookup and restore, one prefill chunk (saved at its
+end), one decoded token, or the final save of prompt + reply. Which requests step, and when, is
+the scheduler's; everything here runs inside a step, so the model and the live slot are ours.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from promptcache.core.cache import PromptCache
+from promptcache.core.sequence import TokenSeq
+from promptcache.engines.base import (
+    CacheSaveError,
+    EngineTimeoutError,
+    Finished,
+    PrefillDone,
+    RequestError,
+)
+from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
+from promptcache.engines.request import Phase, Request
+from promptcache.engines.runner import ModelRunner
+
+
+class Steps:
+    """The engine's work on a request, one step at a time (the scheduler's ``Work``)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache: PromptCache | None,
+        *,
+        prefill_chunk: int,
+        max_context: int,
+        decode_text: Callable[[list[int]], str],
+    ) -> None:
+        self.runner = runner
+        self.cache = cache
+        self.prefill_chunk = prefill_chunk
+        self.max_context = max_context
+        self.decode_text = decode_text
+        # the last request's live state and the sequence it covers: a hit that it also covers is
+        # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
+        self.live: tuple[Any, TokenSeq] | None = None
+
+    # -- the scheduler's entry points -------------------------------------------------------
+
+    def advance(self, req: Request) -> None:
+        """One step of ``req``: events go to ``req.outbox``, ``req.phase`` moves on."""
+        if req.phase is Phase.SAVE:  # after Finished: no deadline, no cancel (the reply is out)
+            self.final_save(req)
+            req.phase = Phase.DONE
+            return
+        if req.is_expired():
+            self.time_out(req)
+            return
+        if req.is_cancelled:
+            self.cancel(req)
+            return
+        if req.phase is Phase.NEW:
+            self.begin(req)
+            req.phase = Phase.PREFILL
+        elif req.phase is Phase.PREFILL:
+            self.prefill_chunk_of(req)
+            if req.pos == req.num_prompt:
+                report = req.lease.report if req.lease is not None else None
+                req.outbox.append(
+                    PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
+                )
+                req.started = True
+                scores = self.runner.to_numpy(req.logits)
+                start_decoding(req, self.max_context, self.decode_text, scores)
+                req.phase = Phase.DECODE
+                self._token(req)  # the first token costs no forward: the prompt's logits
+        elif req.phase is Phase.DECODE:
+            last = req.generated[-1]
+            logits = self.runner.forward([req.state], [[last]])[0]
+            sample_after(req, self.runner.to_numpy(logits))
+            self._token(req)
+
+    def time_out(self, req: Request) -> None:
+        """The deadline passed: before the first token the request fails (503), after it the
+        reply ends with reason "timeout"."""
+        if req.started:
+            self._finish(req, "timeout")
+            return
+        timeout_s = req.params.timeout_s or 0.0
+        req.outbox.append(
+            EngineTimeoutError(
+                f"the request did not get through prefill within its time budget "
+                f"({timeout_s:g} s); the server is busy, try again later"
+            )
+        )
+        req.phase = Phase.DONE
+
+    def cancel(self, req: Request) -> None:
+        """Nobody waits for the reply any more: end it now (a queued request never looked its
+        prompt up; after Finished the final save still runs)."""
+        if req.phase is Phase.NEW:
+            req.outbox.append(Finished("cancelled", 0, 0, 0, ""))
+            req.phase = Phase.DONE
+        elif req.phase in (Phase.PREFILL, Phase.DECODE):
+            self._finish(req, "cancelled")
+
+    # -- building blocks (``CachedEngine.prefill`` uses them too) -------------------------------
+
+    def begin(self, req: Request) -> None:
+        """Look the prompt up and restore the longest cached prefix (pinned until released)."""
+        if self.cache is not None:
+            try:
+                req.seq = self.cache.sequence(req.prompt, tenant=req.tenant)
+            except ValueError as exc:  # token ids the cache cannot key: the client's input
+                raise RequestError(f"prompt: {exc}") from None
+            req.lease = self.cache.lookup(req.seq)
+            if req.lease.num_tokens:
+                req.state = self.reuse_live(req.seq, req.lease.num_tokens)
+                if req.state is None:
+                    req.state = self.runner.restore(req.lease.segments(), req.lease.checkpoint)
+                req.pos = req.lease.num_tokens
+        self.live = None  # the live state is now this request's (or stale)
+        if req.state is None:
+            req.state = self.runner.new_state()
+
+    def prefill_chunk_of(self, req: Request) -> None:
+        """The next chunk (up to the next multiple of ``prefill_chunk``), saved at its end."""
+        end = min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        req.logits = self.runner.forward([req.state], [req.prompt[req.pos : end]])[0]
+        req.pos = end
+        if req.seq is not None:
+            self.save(req.seq, req.state, req.pos)
+
+    def final_save(self, req: Request) -> None:
+        """Feed the last sampled token so the saved state covers prompt + every generated token:
+        the next turn hits the assistant's reply too. The state stays live for that turn."""
+        assert req.seq is not None
+        self.runner.forward([req.state], [[req.generated[-1]]])
+        full = req.seq.extend(req.generated)
+        self.save(full, req.state, req.num_prompt + len(req.generated))
+        self.live = (req.state, full)
+
+    def save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:
+        assert self.cache is not None
+        runner = self.runner
+        slicer = (
+            (lambda s, e: runner.slice_block(state, s, e)) if runner.layout.has_positional else None
+        )
+        try:
+            self.cache.save(seq, num_tokens, slicer, runner.take_checkpoint(state))
+        except ValueError as exc:  # e.g. a block larger than the RAM budget: ours, not the client's
+            raise CacheSaveError(f"the prompt cache refused a save: {exc}") from exc
+
+    def reuse_live(self, seq: TokenSeq, hit: int) -> Any:
+        """The live state when it covers the hit's tokens exactly (cropped back to the hit), else
+        None. Recurrent state cannot be rewound: then only an exact cover is reused."""
+        if self.live is None:
+            return None
+        state, live = self.live
+        if (
+            live.root != seq.root
+            or live.num_tokens < hit
+            or live.block_bytes(0, hit) != seq.block_bytes(0, hit)
+        ):
+            return None
+        if live.num_tokens != hit:
+            if self.runner.layout.requires_checkpoint:
+                return None
+            self.runner.crop(state, hit)
+        return state
+
+    # -- endings ----------------------------------------------------------------------------
+
+    def _token(self, req: Request) -> None:
+        reason = emit_token(req, self.runner.eos_ids)
+        if reason is not None:
+            self._finish(req, reason)
+
+    def _finish(self, req: Request, reason: str) -> None:
+        finish_reply(req, reason)
+        n, gen = req.num_prompt, req.generated
+        save = (
+            req.seq is not None
+            and bool(gen)
+            and reason not in ("cancelled", "timeout")
+            and n + len(gen) < self.max_context
+        )
+        req.phase = Phase.SAVE if save else Phase.DONE
+
+
+def _ttft(req: Request) -> float:
+    return time.perf_counter() - req.t0

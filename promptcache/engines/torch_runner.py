@@ -1,0 +1,135 @@
+"""PyTorch/transformers model runner: load, fingerprint, and the model steps on transformers
+cache objects (``torch_state`` converts them to and from core payloads)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
+from promptcache.engines.layers import Layout
+from promptcache.engines.torch_codec import TorchCodec
+from promptcache.engines.torch_state import (
+    crop_positional,
+    describe_layers,
+    restore_cache,
+    slice_positional,
+    take_checkpoint,
+)
+from promptcache.models import context_extension_note, rope_scaling_for
+
+log = logging.getLogger("promptcache")
+
+
+def load_torch_weights(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_context: int | None = None,
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from an HF folder, for sharing one model between engines. A
+    ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
+    ContextExtensionError when it has no plain RoPE to scale)."""
+    config = AutoConfig.from_pretrained(path)
+    rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if rope is not None:  # before the weights load: the rotary tables are built from config
+        config.rope_parameters = rope
+        config.max_position_embeddings = max_context
+    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
+    # read back by TorchRunner (an engine built on a shared model reports it too)
+    object.__setattr__(model, "promptcache_rope_scaling", rope)
+    if rope is not None:
+        log.info("%s: %s", Path(path).name, context_extension_note(rope))
+    return model, tokenizer
+
+
+class TorchRunner:
+    """A transformers causal LM on one device (see ``ModelRunner`` for the contract)."""
+
+    name = "torch"
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        # the YaRN settings load_torch_weights applied to reach max_context, or None
+        self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.layout: Layout = describe_layers(DynamicCache(config=model.config))
+        config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+        self.fingerprint = fingerprint_model(
+            config,
+            digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
+            str(self.dtype),
+            self.name,
+        )
+        forward_args = inspect.signature(model.forward).parameters
+        self._keep_arg = "logits_to_keep" in forward_args
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        gen_config = getattr(model, "generation_config", None)
+        eos = getattr(gen_config, "eos_token_id", None)
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = eos_ids
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.model_limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
+    ) -> TorchRunner:
+        return cls(*load_torch_weights(path, dtype=dtype, device=device, max_context=max_context))
+
+    def new_state(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        # one sequence at a time for now: transformers' DynamicCache holds one sequence, and
+        # batching policy (padding, which requests share a pass) belongs to the scheduler
+        return [
+            self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
+        ]
+
+    def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_arg else {}
+        kwargs[self._cache_arg] = state
+        out = self.model(input_ids=x, use_cache=True, **kwargs)
+        return out.logits[0, -1]
+
+    def slice_block(self, state: DynamicCache, start: int, end: int) -> Any:
+        return slice_positional(state, self.layout, start, end)
+
+    def take_checkpoint(self, state: DynamicCache) -> Any:
+        return take_checkpoint(state, self.layout)
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> DynamicCache:
+        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.device)
+
+    def crop(self, state: DynamicCache, length: int) -> None:
+        crop_positional(state, self.layout, length)
+
+    def to_numpy(self, logits: torch.Tensor) -> np.ndarray:
+        return logits.detach().float().cpu().numpy()
+
+    def codec(self) -> PayloadCodec:
+        return TorchCodec(self.device)
