@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 
-from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tier import BlockRecord
 
@@ -117,13 +116,10 @@ def records(
             if i in (checkpoint_at or ())
             else None
         )
+        nbytes = payload_nbytes(payload) + (ckpt["state"].nbytes if ckpt is not None else 0)
         out.append(
-            BlockRecord(
-                seq.block_hash(i), seq.parent_hash(i), seq.block_bytes(i * b, (i + 1) * b),
-                seq.extra(i), i, payload, ckpt, payload_nbytes(payload),
-                i == seq.num_full_blocks - 1, BlockHash(seq.root),
-            )
-        )  # fmt: skip
+            BlockRecord(seq.block_meta(i), payload, ckpt, nbytes, i == seq.num_full_blocks - 1)
+        )
     return out
 
 

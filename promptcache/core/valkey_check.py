@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import BlockHash
-from promptcache.core.valkey_index import KID_FIELD_BYTES, SharedMeta, kid_field, unpack_meta
+from promptcache.core.valkey_index import KID_FIELD_BYTES, SharedEntry, kid_field, unpack_meta
 
 if TYPE_CHECKING:
     from promptcache.core.valkey_store import ValkeyStore
@@ -28,7 +28,7 @@ def roots(store: ValkeyStore) -> list[BlockHash]:
 
 def namespace_index(
     store: ValkeyStore, root: BlockHash
-) -> tuple[dict[BlockHash, SharedMeta | None], dict[bytes, bytes], dict[bytes, float]]:
+) -> tuple[dict[BlockHash, SharedEntry | None], dict[bytes, bytes], dict[bytes, float]]:
     """(entries by hash (None: unparsable), child lists, recency) of one namespace."""
     m, _, z = store.keys.index(root)
 
@@ -60,7 +60,7 @@ def check_store(store: ValkeyStore) -> None:
         entries, kids, _ = namespace_index(store, root)
         for h, meta in entries.items():
             assert meta is not None, f"unparsable index entry {h.hex()}"
-            f = kid_field(meta.parent, meta.first_token)
+            f = kid_field(meta.meta.parent_hash, meta.meta.first_token)
             listed = kids.get(f, b"")
             assert any(listed[i : i + 16] == h for i in range(0, len(listed), 16)), (
                 f"{h.hex()} missing from its parent's child list"
@@ -71,14 +71,16 @@ def check_store(store: ValkeyStore) -> None:
                 k = BlockHash(listed[i : i + 16])
                 meta = entries.get(k)
                 assert meta is not None, f"child list names {k.hex()}, not indexed"
-                assert kid_field(meta.parent, meta.first_token) == f, "child under a wrong parent"
+                assert kid_field(meta.meta.parent_hash, meta.meta.first_token) == f, (
+                    "child under a wrong parent"
+                )
         metas = [m for m in entries.values() if m is not None]
         for meta in metas:
             value = store.link.call(_getter(store.keys.data(meta.block_hash)))
             if value is None:
                 continue  # expired or evicted: dropped from the index at its next read
             try:
-                store._verify(meta, value)
+                store._verify(meta.stored(), value)
             except CorruptBlockError as exc:
                 raise AssertionError(f"{meta.block_hash.hex()}: {exc}") from None
     info = store.server_info(max_age_s=0.0)
@@ -93,14 +95,14 @@ def hottest_prefixes(
     byte_budget: int,
     time_limit_s: float = 5.0,
     namespace_roots: list[BlockHash] | None = None,
-) -> list[SharedMeta]:
+) -> list[SharedEntry]:
     """The most recently used blocks of this model, each with every ancestor (a block is only
     usable after its parent), within ``byte_budget`` stored bytes, in parent-before-child
     order; for a new server to pull (``store.read``) before its first request. Stops at
     ``time_limit_s`` with what it has; [] when down."""
     deadline = time.monotonic() + time_limit_s
-    scored: list[tuple[float, SharedMeta]] = []
-    by_hash: dict[BlockHash, SharedMeta] = {}
+    scored: list[tuple[float, SharedEntry]] = []
+    by_hash: dict[BlockHash, SharedEntry] = {}
     for root in roots(store) if namespace_roots is None else namespace_roots:
         if time.monotonic() > deadline:
             break
@@ -110,18 +112,18 @@ def hottest_prefixes(
                 by_hash[h] = meta
                 scored.append((recency.get(h, 0.0), meta))
     scored.sort(key=lambda t: -t[0])
-    chosen: dict[BlockHash, SharedMeta] = {}
+    chosen: dict[BlockHash, SharedEntry] = {}
     spent = 0
     for _, meta in scored:
         if time.monotonic() > deadline:
             break
-        need: list[SharedMeta] = []
-        x: SharedMeta | None = meta
+        need: list[SharedEntry] = []
+        x: SharedEntry | None = meta
         while x is not None and x.block_hash not in chosen:
             need.append(x)
-            if x.depth == 0:
+            if x.meta.depth == 0:
                 break
-            x = by_hash.get(x.parent)
+            x = by_hash.get(x.meta.parent_hash)
         if x is None:
             continue  # an ancestor is gone: unreachable, not worth pulling
         cost = sum(n.data_bytes for n in need)
@@ -129,4 +131,4 @@ def hottest_prefixes(
             spent += cost
             for n in need:
                 chosen[n.block_hash] = n
-    return sorted(chosen.values(), key=lambda m: m.depth)
+    return sorted(chosen.values(), key=lambda m: m.meta.depth)

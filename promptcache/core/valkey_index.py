@@ -2,7 +2,7 @@
 
 Layout, for model fingerprint ``M`` (first 16 hex) and namespace root ``R`` (hex):
 
-- ``pc:{M:R}:m`` HASH  block hash (16 raw bytes) -> packed ``SharedMeta`` (below), and
+- ``pc:{M:R}:m`` HASH  block hash (16 raw bytes) -> packed ``SharedEntry`` (below), and
   parent hash + first token (20 bytes) -> child hashes, 16 bytes each. Entries and child lists
   share one key so that the server's LRU evicts a namespace's index whole or not at all (never
   child lists naming entries that are gone)
@@ -14,22 +14,25 @@ script may touch all three; block data is tagged by its own hash, so data spread
 cluster (the index is ~1% of the bytes). The index is a hint, never trusted: reads verify the
 data (checksum, chained hash, model, root) and compare it with the entry.
 
-Lookups answer ``SsdReads.find_chain``'s question in one round trip (``LOOKUP_LUA``: walk the
-expected hashes server-side while each entry's parent is the previous hash, then fetch the
-children of the last match under the next first token) or in two (``lookup_pipelined``: every
-expected entry and every possible tail child list, then the chosen list's entries). Either way
-the final choice (tokens, extra keys, longest common prefix, checkpoints) is made here in Python
-by ``select_chain``, the same rules as the SSD tier.
+Lookups gather candidates in one round trip (``LOOKUP_LUA``: walk the expected hashes
+server-side while each entry's parent is the previous hash, then fetch the children of the last
+match under the next first token) or in two (pipelined: every expected entry and every possible
+child list, then the lists the walk asks for). Either way the choice (tokens, extra keys, longest
+common prefix, checkpoints) is the core's one walk (``chain.match_chain``/``checkpoint_path``)
+over the fetched entries (``FoundIndex``): the same rules as RAM and SSD by construction.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from promptcache.core.block import BlockMeta
+from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.hashing import HASH_BYTES, TOKEN_BYTES, BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tree import common_prefix_tokens
+from promptcache.core.tier import StoredBlock
 
 # parent | first token | depth | flags | data bytes | payload bytes | extra length; extra; tokens.
 # The parent + first token lead, so a Lua script reads an entry's child-list field as sub(1, 20).
@@ -38,31 +41,34 @@ KID_FIELD_BYTES = HASH_BYTES + TOKEN_BYTES
 _CKPT, _SEQ_END = 1, 2
 
 
-class SharedMeta(NamedTuple):
-    """One index entry of the shared tier: what a lookup returns and a read takes."""
+class SharedEntry(NamedTuple):
+    """One index entry of the shared tier: the block's identity (``BlockMeta``), this copy's
+    state as a ``StoredBlock`` carries it, and the stored (encoded) size. A ``chain.ChainEntry``."""
 
-    block_hash: BlockHash
-    parent: BlockHash
-    root: BlockHash
-    token_bytes: bytes
-    extra: bytes
-    first_token: int
-    depth: int
-    data_bytes: int  # the stored (encoded) bytes
-    payload_nbytes: int  # the payload's size in RAM
+    meta: BlockMeta
+    nbytes: int  # payload + checkpoint bytes once read back
     has_checkpoint: bool
     is_seq_end: bool
+    data_bytes: int  # the stored (encoded) bytes
+
+    @property
+    def block_hash(self) -> BlockHash:
+        return self.meta.block_hash
+
+    def stored(self) -> StoredBlock:
+        return StoredBlock(self.meta, self.nbytes, self.has_checkpoint, self.is_seq_end)
 
 
-def pack_meta(m: SharedMeta) -> bytes:
-    flags = (_CKPT if m.has_checkpoint else 0) | (_SEQ_END if m.is_seq_end else 0)
+def pack_meta(e: SharedEntry) -> bytes:
+    m = e.meta
+    flags = (_CKPT if e.has_checkpoint else 0) | (_SEQ_END if e.is_seq_end else 0)
     head = _HEAD.pack(
-        m.parent, m.first_token, m.depth, flags, m.data_bytes, m.payload_nbytes, len(m.extra)
+        m.parent_hash, m.first_token, m.depth, flags, e.data_bytes, e.nbytes, len(m.extra)
     )
     return head + m.extra + m.token_bytes
 
 
-def unpack_meta(block_hash: bytes, root: BlockHash, data: bytes) -> SharedMeta | None:
+def unpack_meta(block_hash: bytes, root: BlockHash, data: bytes) -> SharedEntry | None:
     """The entry, or None when it does not parse (a damaged entry is a miss, never an error)."""
     if len(data) < _HEAD.size:
         return None
@@ -73,10 +79,8 @@ def unpack_meta(block_hash: bytes, root: BlockHash, data: bytes) -> SharedMeta |
         return None
     if int.from_bytes(tokens[:TOKEN_BYTES], "little") != first:
         return None
-    return SharedMeta(
-        BlockHash(bytes(block_hash)), BlockHash(parent), root, tokens, extra, first, depth,
-        dbytes, pbytes, bool(flags & _CKPT), bool(flags & _SEQ_END),
-    )  # fmt: skip
+    meta = BlockMeta(BlockHash(bytes(block_hash)), BlockHash(parent), root, tokens, extra, depth)
+    return SharedEntry(meta, pbytes, bool(flags & _CKPT), bool(flags & _SEQ_END), dbytes)
 
 
 def kid_field(parent: bytes, first_token: int) -> bytes:
@@ -220,7 +224,7 @@ def lookup_args(seq: TokenSeq, start: int, parent: BlockHash) -> tuple[bytes, by
     return hashes, toks
 
 
-def parse_lookup(reply: list[Any], root: BlockHash) -> tuple[list[SharedMeta], list[SharedMeta]]:
+def parse_lookup(reply: list[Any], root: BlockHash) -> tuple[list[SharedEntry], list[SharedEntry]]:
     """``LOOKUP_LUA``'s reply -> (whole-block entries in order, tail candidates)."""
     matched = int(reply[0])
     pairs = [unpack_meta(reply[i], root, reply[i + 1]) for i in range(1, len(reply) - 1, 2)]
@@ -231,45 +235,49 @@ def parse_lookup(reply: list[Any], root: BlockHash) -> tuple[list[SharedMeta], l
     return chain, [p for p in pairs[matched:] if p is not None]
 
 
-def select_chain(
-    seq: TokenSeq,
-    start: int,
-    parent: BlockHash,
-    chain: list[SharedMeta],
-    children: Any,
-    requires_checkpoint: bool = False,
-) -> list[SharedMeta]:
-    """``SsdReads.find_chain``'s rules: whole blocks while hash, parent, tokens and extra keys
-    agree, then the child (from ``children(parent) -> entries``) sharing the longest prefix with
-    what follows; with ``requires_checkpoint`` only a child that ``seq`` covers whole and that
-    ends in a checkpoint. ``children`` is called once, with the last matched hash."""
-    b, n = seq.block_size, seq.num_tokens
-    out: list[SharedMeta] = []
-    for i, r in zip(range(start, seq.num_full_blocks), chain, strict=False):
-        if (
-            r.block_hash != seq.block_hash(i)
-            or r.parent != parent
-            or r.token_bytes != seq.block_bytes(i * b, (i + 1) * b)
-            or r.extra != seq.extra(i)
-        ):
-            break
-        out.append(r)
-        parent = r.block_hash
-    pos = (start + len(out)) * b
-    if pos < n:
-        want = seq.block_bytes(pos, min(pos + b, n))
-        best, best_key = None, (0, False)
-        for r in children(parent, len(out)):
-            if r.parent != parent or r.extra != seq.extra(pos // b):
+class FoundIndex:
+    """What a lookup fetched, as a ``chain.BlockIndex``: entries by hash, children by parent
+    hash + first token (the chain's entries are their parents' children too). ``more(p, t)``
+    fetches a child list the reply did not carry (the pipelined lookup's second round trip);
+    without it such a list is empty. The walk (``chain``) verifies everything: the server-side
+    loop only gathers candidates."""
+
+    def __init__(
+        self,
+        entries: Iterable[SharedEntry],
+        more: Callable[[BlockHash, int], list[SharedEntry]] | None = None,
+    ) -> None:
+        self._by_hash: dict[BlockHash, SharedEntry] = {}
+        self._kids: dict[tuple[BlockHash, int], list[SharedEntry]] = {}
+        self._more = more
+        self._fetched: set[tuple[BlockHash, int]] = set()
+        self.add(entries)
+
+    def add(self, entries: Iterable[SharedEntry]) -> None:
+        for e in entries:
+            m = e.meta
+            if m.block_hash in self._by_hash:
                 continue
-            common = common_prefix_tokens(r.token_bytes, want)
-            if requires_checkpoint and not (
-                r.has_checkpoint and common == len(r.token_bytes) // TOKEN_BYTES
-            ):
-                continue
-            key = (common, r.has_checkpoint)
-            if key > best_key:
-                best, best_key = r, key
-        if best is not None:
-            out.append(best)
-    return out
+            self._by_hash[m.block_hash] = e
+            self._kids.setdefault((m.parent_hash, m.first_token), []).append(e)
+
+    def get(self, block_hash: BlockHash, /) -> SharedEntry | None:
+        return self._by_hash.get(block_hash)
+
+    def children(self, parent: BlockHash, first_token: int, /) -> list[SharedEntry]:
+        key = (parent, first_token)
+        if self._more is not None and key not in self._fetched:
+            self._fetched.add(key)
+            self.add(self._more(parent, first_token))
+        return self._kids.get(key, [])
+
+
+def walk(
+    index: FoundIndex, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
+) -> list[SharedEntry]:
+    """The RAM and SSD tiers' walk (``chain.match_chain``; with ``requires_checkpoint``,
+    ``chain.checkpoint_path``) over what a lookup fetched."""
+    full, tail, _ = match_chain(index, seq, start, parent)
+    if requires_checkpoint:
+        return checkpoint_path(index, seq, start, parent, full)
+    return full if tail is None else [*full, tail]

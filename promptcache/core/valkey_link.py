@@ -45,10 +45,15 @@ _DOWN_ERRORS = (vex.ConnectionError, vex.TimeoutError, vex.ClusterDownError, vex
 
 @dataclass(slots=True)
 class SharedStats:
-    num_hits: int = 0  # lookups that found blocks
-    num_misses: int = 0  # lookups that found nothing (or ran while down)
+    num_lookups: int = 0  # lookups asked of this tier (none while down)
+    num_found: int = 0  # lookups that found blocks
+    num_hits: int = 0  # lookups that promoted blocks from this tier
+    num_misses: int = 0  # lookups that asked this tier and promoted nothing from it
+    promotion_failures: int = 0  # RAM budget could not be reserved for its blocks
+    num_promoted_blocks: int = 0
     num_blocks_read: int = 0
     bytes_read: int = 0
+    read_seconds: float = 0.0  # the read round trips, values verified
     num_writes: int = 0
     bytes_written: int = 0
     dropped_writes: int = 0  # queue full, or the link down: never blocks a request
@@ -77,6 +82,11 @@ class SharedStats:
             self.rtt_seconds += seconds
             self.rtt_histogram[i] += 1
 
+    def observe_read(self, seconds: float, nbytes: int) -> None:
+        with self._lock:
+            self.read_seconds += seconds
+            self.bytes_read += nbytes
+
     def error(self, message: str, **counts: int) -> None:
         with self._lock:
             self.last_error = message[:300]
@@ -92,6 +102,9 @@ class SharedStats:
         }
         n = sum(hist)
         out["rtt_mean_s"] = out["rtt_seconds"] / n if n else 0.0
+        out["read_bytes_per_s"] = (
+            out["bytes_read"] / out["read_seconds"] if out["read_seconds"] else 0.0
+        )
         return out
 
 
@@ -146,6 +159,7 @@ class ValkeyLink:
         with self._lock:
             return {
                 "state": "connected" if self._up else "down",
+                "up": int(self._up),
                 "retry_in_s": round(max(0.0, self._retry_at - time.monotonic()), 3),
             }
 

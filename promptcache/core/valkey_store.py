@@ -5,14 +5,19 @@ from server A to server B still hits. Blocks are stored as the exact bytes of a 
 (``block_file.encode_block``: metadata + tensors + checksum); ``valkey_index`` has the key layout
 and the chain lookup. Contract (what a tier adapter relies on):
 
-- ``lookup(seq, start, parent, requires_checkpoint) -> list[SharedMeta]``: ``find_chain``'s
-  semantics, one round trip (Lua) or two (pipelined); [] when down, slow or empty. Never raises.
-- ``read(metas) -> list[(payload, checkpoint) | CorruptBlockError]``: one pipelined round trip;
+A ``LowerTier`` (``core.tier``), registered as ``"shared"``:
+
+- ``lookup(seq, start, parent, requires_checkpoint) -> list[StoredBlock]``: the core's one walk
+  (``chain``) over entries fetched in one round trip (Lua) or two (pipelined); [] when down,
+  slow or empty. Never raises.
+- ``read(blocks) -> list[(payload, checkpoint) | CorruptBlockError]``: one pipelined round trip;
   each value verified (checksum, chained hash recomputed, model, root, the entry itself). A bad
-  value is deleted with its entry and counted (``num_corrupt``); an expired or evicted one is a
-  ``SharedBlockMissingError`` and its entry is dropped. Never raises.
+  value is deleted with its entry and counted (``num_corrupt``; ``is_damage`` True); an expired
+  or evicted one is a ``SharedBlockMissingError`` (``is_damage`` False), its entry dropped and
+  the eviction noted in the ``EvictionLog``. Never raises.
 - ``put(record) -> bool``: queued for the writer thread (bounded; full or down: dropped, counted).
-- ``touch(hashes, root=None)``: queued; refreshes the values' TTL and the entries' recency.
+- ``touch(hashes)``: a promotion from this tier (counted as a hit); queued, refreshes the values'
+  TTL and the entries' recency (each hash's namespace root from a bounded map of recent lookups).
 
 TTL and budget: every value has a TTL (``ttl_s``), refreshed by reads and touches; index entries
 unused for a TTL are swept by later puts, and an abandoned namespace's index keys expire whole.
@@ -35,26 +40,29 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
+from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import (
     CorruptBlockError,
     decode_block,
     verify_identity,
 )
 from promptcache.core.codec import PayloadCodec, TreeCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tier import BlockRecord, ReadResult, StoredBlock, register_tier
 from promptcache.core.valkey_index import (
     DELETE_LUA,
     LOOKUP_LUA,
     PUT_LUA,
+    FoundIndex,
     Keys,
-    SharedMeta,
+    SharedEntry,
     kid_field,
     lookup_args,
     parse_lookup,
-    select_chain,
     unpack_meta,
+    walk,
 )
 from promptcache.core.valkey_link import ValkeyLink
 from promptcache.core.valkey_write import SharedWrites, Touch, run_script
@@ -66,6 +74,8 @@ MAX_ROOTS = 65536  # block hash -> namespace root, for touches by hash only; bou
 
 class SharedBlockMissingError(CorruptBlockError):
     """The value expired, was evicted or the server is unreachable: the hit ends; not damage."""
+
+    is_damage = False
 
 
 class SharedBlockRaceError(SharedBlockMissingError):
@@ -87,6 +97,7 @@ class ValkeyStore(SharedWrites):
         timeout_s: float = 0.5,
         retry_s: float = 0.25,
         lookup_mode: str = "lua",
+        evictions: EvictionLog | None = None,
     ) -> None:
         """Never raises on an unreachable server (the writer thread keeps probing);
         ValueError on a URL that is not a Valkey one."""
@@ -98,6 +109,7 @@ class ValkeyStore(SharedWrites):
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.lookup_mode = lookup_mode
         self.link = ValkeyLink(url, timeout_s=timeout_s, retry_s=retry_s)
+        self.evictions = evictions
         self.stats = self.link.stats
         self._sha = {
             s: hashlib.sha1(s.encode()).hexdigest() for s in (PUT_LUA, DELETE_LUA, LOOKUP_LUA)
@@ -122,7 +134,7 @@ class ValkeyStore(SharedWrites):
             if len(self._tenants) < 4096:
                 self._tenants[root] = tenant
 
-    def _note_roots(self, metas: Iterable[SharedMeta]) -> None:
+    def _note_roots(self, metas: Iterable[BlockMeta]) -> None:
         with self._lock:
             for m in metas:
                 self._roots[m.block_hash] = m.root
@@ -137,39 +149,37 @@ class ValkeyStore(SharedWrites):
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
-    ) -> list[SharedMeta]:
+    ) -> list[StoredBlock]:
         if self._closed or not self.link.is_up or start * seq.block_size >= seq.num_tokens:
             return []
         hashes, toks = lookup_args(seq, start, parent)
-        m, c, _ = self.keys.index(seq.root)
         if self.lookup_mode == "lua":
+            m, c, _ = self.keys.index(seq.root)
             reply = self.link.call(
                 lambda cl: self._eval(cl, LOOKUP_LUA, [m, c], [parent, hashes, toks])
             )
             if reply is None:
-                out: list[SharedMeta] = []
+                found: list[SharedEntry] = []
             else:
                 chain, kids = parse_lookup(reply, seq.root)
-                out = select_chain(
-                    seq, start, parent, chain,
-                    lambda p, k: kids if k == len(chain) else [], requires_checkpoint,
-                )  # fmt: skip
+                found = walk(FoundIndex([*chain, *kids]), seq, start, parent, requires_checkpoint)
         else:
-            out = self._lookup_pipelined(seq, start, parent, hashes, toks, requires_checkpoint)
-        self.stats.add(num_hits=int(bool(out)), num_misses=int(not out))
-        self._note_roots(out)
-        return out
+            found = self._lookup_pipelined(seq, start, parent, hashes, toks, requires_checkpoint)
+        self.stats.add(num_lookups=1, num_found=int(bool(found)))
+        self._note_roots(e.meta for e in found)
+        return [e.stored() for e in found]
 
     def _lookup_pipelined(
         self, seq: TokenSeq, start: int, parent: BlockHash, hashes: bytes, toks: bytes, rc: bool
-    ) -> list[SharedMeta]:
-        """Round trip 1: every expected entry and every possible tail child list; round trip 2:
-        the entries of the child list that the walk needs."""
+    ) -> list[SharedEntry]:
+        """Round trip 1: every expected entry and every possible child list; then the entries
+        of each child list the walk asks for."""
         m, c, _ = self.keys.index(seq.root)
         hl = [hashes[i : i + 16] for i in range(0, len(hashes), 16)]
         parents = [parent, *hl]
-        fields = [kid_field(parents[i], int.from_bytes(toks[4 * i : 4 * i + 4], "little"))
-                  for i in range(len(toks) // 4)]  # fmt: skip
+        keys = [(BlockHash(parents[i]), int.from_bytes(toks[4 * i : 4 * i + 4], "little"))
+                for i in range(len(toks) // 4)]  # fmt: skip
+        fields = [kid_field(p, t) for p, t in keys]
 
         def first(cl: Any) -> Any:
             p = cl.pipeline(transaction=False)
@@ -183,30 +193,30 @@ class ValkeyStore(SharedWrites):
         if reply is None:
             return []
         entries, kid_lists = (reply[0], reply[1] if fields else []) if hl else ([], reply[0])
-        chain: list[SharedMeta] = []
+        lists = dict(zip(keys, kid_lists, strict=False))
+        chain: list[SharedEntry] = []
         for h, e in zip(hl, entries, strict=True):
             meta = unpack_meta(h, seq.root, e) if e else None
             if meta is None:
                 break
             chain.append(meta)
 
-        def children(p: BlockHash, k: int) -> list[SharedMeta]:
-            kids = kid_lists[k] if k < len(kid_lists) else None
+        def more(p: BlockHash, t: int) -> list[SharedEntry]:
+            kids = lists.get((p, t))
             if not kids:
                 return []
             ks = [kids[i : i + 16] for i in range(0, len(kids), 16)]
             got = self.link.call(lambda cl: cl.hmget(m, ks))
-            metas = [
-                unpack_meta(k2, seq.root, e) for k2, e in zip(ks, got or [], strict=False) if e
-            ]
-            return [x for x in metas if x is not None]
+            found = [unpack_meta(k, seq.root, e) for k, e in zip(ks, got or [], strict=False) if e]
+            return [x for x in found if x is not None]
 
-        return select_chain(seq, start, parent, chain, children, rc)
+        return walk(FoundIndex(chain, more), seq, start, parent, rc)
 
-    def read(self, metas: list[SharedMeta]) -> list[tuple[Any, Any] | CorruptBlockError]:
-        if not metas:
+    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
+        if not blocks:
             return []
         now = int(time.time() * 1000)
+        metas = [b.meta for b in blocks]
 
         def fetch(cl: Any) -> Any:
             p = cl.pipeline(transaction=False)
@@ -219,20 +229,22 @@ class ValkeyStore(SharedWrites):
                     p.pexpire(k, self.ttl_ms)
             return p.execute()[: len(metas)]
 
+        t0 = time.perf_counter()
         values = self.link.call(fetch) if self.link.is_up and not self._closed else None
         if values is None:
-            return [SharedBlockMissingError("shared tier unreachable")] * len(metas)
-        out: list[tuple[Any, Any] | CorruptBlockError] = []
-        bad: list[SharedMeta] = []
-        missing: list[SharedMeta] = []
+            return [SharedBlockMissingError("shared tier unreachable")] * len(blocks)
+        out: list[ReadResult] = []
+        bad: list[BlockMeta] = []
+        missing: list[BlockMeta] = []
         nbytes = races = 0
-        for x, v in zip(metas, values, strict=True):
+        for b, v in zip(blocks, values, strict=True):
+            x = b.meta
             if v is None:
                 missing.append(x)
                 out.append(SharedBlockMissingError(f"{x.block_hash.hex()} expired or evicted"))
                 continue
             try:
-                out.append(self._verify(x, v))
+                out.append(self._verify(b, v))
                 nbytes += len(v)
             except SharedBlockRaceError as exc:
                 races += 1
@@ -241,35 +253,34 @@ class ValkeyStore(SharedWrites):
                 log.warning("shared tier: bad value %s deleted: %s", x.block_hash.hex(), exc)
                 bad.append(x)
                 out.append(exc)
+        self.stats.observe_read(time.perf_counter() - t0, nbytes)
         self.stats.add(num_blocks_read=len(metas) - len(bad) - len(missing) - races,
-                       bytes_read=nbytes, num_corrupt=len(bad), num_missing=len(missing),
+                       num_corrupt=len(bad), num_missing=len(missing),
                        num_read_races=races)  # fmt: skip
+        if self.evictions is not None:
+            for x in missing:  # the server evicted or expired it: a miss can say so
+                self.evictions.note(x.block_hash, x.parent_hash, self.name)
         if bad or missing:
             self.delete(bad + missing, data=bool(bad))
         return out
 
-    def _verify(self, meta: SharedMeta, value: bytes) -> tuple[Any, Any]:
+    def note_miss(self, failed: bool) -> None:
+        self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})
+
+    def _verify(self, block: StoredBlock, value: bytes) -> tuple[Any, Any]:
         # a private, writable copy: tensors view it without copying again (as from a file)
         info, payload, checkpoint = decode_block(bytearray(value), self.codec)
-        verify_identity(info, meta.block_hash.hex())
-        if info.model != self.model or info.root != meta.root:
+        verify_identity(info, block.meta.block_hash.hex())
+        if info.model != self.model or info.meta.root != block.meta.root:
             raise CorruptBlockError("value of another model or namespace")
-        if (info.parent_hash, info.token_bytes, info.extra, info.depth) != (
-            meta.parent,
-            meta.token_bytes,
-            meta.extra,
-            meta.depth,
-        ):
+        if info.meta != block.meta:
             raise CorruptBlockError("value does not match its index entry")
-        if (info.has_checkpoint, info.payload_nbytes, len(value)) != (
-            meta.has_checkpoint,
-            meta.payload_nbytes,
-            meta.data_bytes,
-        ):  # the right block, rewritten since the lookup (a checkpoint added): not damage
+        if (info.has_checkpoint, info.payload_nbytes) != (block.has_checkpoint, block.nbytes):
+            # the right block, rewritten since the lookup (a checkpoint added): not damage
             raise SharedBlockRaceError("value rewritten since the lookup")
         return payload, checkpoint
 
-    def delete(self, metas: list[SharedMeta], data: bool = True) -> None:
+    def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
         """Entries (and their values when ``data``) removed; best effort."""
         by_root: dict[BlockHash, list[bytes]] = {}
         for x in metas:
@@ -343,3 +354,6 @@ class ValkeyStore(SharedWrites):
             self._queue.put(None, timeout=5.0)
         self._writer.join(timeout=5.0)
         self.link.close()
+
+
+register_tier("shared", ValkeyStore)

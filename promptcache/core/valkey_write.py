@@ -17,11 +17,12 @@ from typing import Any, NamedTuple
 
 from valkey.exceptions import NoScriptError
 
+from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import encode_block
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.tier import BlockRecord
-from promptcache.core.valkey_index import PUT_LUA, Keys, SharedMeta, pack_meta, unpack_meta
+from promptcache.core.valkey_index import PUT_LUA, Keys, SharedEntry, pack_meta, unpack_meta
 from promptcache.core.valkey_link import SharedStats, ValkeyLink
 
 SWEEP_PER_PUT = 16  # stale entries removed per put, at most (bounded script time)
@@ -56,7 +57,7 @@ class SharedWrites:
     def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
         raise NotImplementedError
 
-    def _note_roots(self, metas: Iterable[SharedMeta]) -> None:
+    def _note_roots(self, metas: Iterable[BlockMeta]) -> None:
         raise NotImplementedError
 
     def _check_server(self) -> None:
@@ -74,8 +75,15 @@ class SharedWrites:
         return True
 
     def touch(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
-        """Refresh TTL and recency (queued; dropped when the queue is full). Without ``root``,
-        each hash's root comes from this store's recent lookups and puts."""
+        """A promotion from this tier (counted as a hit): refresh TTL and recency (queued;
+        dropped when the queue is full). Without ``root``, each hash's root comes from this
+        store's recent lookups and puts."""
+        hs = list(hashes)
+        self.stats.add(num_hits=1, num_promoted_blocks=len(hs))
+        self.refresh(hs, root)
+
+    def refresh(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
+        """Refresh TTL and recency without counting a hit (queued)."""
         hs = list(hashes)
         if self._closed or not self.link.is_up or not hs:
             return
@@ -129,20 +137,20 @@ class SharedWrites:
         self.link.call(run)
 
     def _write(self, record: BlockRecord) -> None:
-        root, h = record.root, record.block_hash
+        meta = record.meta
+        root, h = meta.root, meta.block_hash
         m, c, z = self.keys.index(root)
         old = self.link.call(lambda cl: cl.hget(m, h))
-        meta = unpack_meta(h, root, old) if old else None
-        if meta is not None and (meta.has_checkpoint or record.checkpoint is None):
+        entry = unpack_meta(h, root, old) if old else None
+        if entry is not None and (entry.has_checkpoint or record.checkpoint is None):
             self.stats.add(skipped_writes=1)
             self._touch_now(root, [h])
             return
-        data = encode_block(record, root, self.model, self.codec)
-        meta = SharedMeta(h, record.parent_hash, root, record.token_bytes, record.extra,
-                          int.from_bytes(record.token_bytes[:4], "little"), record.depth, len(data),
-                          record.nbytes, record.checkpoint is not None, record.is_seq_end)  # fmt: skip
+        data = encode_block(record, self.model, self.codec)
+        entry = SharedEntry(meta, record.nbytes, record.checkpoint is not None, record.is_seq_end,
+                            len(data))  # fmt: skip
         now = int(time.time() * 1000)
-        keys, args = [m, c, z], [h, pack_meta(meta), now, self.ttl_ms, SWEEP_PER_PUT]
+        keys, args = [m, c, z], [h, pack_meta(entry), now, self.ttl_ms, SWEEP_PER_PUT]
         if not self.link.cluster:  # value and entry together, atomically (see PUT_LUA)
             keys.append(self.keys.data(h))
             args.append(data)
