@@ -64,6 +64,8 @@ class SharedStats:
     num_missing: int = 0  # entries whose data had expired or been evicted: index cleaned
     num_read_races: int = 0  # values rewritten between lookup and read: the hit ends there
     num_swept: int = 0  # stale index entries removed by puts
+    num_warmed_blocks: int = 0  # pulled into RAM by the start-up warm-up
+    warmed_bytes: int = 0
     num_disconnects: int = 0
     num_reconnects: int = 0
     rtt_seconds: float = 0.0
