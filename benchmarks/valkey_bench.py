@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from valkey_helpers import ValkeyProcess  # noqa: E402
 
-from promptcache.core.hashing import BlockHash, Namespace  # noqa: E402
+from promptcache.core.hashing import Namespace  # noqa: E402
 from promptcache.core.sequence import TokenSeq  # noqa: E402
 from promptcache.core.tier import BlockRecord  # noqa: E402
 from promptcache.core.valkey_store import ValkeyStore  # noqa: E402
@@ -45,12 +45,10 @@ def nbytes(p: list) -> int:
 
 
 def chain_records(seq: TokenSeq, make) -> list[BlockRecord]:  # noqa: ANN001
-    b = seq.block_size
     out = []
     for i in range(seq.num_full_blocks):
         p = make()
-        out.append(BlockRecord(seq.block_hash(i), seq.parent_hash(i), seq.block_bytes(i * b, (i + 1) * b),
-                               b"", i, p, None, nbytes(p), False, BlockHash(seq.root)))  # fmt: skip
+        out.append(BlockRecord(seq.block_meta(i), p, None, nbytes(p), False))
     return out
 
 
@@ -86,11 +84,12 @@ def store_throughput(url: str, dtype: str, n: int, tokens: int = BLOCK) -> dict:
         t_put = time.perf_counter() - t0
         metas = store.lookup(seq, 0, seq.root)
         assert len(metas) == n, (len(metas), n, store.describe()["last_error"])
+        before = store.describe()["bytes_read"]
         t0 = time.perf_counter()
         out = store.read(metas)
         t_read = time.perf_counter() - t0
         assert not any(isinstance(x, Exception) for x in out)
-        stored = sum(m.data_bytes for m in metas)
+        stored = store.describe()["bytes_read"] - before  # the stored (encoded) bytes
         return {"dtype": dtype, "block_bytes": size, "blocks": n,
                 "put_MBps": stored / t_put / 1e6, "read_verified_MBps": stored / t_read / 1e6}  # fmt: skip
     finally:

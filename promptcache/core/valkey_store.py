@@ -268,8 +268,9 @@ class ValkeyStore(SharedWrites):
         self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})
 
     def _verify(self, block: StoredBlock, value: bytes) -> tuple[Any, Any]:
-        # a private, writable copy: tensors view it without copying again (as from a file)
-        info, payload, checkpoint = decode_block(bytearray(value), self.codec)
+        # no copy: the value is a fresh bytes object owned by this read alone, so tensors may
+        # view it (numpy marks such views read-only; codecs keep them as they are)
+        info, payload, checkpoint = decode_block(value, self.codec)
         verify_identity(info, block.meta.block_hash.hex())
         if info.model != self.model or info.meta.root != block.meta.root:
             raise CorruptBlockError("value of another model or namespace")
