@@ -428,3 +428,47 @@ def test_checkpoint_added_between_lookup_and_read_is_a_race_not_damage(server):
         assert ckpt is not None
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("mode", ["lua", "pipeline"])
+def test_lookup_is_the_core_walk_over_the_same_blocks(server, mode):
+    """The shared tier picks exactly what ``chain.match_chain`` picks over the same blocks (one
+    walk for RAM, SSD and shared): random prompts sharing prefixes, diverging mid-block."""
+    from promptcache.core.chain import match_chain
+
+    rng = np.random.default_rng(3)
+    store = ValkeyStore(server.url, MODEL, lookup_mode=mode)
+    try:
+        base = list(range(200, 200 + 6 * B))
+        stored: dict = {}
+        for k in range(4):  # branches off a common prefix at different points
+            cut = int(rng.integers(1, 5 * B))
+            toks = base[:cut] + [int(x) for x in rng.integers(1, 50, 6 * B - cut)]
+            seq = seq_of(toks)
+            for r in store_all(store, seq, seed=k):
+                stored[r.block_hash] = r
+
+        class Index:  # every stored block, as a plain in-memory BlockIndex
+            def get(self, h):
+                r = stored.get(h)
+                return None if r is None else store_entry(r)
+
+            def children(self, p, t):
+                return [store_entry(r) for r in stored.values()
+                        if r.meta.parent_hash == p and r.meta.first_token == t]  # fmt: skip
+
+        def store_entry(r):
+            from promptcache.core.tier import StoredBlock
+
+            return StoredBlock(r.meta, r.nbytes, r.checkpoint is not None, r.is_seq_end)
+
+        for _ in range(30):
+            cut = int(rng.integers(1, 6 * B))
+            q = seq_of(
+                base[:cut] + [int(x) for x in rng.integers(1, 50, int(rng.integers(1, 2 * B)))]
+            )
+            full, tail, _ = match_chain(Index(), q, 0, q.root)
+            want = [e.block_hash for e in (full if tail is None else [*full, tail])]
+            assert [b.block_hash for b in store.lookup(q, 0, q.root)] == want
+    finally:
+        store.close()
