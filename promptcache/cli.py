@@ -56,6 +56,20 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         None,
         "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
     )
+    _flag(
+        p,
+        "shared-tier",
+        None,
+        "shared tier behind SSD, on a Valkey/Redis server several servers share: "
+        "valkey://host:port/db (redis://...; ?cluster=1 for cluster mode) (default: none)",
+    )
+    _flag(
+        p,
+        "shared-ttl",
+        None,
+        "seconds an unused block lives in the shared tier (default: 86400)",
+        float,
+    )
     _flag(p, "block-size", 64, "tokens per cache block", int)
     _flag(
         p,
@@ -139,6 +153,8 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         ssd_dir=ssd_dir,
         ssd_budget=args.ssd_budget,
         ssd_retention=args.ssd_retention,
+        shared_url=args.shared_tier,
+        shared_ttl=args.shared_ttl,
         kv_bits=args.kv_bits,
         cache_kv_bits=args.cache_kv_bits,
         cache_kv_group=args.cache_kv_group,
@@ -186,6 +202,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"promptcache: serving {state.model_id} ({engine.name}) on http://{args.host}:{args.port}  cache {cache}",
         flush=True,
     )
+    if args.shared_tier and not args.no_cache:
+        warm_up_shared(engine.cache, args.warmup_bytes, args.warmup_seconds)
     try:
         # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
         uvicorn.run(
@@ -198,6 +216,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         engine.close()
     return 0
+
+
+def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
+    """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
+    bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables)."""
+    from promptcache.core.budget import parse_size
+    from promptcache.core.valkey_check import warm_up
+    from promptcache.engines.errors import ConfigError
+
+    shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)
+    if shared is None or not seconds or seconds <= 0:
+        return
+    budget = cache.ram.budget_bytes
+    try:
+        nbytes = budget // 10 if size is None else parse_size(size, total_bytes=budget)
+    except ValueError as exc:
+        raise ConfigError(f"--warmup-bytes: {exc}") from None
+    if nbytes <= 0:
+        return
+    log = logging.getLogger("promptcache")
+
+    def progress(line: str) -> None:
+        log.info("%s", line)
+        print(f"promptcache: {line}", file=sys.stderr, flush=True)
+
+    warm_up(cache, shared, min(nbytes, budget), seconds, progress)
 
 
 def limits_from_args(args: argparse.Namespace) -> Any:
@@ -253,6 +297,20 @@ def build_parser() -> argparse.ArgumentParser:
         0.8,
         "warn (log, /metrics gauge, dashboard banner) when the token hit rate over the last "
         "--hit-rate-window requests is under this fraction (0 turns it off)",
+        float,
+    )
+    _flag(
+        serve,
+        "warmup-bytes",
+        None,
+        "with --shared-tier: pull up to this much of the shared tier's hottest prefixes into "
+        "RAM at start-up: bytes, 512MB or a %% of the RAM budget; 0 disables (default: 10%%)",
+    )
+    _flag(
+        serve,
+        "warmup-seconds",
+        10.0,
+        "with --shared-tier: time limit of the start-up warm-up; 0 disables",
         float,
     )
     _flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)

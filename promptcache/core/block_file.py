@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -81,7 +82,7 @@ def checksum_block(meta: dict[str, str], arrays: dict[str, np.ndarray]) -> str:
     for name in sorted(arrays):
         arr = arrays[name]
         h.update(f"{name}:{arr.dtype.str}:{arr.shape}".encode())
-        h.update(np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data)
+        h.update((arr if arr.flags.c_contiguous else np.ascontiguousarray(arr)).data)  # raw bytes
     return h.hexdigest()
 
 
@@ -183,7 +184,7 @@ def load_arrays(data: Buffer, header: dict[str, Any], start: int) -> dict[str, n
             begin, end = (int(x) for x in spec["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptBlockError(f"bad tensor entry {name!r}: {exc}") from None
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         if not 0 <= begin <= end <= len(data) - start or end - begin != count * dtype.itemsize:
             raise CorruptBlockError(f"tensor {name!r} lies outside the file")
         arrays[name] = np.frombuffer(data, dtype=dtype, count=count, offset=start + begin).reshape(

@@ -21,10 +21,10 @@ from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
-from promptcache.core.ram_tier import RamTier
+from promptcache.core.ram_tier import CacheBudgetError, RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.stats import CacheStats, Counters, LookupReport
-from promptcache.core.tier import LowerTier
+from promptcache.core.tier import LowerTier, StoredBlock
 from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
 
@@ -339,6 +339,40 @@ class PromptCache:
                 policy=self.ram.policy.name,
                 whatif=self.whatif.snapshot() if self.whatif is not None else {},
             )
+
+    def warm(self, tier: LowerTier, blocks: list[StoredBlock]) -> int:
+        """Start-up warm-up: read ``blocks`` (parent before child, e.g. a shared tier's hottest
+        prefixes) from ``tier`` outside the lock, verified by it, and insert under the lock each
+        one whose parent is resident, by promotion's rules (never past the RAM budget, an
+        unusable block skipped with its descendants). Not counted as hits. Returns the number
+        of blocks inserted."""
+        loaded = tier.read(blocks)
+        inserted = 0
+        with self._lock:
+            roots = set()
+            for b, result in zip(blocks, loaded, strict=True):
+                m = b.meta
+                if isinstance(result, Exception) or self.ram.get(m.block_hash) is not None:
+                    continue
+                if m.depth == 0:
+                    roots.add(m.root)
+                    parent: Block | None = self.ram.root(m.root)
+                else:
+                    parent = self.ram.get(m.parent_hash)
+                if parent is None:
+                    continue  # its parent was unusable
+                payload, checkpoint = result
+                try:
+                    blk = self.ram.insert(parent, m, payload, checkpoint=checkpoint)
+                except CacheBudgetError:
+                    blk = None
+                if blk is None:
+                    break  # RAM is full
+                blk.is_seq_end = b.is_seq_end
+                inserted += 1
+            for root in roots:
+                self.ram.prune_root(root)
+        return inserted
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from promptcache.core.budget import parse_size
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.ssd_tier import DEFAULT_SSD_BUDGET, SsdTier
 from promptcache.core.tier import LowerTier, make_tier
+
+if TYPE_CHECKING:
+    from promptcache.core.valkey_store import ValkeyStore
 
 
 def make_lower_tiers(
@@ -19,10 +23,14 @@ def make_lower_tiers(
     ssd_retention: float | None = None,
     codec: PayloadCodec | None = None,
     evictions: EvictionLog | None = None,
+    shared_url: str | None = None,
+    shared_ttl: float | None = None,
 ) -> list[LowerTier]:
     """The lower tiers, nearest first, for ``PromptCache(next_tier=...)``: an SSD tier under
     ``ssd_dir`` when one is given (raises CacheDirLockedError when another process holds the
-    model's folder); [] for a RAM-only cache."""
+    model's folder), then the shared tier on the Valkey server at ``shared_url`` (entries
+    living ``shared_ttl`` seconds; ValueError on a URL that is not a Valkey one; an unreachable
+    server is not an error: the tier connects when it can); [] for a RAM-only cache."""
     tiers: list[LowerTier] = []
     if ssd_dir is not None:
         tiers.append(
@@ -36,8 +44,29 @@ def make_lower_tiers(
                 evictions=evictions,
             )
         )
+    if shared_url:
+        import promptcache.core.valkey_store  # noqa: F401  (registers "shared"; needs valkey-py)
+
+        kw: dict[str, Any] = {} if shared_ttl is None else {"ttl_s": float(shared_ttl)}
+        if shared_ttl is not None and shared_ttl <= 0:
+            raise ValueError(f"shared tier TTL must be positive, got {shared_ttl}")
+        try:
+            tiers.append(
+                make_tier(
+                    "shared",
+                    url=shared_url,
+                    model_fingerprint=fingerprint,
+                    codec=codec,
+                    evictions=evictions,
+                    **kw,
+                )
+            )
+        except BaseException:
+            for tier in tiers:
+                tier.close()
+            raise
     return tiers
 
 
-def _is_lower_tier(tier: SsdTier) -> LowerTier:
-    return tier  # mypy checks here that SsdTier implements the protocol
+def _is_lower_tier(tier: SsdTier, shared: ValkeyStore) -> tuple[LowerTier, LowerTier]:
+    return tier, shared  # mypy checks here that both implement the protocol

@@ -20,7 +20,7 @@ class EngineOptions:
     """Serving and cache options shared by every engine (the keyword options of
     ``TorchEngine``/``MlxEngine``). ``cache``: an existing cache to use; else one is built
     (``cache_enabled``) with a RAM tier of ``ram_budget`` and, with ``ssd_dir``, an SSD tier
-    behind it (or ``next_tier`` as given). ``max_context`` is capped at the model's limit."""
+    behind it, then with ``shared_url`` the shared (Valkey) tier (or ``next_tier`` as given). ``max_context`` is capped at the model's limit."""
 
     model_id: str = "model"
     cache: PromptCache | None = None
@@ -34,6 +34,8 @@ class EngineOptions:
     ssd_dir: str | Path | None = None
     ssd_budget: int | str = "10GB"
     ssd_retention: float | None = None
+    shared_url: str | None = None  # valkey://host:port/db (redis://, ?cluster=1)
+    shared_ttl: float | None = None  # seconds an unused shared block lives (default: a day)
 
     def check(self) -> None:
         if self.prefill_chunk <= 0:
@@ -56,10 +58,12 @@ def build_cache(
                 ssd_dir=opts.ssd_dir,
                 ssd_budget=opts.ssd_budget,
                 ssd_retention=opts.ssd_retention,
+                shared_url=opts.shared_url,
+                shared_ttl=opts.shared_ttl,
                 codec=codec,
                 evictions=evictions,
             )
-        except ValueError as exc:  # a bad budget
+        except ValueError as exc:  # a bad budget, a URL that is not a Valkey one
             raise ConfigError(f"lower tiers: {exc}") from None
     try:
         return PromptCache(

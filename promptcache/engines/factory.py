@@ -40,6 +40,8 @@ def build_engine(
     ssd_dir: str | None = None,
     ssd_budget: str | int = "10GB",
     ssd_retention: float | None = None,
+    shared_url: str | None = None,
+    shared_ttl: float | None = None,
     kv_bits: int | None = None,
     cache_kv_bits: int | None = None,
     cache_kv_group: int = 64,
@@ -73,6 +75,8 @@ def build_engine(
         ssd_dir=ssd_dir,
         ssd_budget=ssd_budget,
         ssd_retention=ssd_retention,
+        shared_url=shared_url,
+        shared_ttl=shared_ttl,
         **extra,
     )
 

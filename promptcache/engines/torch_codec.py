@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
 import torch
 
 from promptcache.core.codec import TreeCodec
+
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 # numpy has no bfloat16: such tensors travel as their raw 16-bit patterns
 _VIEW_AS = {torch.bfloat16: torch.int16}
@@ -34,7 +37,9 @@ class TorchCodec(TreeCodec):
         kind = node["t"]
         if kind == "torch":
             arr = arrays[node["k"]]
-            t = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+            # a read-only view (a shared-tier value: bytes this read alone owns) is shared too:
+            # payloads are immutable, so copying it would only cost time
+            t = torch.from_numpy(arr)
             dtype = getattr(torch, node["dtype"])
             if dtype in _VIEW_AS:
                 t = t.view(dtype)

