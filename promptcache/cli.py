@@ -66,6 +66,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     _flag(
         p,
+        "step-tokens",
+        None,
+        "tokens per engine step: every decoding request's next token, then prefill chunks in "
+        "what is left, shortest prompt first (default: the prefill chunk)",
+        int,
+    )
+    _flag(
+        p,
         "max-context",
         None,
         "context window in tokens: refuse longer prompts; above the model's native context, "
@@ -110,6 +118,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         ram_budget=args.ram_budget,
         prefill_chunk=args.prefill_chunk,
+        step_tokens=args.step_tokens,
         max_context=args.max_context,
         dtype=args.dtype,
         device=args.device,

@@ -26,6 +26,7 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
+from promptcache.engines.batching import Batcher
 from promptcache.engines.cache_setup import EngineOptions, build_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.layers import Layout
@@ -71,7 +72,11 @@ class CachedEngine:
             max_context=self.max_context,
             decode_text=self.decode,
         )
-        self.scheduler = Scheduler(self.steps)
+        # the token budget per step: one-token steps first, prefill chunks in the rest
+        self.batcher = Batcher(
+            self.steps, opts.step_tokens or opts.prefill_chunk, min_shared=opts.block_size
+        )
+        self.scheduler = Scheduler(self.batcher)
         self._ll_tokenizer: Any = None  # built on the first constrained request
 
     # -- what the runner knows (read by the server, tests and benchmarks) -----------------------
@@ -205,7 +210,9 @@ class CachedEngine:
         return GrammarConstraint(self._ll_tokenizer, grammar)
 
     def cache_stats(self) -> dict[str, Any]:
-        return self.cache.stats().to_dict() if self.cache is not None else {}
+        if self.cache is None:
+            return {}
+        return {**self.cache.stats().to_dict(), **self.batcher.stats()}
 
     def close(self) -> None:
         if self.cache is not None:

@@ -17,6 +17,7 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.torch_batch import batched_decode, can_batch
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_state import (
     crop_positional,
@@ -86,6 +87,8 @@ class TorchRunner:
         self.eos_ids = eos_ids
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.model_limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        # decode steps batch when every layer is plain full attention (see torch_batch)
+        self._batches = can_batch(self.layout)
 
     @classmethod
     def load(
@@ -103,11 +106,16 @@ class TorchRunner:
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        # one sequence at a time for now: transformers' DynamicCache holds one sequence, and
-        # batching policy (padding, which requests share a pass) belongs to the scheduler
+        # several one-token steps (decode) on a full-attention model: one padded forward; any
+        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
+        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+            return batched_decode(self.model, self._cache_arg, states, [x[0] for x in ids])
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
+
+    def batches_decode(self, states: Sequence[Any]) -> bool:
+        return self._batches and len(states) > 1
 
     def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
