@@ -17,7 +17,7 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
-from promptcache.engines.torch_batch import batched_decode, can_batch
+from promptcache.engines.torch_batch import DecodeBatch, batched_decode, can_batch
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_state import (
     crop_positional,
@@ -89,6 +89,7 @@ class TorchRunner:
         self.model_limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
         # decode steps batch when every layer is plain full attention (see torch_batch)
         self._batches = can_batch(self.layout)
+        self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
 
     @classmethod
     def load(
@@ -109,7 +110,11 @@ class TorchRunner:
         # several one-token steps (decode) on a full-attention model: one padded forward; any
         # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
         if all(len(x) == 1 for x in ids) and self.batches_decode(states):
-            return batched_decode(self.model, self._cache_arg, states, [x[0] for x in ids])
+            logits, self._last_batch = batched_decode(
+                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
+            )
+            return logits
+        self._last_batch = None  # a lone forward may change a state: never reuse across it
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
