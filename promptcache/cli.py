@@ -68,8 +68,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "step-tokens",
         None,
-        "tokens per engine step: every decoding request's next token, then prefill chunks in "
-        "what is left, shortest prompt first (default: the prefill chunk)",
+        "tokens per engine step: every decoding request's next token, then prefill in what is "
+        "left, shortest prompt first (default 128)",
         int,
     )
     _flag(

@@ -199,3 +199,41 @@ def test_stats_add_up_and_the_token_budget_is_an_option():
         sum(f.completion_tokens for f in got) <= stats["batched_rows"] + stats["num_engine_steps"]
     )
     assert engine.scheduler.num_active == 0
+
+
+def test_budget_pieces_keep_outputs_and_chunk_aligned_saves():
+    """A budget below the chunk runs the prefill in pieces (attention-only layouts): the same
+    tokens as a lone run, the saves still at chunk boundaries, and a short request that arrives
+    meanwhile gets its first token before the long prompt's."""
+    alone, pieces = torch_engine("llama"), torch_engine("llama", step_tokens=5)
+    rng = random.Random(17)
+    long_prompt = [rng.randrange(3, 256) for _ in range(150)]
+    short = [7, 8, 9, 10]
+    params = SamplingParams(max_tokens=6)
+    want = [reply(alone, p, params).completion_ids for p in (long_prompt, short)]
+    first_token_at = {}
+    saved_at = []
+    save = pieces.steps.save
+
+    def recorded(seq, state, num_tokens):
+        if seq.num_tokens == len(long_prompt):  # the long prompt's saves (not the replies')
+            saved_at.append(num_tokens)
+        save(seq, state, num_tokens)
+
+    pieces.steps.save = recorded  # looked up per save
+
+    def stamp(name):
+        return lambda ev: first_token_at.setdefault(name, len(first_token_at))
+
+    got = concurrently(
+        [
+            lambda: reply(pieces, long_prompt, params, on_event=stamp("long")),
+            lambda: reply(pieces, short, params, on_event=stamp("short")),
+        ]
+    )
+    assert [f.completion_ids for f in got] == want
+    assert first_token_at["short"] < first_token_at["long"]
+    assert saved_at == [*range(CHUNK, len(long_prompt), CHUNK), len(long_prompt)]
+    again = reply(pieces, long_prompt + [42], params)
+    assert again.cached_tokens >= len(long_prompt) - 1  # the prompt's end was saved
+    check_clean(pieces)

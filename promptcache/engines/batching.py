@@ -9,12 +9,17 @@ A step takes every active request whose consumer is keeping up (the scheduler pi
    in flight is prefilling a prefix they share right now: then they wait (``waited``) and look
    up once those tokens are saved (it saves at every chunk boundary): agents firing parallel
    calls with the same long prefix compute it once (``inflight_dedup_tokens`` in the stats);
-3. **prefill chunks within the token budget**: ``step_tokens`` (default: ``prefill_chunk``)
-   tokens per step in all, the one-token steps counted first. Chunks go to the prompts with the
-   fewest tokens left (a short request is not stuck behind a long prompt); a request whose chunk
-   did not fit goes first next step (a long prompt is not starved either). At least one chunk
-   runs per step, so a budget below the chunk size still makes progress. Chunks stay aligned to
-   multiples of ``prefill_chunk``: the cache saves (and checkpoints) land where they would alone.
+3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
+   tokens per step in all, the one-token steps counted first. Prefill goes to the prompts with
+   the fewest tokens left (a short request is not stuck behind a long prompt), and a step in
+   which some prompt completes takes no further partial pieces (its first token goes out a step
+   sooner); a request that did not get its share goes first next step (a long prompt is not
+   starved either). On attention-only models a chunk runs in budget-sized pieces, so the budget
+   bounds a step's length (how long a newcomer waits); with snapshot layers (sliding window,
+   SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least one piece
+   runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at multiples of
+   ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land where they
+   would for a request alone.
 
 Requests join at any step (their lookup happens in the step they arrive) and leave when they
 finish: nothing waits for a batch to fill or drain. A decoding request's inter-token latency is
@@ -31,6 +36,9 @@ from typing import Any
 from promptcache.engines.request import Phase, Request
 from promptcache.engines.steps import Steps
 
+DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M model on 2 CPU cores
+MIN_PIECE = 32  # the least prefill a step runs when decode tokens took the whole budget
+
 
 class Batcher:
     """The scheduler's ``Work``: composes and runs one step over many requests. Errors stay with
@@ -39,6 +47,9 @@ class Batcher:
     def __init__(self, steps: Steps, step_tokens: int, min_shared: int) -> None:
         self.steps = steps
         self.step_tokens = step_tokens
+        # pieces smaller than a chunk only where the split cannot change the saved state's
+        # numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)
+        self.splits = not steps.runner.layout.requires_checkpoint
         self.min_shared = min_shared  # a shared prefix shorter than this is not worth waiting for
         self._lock = threading.Lock()  # the counters are read by stats() from other threads
         self.num_steps = 0
@@ -144,18 +155,24 @@ class Batcher:
     def _prefill_chunks(self, reqs: list[Request], budget: int) -> None:
         # skipped last step first, then the fewest tokens left (shortest remaining first)
         order = sorted(reqs, key=lambda r: (r.skipped == 0, r.num_prompt - r.pos))
-        ran = False
+        ran = delivered = False
         for req in order:
             if req.phase is not Phase.PREFILL:
                 continue
-            size = self.steps.chunk_end(req) - req.pos
-            if ran and size > budget:
+            end = self.steps.chunk_end(req)
+            if self.splits:  # a piece of the chunk: the budget bounds the step's length
+                end = min(end, req.pos + max(budget, 0 if ran else MIN_PIECE))
+            finishes = end == req.num_prompt
+            # a step that completes some prompt ends there (its first token reaches the client
+            # a step sooner); a piece that does not fit waits for the next step, first in line
+            if ran and (end - req.pos > budget or end <= req.pos or (delivered and not finishes)):
                 req.skipped += 1
                 continue
             req.skipped = 0
             ran = True
-            budget -= size
-            _guard(req, self.steps.prefill_step)
+            budget -= end - req.pos
+            delivered = delivered or finishes
+            _guard(req, partial(self.steps.prefill_step, end=end))
 
 
 def _guard(req: Request, action: Callable[[Request], None]) -> bool:

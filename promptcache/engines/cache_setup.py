@@ -28,7 +28,7 @@ class EngineOptions:
     block_size: int = 64
     ram_budget: int | str | None = None
     prefill_chunk: int = 512
-    step_tokens: int | None = None  # tokens per engine step (batching.py); None: prefill_chunk
+    step_tokens: int | None = None  # tokens per engine step (batching.py); None: its default
     max_context: int | None = None
     next_tier: Any = None
     policy: str | None = None

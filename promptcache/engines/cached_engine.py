@@ -26,7 +26,7 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
-from promptcache.engines.batching import Batcher
+from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.cache_setup import EngineOptions, build_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.layers import Layout
@@ -74,7 +74,7 @@ class CachedEngine:
         )
         # the token budget per step: one-token steps first, prefill chunks in the rest
         self.batcher = Batcher(
-            self.steps, opts.step_tokens or opts.prefill_chunk, min_shared=opts.block_size
+            self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
         )
         self.scheduler = Scheduler(self.batcher)
         self._ll_tokenizer: Any = None  # built on the first constrained request

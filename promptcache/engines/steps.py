@@ -51,9 +51,10 @@ class Steps:
         aligned however the steps are composed, so checkpoints land on the same positions)."""
         return min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
 
-    def prefill_step(self, req: Request) -> None:
-        """One prefill chunk; the prompt's last one sends PrefillDone and the first token."""
-        self.prefill_chunk_of(req)
+    def prefill_step(self, req: Request, end: int | None = None) -> None:
+        """Prefill up to ``end`` (default: the chunk's end); the prompt's last piece sends
+        PrefillDone and the first token."""
+        self.prefill_chunk_of(req, end)
         if req.pos == req.num_prompt:
             req.outbox.append(PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind))
             req.started = True
@@ -110,12 +111,13 @@ class Steps:
         if req.state is None:
             req.state = self.runner.new_state()
 
-    def prefill_chunk_of(self, req: Request) -> None:
-        """The next chunk (up to the next multiple of ``prefill_chunk``), saved at its end."""
-        end = self.chunk_end(req)
+    def prefill_chunk_of(self, req: Request, end: int | None = None) -> None:
+        """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to
+        ``end``), saved at a chunk's end or the prompt's."""
+        end = self.chunk_end(req) if end is None else end
         req.logits = self.runner.forward([req.state], [req.prompt[req.pos : end]])[0]
         req.pos = end
-        if req.seq is not None:
+        if req.seq is not None and (end % self.prefill_chunk == 0 or end == req.num_prompt):
             self.save(req.seq, req.state, req.pos)
 
     def final_save(self, req: Request) -> None:
