@@ -237,3 +237,20 @@ def test_budget_pieces_keep_outputs_and_chunk_aligned_saves():
     again = reply(pieces, long_prompt + [42], params)
     assert again.cached_tokens >= len(long_prompt) - 1  # the prompt's end was saved
     check_clean(pieces)
+
+
+def test_torch_kept_batch_notices_a_member_changed_outside_it():
+    runner = torch_engine("llama", cache_enabled=False).runner
+    ps = prompts(2, seed=21)
+    batched, lone = [runner.new_state() for _ in ps], [runner.new_state() for _ in ps]
+    runner.forward(batched, ps), runner.forward(lone, ps)
+    feeds = [[[5], [6]], [[7], [8]], "a alone", [[9], [10]], [[11], [12]]]
+    for feed in feeds:
+        if feed == "a alone":  # a lone forward on a member (a prefill piece, a final save)
+            got, want = runner.forward(batched[:1], [[4, 4]]), runner.forward(lone[:1], [[4, 4]])
+        else:
+            got = runner.forward(batched, feed)
+            want = [runner.forward([s], [f])[0] for s, f in zip(lone, feed, strict=True)]
+        for x, y in zip(got, want, strict=True):
+            assert (x - y).abs().max().item() <= LOGIT_TOL
+    assert [s.get_seq_length() for s in batched] == [s.get_seq_length() for s in lone]

@@ -114,7 +114,8 @@ class TorchRunner:
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
             )
             return logits
-        self._last_batch = None  # a lone forward may change a state: never reuse across it
+        # a lone forward on a batch member replaces its layers' tensors: DecodeBatch.covers sees
+        # that, so the batch is kept across prefill forwards of other requests
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
