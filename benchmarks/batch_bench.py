@@ -135,7 +135,7 @@ async def decode(url: str, streams: int, max_tokens: int) -> dict:
 async def long_prompt(url: str, long_tokens: int, delay: float) -> dict:
     import httpx
 
-    filler = " ".join(f"item{i}" for i in range(long_tokens // 3))  # ~3 tokens per item
+    filler = "hello world " * (long_tokens // 2)  # ~2 tokens per repeat (SmolLM2's tokenizer)
     async with httpx.AsyncClient(timeout=3600) as client:
         long_task = asyncio.create_task(
             chat(client, url, [{"role": "user", "content": filler + " Summarize."}], 1)
