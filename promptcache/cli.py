@@ -80,6 +80,14 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     _flag(
         p,
+        "step-tokens",
+        None,
+        "tokens per engine step: every decoding request's next token, then prefill in what is "
+        "left, shortest prompt first (default 128)",
+        int,
+    )
+    _flag(
+        p,
         "max-context",
         None,
         "context window in tokens: refuse longer prompts; above the model's native context, "
@@ -146,6 +154,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         block_size=args.block_size,
         ram_budget=args.ram_budget,
         prefill_chunk=args.prefill_chunk,
+        step_tokens=args.step_tokens,
         max_context=args.max_context,
         dtype=args.dtype,
         device=args.device,

@@ -91,20 +91,20 @@ def test_bad_configuration_is_a_config_error_and_a_clean_cli_exit(capsys):
 
 
 def test_scheduler_interleaves_a_short_request_into_a_long_prefill():
-    """FIFO turns, one request per step: a short request that arrives during a long prefill is
-    served between its chunks, not after it."""
+    """A short request that arrives during a long prefill is served between its chunks (it
+    joins the running batch at the next step, its chunk first), not after it."""
     import threading
     import time
 
     engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), cache_enabled=False, prefill_chunk=8)
     steps: list[int] = []
-    advance = engine.steps.advance
+    advance = engine.batcher.advance_batch
 
-    def logged(req):
-        steps.append(len(req.prompt))
-        advance(req)
+    def logged(reqs):
+        steps.extend(len(r.prompt) for r in reqs)
+        advance(reqs)
 
-    engine.steps.advance = logged  # type: ignore[method-assign]  (the scheduler looks it up)
+    engine.batcher.advance_batch = logged  # type: ignore[method-assign]  (looked up per step)
     long_prompt = [3 + i % 200 for i in range(400)]  # 50 chunks
     done = threading.Event()
 

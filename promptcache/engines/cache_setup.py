@@ -28,6 +28,7 @@ class EngineOptions:
     block_size: int = 64
     ram_budget: int | str | None = None
     prefill_chunk: int = 512
+    step_tokens: int | None = None  # tokens per engine step (batching.py); None: its default
     max_context: int | None = None
     next_tier: Any = None
     policy: str | None = None
@@ -40,6 +41,8 @@ class EngineOptions:
     def check(self) -> None:
         if self.prefill_chunk <= 0:
             raise ConfigError("prefill_chunk must be positive")
+        if self.step_tokens is not None and self.step_tokens <= 0:
+            raise ConfigError("step_tokens must be positive")
 
 
 def build_cache(

@@ -26,6 +26,7 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
+from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
@@ -72,7 +73,11 @@ class CachedEngine:
             max_context=self.max_context,
             decode_text=self.decode,
         )
-        self.scheduler = Scheduler(self.steps)
+        # the token budget per step: one-token steps first, prefill chunks in the rest
+        self.batcher = Batcher(
+            self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
+        )
+        self.scheduler = Scheduler(self.batcher)
         self._ll_tokenizer: Any = None  # built on the first constrained request
 
     # -- what the runner knows (read by the server, tests and benchmarks) -----------------------
@@ -208,7 +213,7 @@ class CachedEngine:
     def cache_stats(self) -> dict[str, Any]:
         if self.cache is None:
             return {}
-        out = self.cache.stats().to_dict()
+        out = {**self.cache.stats().to_dict(), **self.batcher.stats()}
         # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
         out.update(quant_stats(getattr(self.runner, "packer", None), out["bytes_by_tier"]["ram"]))
         return out

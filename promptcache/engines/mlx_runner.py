@@ -25,6 +25,7 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.mlx_batch import batched_decode, can_batch
 from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
@@ -187,11 +188,16 @@ class MlxRunner:
         ]
 
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[mx.array]:
-        # one sequence at a time for now (mlx-lm's per-layer caches hold one sequence each);
-        # batching policy belongs to the scheduler
+        # several one-token steps (decode): one forward through mlx-lm's batch caches; prefill
+        # chunks of different lengths (and a quantized KV cache) one sequence at a time
+        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+            return batched_decode(self.model, states, [x[0] for x in ids])
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
+
+    def batches_decode(self, states: Sequence[Any]) -> bool:
+        return len(states) > 1 and can_batch(states[0])
 
     def _forward_one(self, state: list[Any], ids: Sequence[int]) -> mx.array:
         ids = list(ids)

@@ -55,6 +55,9 @@ class Request:
     max_new: int = 0  # tokens the reply may have: max_tokens or the room left in the context
     length_reason: str = "length"  # the reason when max_new runs out: "length" or "context"
     started: bool = False  # PrefillDone was sent: a timeout now ends the reply, not the request
+    # batching (``batching.py``)
+    waited: int = 0  # prompt tokens it waited for another in-flight request to prefill and save
+    skipped: int = 0  # steps its prefill chunk did not fit the token budget (goes first next)
     # delivery: events for the consumer (an exception ends the request); owned by the scheduler
     outbox: deque[Event | BaseException] = field(default_factory=deque)
     in_flight: bool = False  # a step (or a settle) is working on it right now

@@ -38,7 +38,12 @@ class ModelRunner(Protocol):
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[Any]:
         """Run ``ids[i]`` through the model on top of ``states[i]`` (appending to it), for every
         sequence i; each sequence's last-position logits. The sequences are independent: a runner
-        may batch them or loop over them, with the same results."""
+        may batch them or loop over them, with the same results (batched logits may differ in
+        the last float bits: padded attention reduces in another order)."""
+
+    def batches_decode(self, states: Sequence[Any]) -> bool:
+        """True when ``forward`` runs one-token steps on these states in one batched forward
+        (else it loops over them: same results, no batching gain)."""
 
     def slice_block(self, state: Any, start: int, end: int) -> Any:
         """An owning copy of the positional state for positions [start, end)."""

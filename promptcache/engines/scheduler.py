@@ -1,37 +1,37 @@
 """The scheduler: which requests the engine advances, one ``step()`` at a time.
 
-Policy today: FIFO fairness, one request per step. A request is *ready* when its consumer waits
-for events (a request whose consumer is busy elsewhere is not advanced: backpressure, as a
-generator's would be); ``step()`` advances the longest-waiting ready request by one prefill chunk,
-one token or its final save, and a request that wants more goes to the back of the line. With N
-requests active each gets about 1/N of the engine, and a long prefill cannot hold everyone else.
-A batching policy changes ``step()`` only: take several ready requests, one forward for all.
+Policy: continuous batching (``batching.Batcher`` composes a step). Every active request whose
+consumer keeps up (fewer than ``MAX_BACKLOG`` unread events: backpressure, as a generator's
+would be) moves in every step: requests join at the step after they arrive and leave when they
+finish; decoding requests share one forward, prefill chunks share a token budget.
 
-Nobody runs a loop of steps: the consumers drive. A consumer with no events to read queues its
-request, takes a turn on the engine (``FairTurns``: FIFO, with the request's deadline) and runs
-``step()``; whichever request that step advances, its consumer finds the events in its outbox.
-A consumer that times out, is cancelled or walks away settles its own request without a turn,
-once no step is working on it (``in_flight``).
+Nobody runs a loop of steps: the consumers drive. A consumer with no events to read registers
+its request, takes a turn on the engine (``FairTurns``: FIFO, with the request's deadline) and
+runs ``step()``, unless a step meanwhile left events for it; every request the step advanced
+finds its events in its outbox. A consumer that times out, is cancelled or walks away settles
+its own request without a turn, once no step is working on it (``in_flight``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from promptcache.engines.base import Event
 from promptcache.engines.request import Phase, Request
 from promptcache.engines.turns import FairTurns, StepTimeout
 
+MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
+
 
 class Work(Protocol):
-    """What the engine does to one request; called by the scheduler only, never concurrently
-    for the same request. Each call leaves its events in ``req.outbox`` and moves ``req.phase``."""
+    """What the engine does to requests; called by the scheduler only, never concurrently for
+    the same request. Each call leaves its events in ``req.outbox`` and moves ``req.phase``."""
 
-    def advance(self, req: Request) -> None:
-        """One step: lookup + restore, a prefill chunk, a token, or the final save."""
+    def advance_batch(self, reqs: Sequence[Request]) -> None:
+        """One step of every request in ``reqs`` (lookup + restore, a prefill chunk, a token
+        or the final save each); a request's error goes to its outbox, never raised."""
 
     def time_out(self, req: Request) -> None:
         """The deadline passed (no model work: callable without a turn)."""
@@ -41,28 +41,49 @@ class Work(Protocol):
 
 
 class Scheduler:
-    __slots__ = ("work", "turns", "_cond", "_ready")
+    __slots__ = ("work", "turns", "_cond", "_active")
 
     def __init__(self, work: Work) -> None:
         self.work = work
         self.turns = FairTurns()  # the engine: one step at a time, FIFO among waiting consumers
-        self._cond = threading.Condition()  # guards _ready and every request's in_flight
-        self._ready: deque[Request] = deque()  # requests whose consumers wait, oldest first
+        self._cond = threading.Condition()  # guards _active and every request's in_flight
+        self._active: list[Request] = []  # registered and not done, in arrival order
 
     @property
     def num_waiting(self) -> int:
         return self.turns.num_waiting
 
     def step(self) -> bool:
-        """Advance the requests this step takes (today: the longest-waiting ready one). Call
-        with a turn held. False when no request was ready."""
+        """Advance every active request that is not backlogged, in one batched step. Call with
+        a turn held. False when no request could move."""
         with self._cond:
-            if not self._ready:
+            self._active = [r for r in self._active if r.phase is not Phase.DONE]
+            batch = [r for r in self._active if not r.in_flight and len(r.outbox) < MAX_BACKLOG]
+            if not batch:
                 return False
-            req = self._ready.popleft()
-            req.in_flight = True
-        self._run(req, self.work.advance)
+            for req in batch:
+                req.in_flight = True
+        try:
+            self.work.advance_batch(batch)
+        except Exception as exc:  # a bug outside any one request's part: all of them fail
+            for req in batch:
+                if req.phase is not Phase.DONE:
+                    req.outbox.append(exc)
+                    req.phase = Phase.DONE
+        finally:
+            with self._cond:
+                for req in batch:
+                    req.in_flight = False
+                self._cond.notify_all()
+            for req in batch:
+                if req.phase is Phase.DONE:
+                    req.release()
         return True
+
+    @property
+    def num_active(self) -> int:
+        with self._cond:
+            return sum(r.phase is not Phase.DONE for r in self._active)
 
     def events(self, req: Request) -> Iterator[Event]:
         """The consumer's side: ``req``'s events as steps produce them, driving steps while its
@@ -91,8 +112,8 @@ class Scheduler:
 
     def _wait_for_progress(self, req: Request) -> None:
         with self._cond:
-            if not req.in_flight and req not in self._ready:
-                self._ready.append(req)
+            if req not in self._active:
+                self._active.append(req)
         # the final save has no deadline: the reply is out, the save only helps the next turn
         timeout = None if req.phase is Phase.SAVE else req.time_left()
         try:
@@ -109,16 +130,14 @@ class Scheduler:
             self._cond.wait_for(lambda: not req.in_flight)
             if req.outbox or req.phase is Phase.DONE:
                 return
-            if req in self._ready:
-                self._ready.remove(req)
             req.in_flight = True
         self._run(req, action)
 
     def _abandon(self, req: Request) -> None:
         with self._cond:
             self._cond.wait_for(lambda: not req.in_flight)
-            if req in self._ready:
-                self._ready.remove(req)
+            if req in self._active:
+                self._active.remove(req)
             req.phase = Phase.DONE
         req.release()
 

@@ -44,40 +44,32 @@ class Steps:
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self.live: tuple[Any, TokenSeq] | None = None
 
-    # -- the scheduler's entry points -------------------------------------------------------
+    # -- one request's part of a step (``batching.Batcher`` composes the step) ------------------
 
-    def advance(self, req: Request) -> None:
-        """One step of ``req``: events go to ``req.outbox``, ``req.phase`` moves on."""
-        if req.phase is Phase.SAVE:  # after Finished: no deadline, no cancel (the reply is out)
-            self.final_save(req)
-            req.phase = Phase.DONE
-            return
-        if req.is_expired():
-            self.time_out(req)
-            return
-        if req.is_cancelled:
-            self.cancel(req)
-            return
-        if req.phase is Phase.NEW:
-            self.begin(req)
-            req.phase = Phase.PREFILL
-        elif req.phase is Phase.PREFILL:
-            self.prefill_chunk_of(req)
-            if req.pos == req.num_prompt:
-                report = req.lease.report if req.lease is not None else None
-                req.outbox.append(
-                    PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
-                )
-                req.started = True
-                scores = self.runner.to_numpy(req.logits)
-                start_decoding(req, self.max_context, self.decode_text, scores)
-                req.phase = Phase.DECODE
-                self._token(req)  # the first token costs no forward: the prompt's logits
-        elif req.phase is Phase.DECODE:
-            last = req.generated[-1]
-            logits = self.runner.forward([req.state], [[last]])[0]
-            sample_after(req, self.runner.to_numpy(logits))
-            self._token(req)
+    def chunk_end(self, req: Request) -> int:
+        """Where the next prefill chunk ends: the next multiple of ``prefill_chunk`` (chunks stay
+        aligned however the steps are composed, so checkpoints land on the same positions)."""
+        return min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+
+    def prefill_step(self, req: Request, end: int | None = None) -> None:
+        """Prefill up to ``end`` (default: the chunk's end); the prompt's last piece sends
+        PrefillDone and the first token."""
+        self.prefill_chunk_of(req, end)
+        if req.pos == req.num_prompt:
+            report = req.lease.report if req.lease is not None else None
+            req.outbox.append(
+                PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
+            )
+            req.started = True
+            scores = self.runner.to_numpy(req.logits)
+            start_decoding(req, self.max_context, self.decode_text, scores)
+            req.phase = Phase.DECODE
+            self._token(req)  # the first token costs no forward: the prompt's logits
+
+    def decode_step(self, req: Request, logits: Any) -> None:
+        """The token after the one the forward just fed (``logits`` are its row)."""
+        sample_after(req, self.runner.to_numpy(logits))
+        self._token(req)
 
     def time_out(self, req: Request) -> None:
         """The deadline passed: before the first token the request fails (503), after it the
@@ -122,22 +114,28 @@ class Steps:
         if req.state is None:
             req.state = self.runner.new_state()
 
-    def prefill_chunk_of(self, req: Request) -> None:
-        """The next chunk (up to the next multiple of ``prefill_chunk``), saved at its end."""
-        end = min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+    def prefill_chunk_of(self, req: Request, end: int | None = None) -> None:
+        """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to
+        ``end``), saved at a chunk's end or the prompt's."""
+        end = self.chunk_end(req) if end is None else end
         req.logits = self.runner.forward([req.state], [req.prompt[req.pos : end]])[0]
         req.pos = end
-        if req.seq is not None:
+        if req.seq is not None and (end % self.prefill_chunk == 0 or end == req.num_prompt):
             self.save(req.seq, req.state, req.pos)
 
     def final_save(self, req: Request) -> None:
         """Feed the last sampled token so the saved state covers prompt + every generated token:
         the next turn hits the assistant's reply too. The state stays live for that turn."""
-        assert req.seq is not None
         self.runner.forward([req.state], [[req.generated[-1]]])
+        self.save_reply(req)
+
+    def save_reply(self, req: Request) -> None:
+        """The final save, once the last token has been fed (alone or in a batched forward)."""
+        assert req.seq is not None
         full = req.seq.extend(req.generated)
         self.save(full, req.state, req.num_prompt + len(req.generated))
         self.live = (req.state, full)
+        req.phase = Phase.DONE
 
     def save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:
         assert self.cache is not None

@@ -18,6 +18,7 @@ from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.torch_batch import DecodeBatch, batched_decode, can_batch
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_quant import TorchPacker
 from promptcache.engines.torch_state import (
@@ -96,6 +97,9 @@ class TorchRunner:
         self.eos_ids = eos_ids
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.model_limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        # decode steps batch when every layer is plain full attention (see torch_batch)
+        self._batches = can_batch(self.layout)
+        self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
 
     @classmethod
     def load(
@@ -113,11 +117,21 @@ class TorchRunner:
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        # one sequence at a time for now: transformers' DynamicCache holds one sequence, and
-        # batching policy (padding, which requests share a pass) belongs to the scheduler
+        # several one-token steps (decode) on a full-attention model: one padded forward; any
+        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
+        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+            logits, self._last_batch = batched_decode(
+                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
+            )
+            return logits
+        # a lone forward on a batch member replaces its layers' tensors: DecodeBatch.covers sees
+        # that, so the batch is kept across prefill forwards of other requests
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
+
+    def batches_decode(self, states: Sequence[Any]) -> bool:
+        return self._batches and len(states) > 1
 
     def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)

@@ -1,7 +1,7 @@
 """Run an engine generation on a worker thread and consume its events from asyncio.
 
-The engine's scheduler advances one request per step in FIFO turns; each generation's
-consumer waits (and drives steps) on a worker thread. A client that disconnects sets the cancel event: a queued request is dropped
+The engine's scheduler advances every active request in each step (continuous batching);
+each generation's consumer waits (and drives steps) on a worker thread. A client that disconnects sets the cancel event: a queued request is dropped
 before prefill, a running one stops at its next token, and its pinned blocks are released.
 """
 

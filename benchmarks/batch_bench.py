@@ -1,0 +1,260 @@
+"""Concurrent serving benchmark: a real `promptcache serve` on the bundled default model
+(SmolLM2-135M), many clients at once, cache on vs off.
+
+Scenarios (closed loop: each session sends its next turn when the last reply ends):
+
+- ``qa``: the LMCache multi-round QA shape. S sessions share one system prompt; each has its
+  own history (its questions and the model's replies) and sends ``--rounds`` turns. Output
+  tokens/s (all completion tokens / wall time), TTFT p50/p95 over every turn.
+- ``decode``: S concurrent requests with short prompts, ``--max-tokens`` each: aggregate decode
+  tokens/s (tokens after the first / time from the first first-token to the last token).
+- ``long``: one ~8K-token prompt starts prefilling; ``--probe-delay`` s later a short request
+  arrives: its TTFT (the time it is stuck behind the long prompt) and the long one's.
+
+TTFT = seconds from sending the request to the first SSE chunk with content (streaming).
+Writes ``batch_bench.json`` to ``--out`` and prints a table. Targets checked at the end:
+decode tokens/s with 8 streams >= 3x one stream; the short request's TTFT during an 8K prefill
+<= 2 s; qa p95 TTFT with 8 sessions <= 3x the 1-session p50.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/batch_bench.py --sessions 1 4 8 16 --out /tmp/bb
+    # before/after: --src a folder holding another checkout's promptcache package
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from agent_bench import ServerProcess  # the same folder: a real server on a free port
+
+SYSTEM = (
+    "You are a helpful assistant for a travel company. You answer questions about flights, "
+    "bookings, baggage, refunds and loyalty points. Be concise and precise. "
+) * 12  # ~400 tokens shared by every session
+TOPICS = ["baggage", "refunds", "seat upgrades", "pets", "delays", "loyalty points", "visas",
+          "meals", "wifi", "lounges", "car rental", "hotels", "insurance", "children",
+          "sports gear", "cancellations"]  # fmt: skip
+
+
+async def chat(client: Any, url: str, messages: list[dict[str, str]], max_tokens: int) -> dict:
+    body = {
+        "model": "default",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    first = None
+    text, usage = [], {}
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta", {}).get("content")
+                if delta:
+                    first = first or time.perf_counter()
+                    text.append(delta)
+    end = time.perf_counter()
+    first = first or end
+    return {
+        "ttft": first - t0,
+        "t_first": first,
+        "t_end": end,
+        "completion_tokens": usage.get("completion_tokens", 0),
+        "prompt_tokens": usage.get("prompt_tokens", 0),
+        "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+        "text": "".join(text),
+    }
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
+
+
+async def qa(url: str, sessions: int, rounds: int, max_tokens: int) -> dict:
+    import httpx
+
+    async def session(client: Any, s: int) -> list[dict]:
+        history = [{"role": "system", "content": SYSTEM}]
+        out = []
+        for r in range(rounds):
+            topic = TOPICS[(s + r) % len(TOPICS)]
+            history.append({"role": "user", "content": f"Customer {s}, question {r}: {topic}?"})
+            rec = await chat(client, url, history, max_tokens)
+            history.append({"role": "assistant", "content": rec["text"]})
+            out.append(rec)
+        return out
+
+    async with httpx.AsyncClient(timeout=3600) as client:
+        t0 = time.perf_counter()
+        recs = [x for xs in await asyncio.gather(*(session(client, s) for s in range(sessions)))
+                for x in xs]  # fmt: skip
+        wall = time.perf_counter() - t0
+    ttfts = [r["ttft"] for r in recs]
+    return {
+        "sessions": sessions,
+        "requests": len(recs),
+        "output_tok_s": sum(r["completion_tokens"] for r in recs) / wall,
+        "ttft_p50": statistics.median(ttfts),
+        "ttft_p95": pct(ttfts, 0.95),
+        "cached_ratio": sum(r["cached_tokens"] for r in recs)
+        / max(1, sum(r["prompt_tokens"] for r in recs)),
+        "wall_s": wall,
+    }
+
+
+async def decode(url: str, streams: int, max_tokens: int) -> dict:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=3600) as client:
+        msgs = [
+            [{"role": "user", "content": f"Write a long story about {TOPICS[i % 16]} number {i}."}]
+            for i in range(streams)
+        ]
+        recs = await asyncio.gather(*(chat(client, url, m, max_tokens) for m in msgs))
+    tokens = sum(max(0, r["completion_tokens"] - 1) for r in recs)
+    span = max(r["t_end"] for r in recs) - min(r["t_first"] for r in recs)
+    return {"streams": streams, "decode_tok_s": tokens / span, "tokens": tokens}
+
+
+async def long_prompt(url: str, long_tokens: int, delay: float) -> dict:
+    import httpx
+
+    filler = "hello world " * (long_tokens // 2)  # ~2 tokens per repeat (SmolLM2's tokenizer)
+    async with httpx.AsyncClient(timeout=3600) as client:
+        long_task = asyncio.create_task(
+            chat(client, url, [{"role": "user", "content": filler + " Summarize."}], 1)
+        )
+        await asyncio.sleep(delay)
+        short = await chat(client, url, [{"role": "user", "content": "Hi! How are you?"}], 8)
+        long = await long_task
+    return {
+        "long_prompt_tokens": long["prompt_tokens"],
+        "long_ttft": long["ttft"],
+        "short_ttft": short["ttft"],
+        "short_done_before_long": short["t_end"] < long["t_first"],
+    }
+
+
+def server(src: str | None, extra: list[str], log: Path, threads: int) -> ServerProcess:
+    proc = ServerProcess(["--no-ssd", "--max-queue", "64", *extra], log=log)
+    if src:
+        proc.env["PYTHONPATH"] = src
+    if threads:
+        proc.env["OMP_NUM_THREADS"] = str(threads)
+    return proc.start()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 8, 16])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--decode-tokens", type=int, default=48)
+    ap.add_argument("--long-tokens", type=int, default=8000)
+    ap.add_argument("--probe-delay", type=float, default=3.0)
+    ap.add_argument("--scenarios", nargs="+", default=["qa", "decode", "long"])
+    ap.add_argument("--modes", nargs="+", default=["on", "off"], help="cache on / off for qa")
+    ap.add_argument("--src", default=None, help="PYTHONPATH for the server (another checkout)")
+    ap.add_argument("--server-args", default="", help="extra `promptcache serve` flags")
+    ap.add_argument("--label", default="after")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for the server (0: torch's default). 1 by default: on a small "
+        "shared machine, torch's per-op thread pool stalls whenever one core is taken by another "
+        "process, which makes one-stream numbers erratic",
+    )
+    ap.add_argument("--out", default="batch_bench_out")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    extra = args.server_args.split()
+    results: dict[str, Any] = {
+        "label": args.label,
+        "src": args.src or os.getcwd(),
+        "threads": args.threads,
+        "argv": sys.argv[1:],
+    }
+    for mode in args.modes if "qa" in args.scenarios else []:
+        srv = server(
+            args.src,
+            extra + (["--no-cache"] if mode == "off" else []),
+            out / "server.log",
+            args.threads,
+        )
+        try:
+            asyncio.run(qa(srv.url, 1, 1, 4))  # warm-up (first forward), another system prompt
+            for s in args.sessions:
+                row = asyncio.run(qa(srv.url, s, args.rounds, args.max_tokens))
+                results.setdefault("qa", []).append({"cache": mode, **row})
+                print(json.dumps(results["qa"][-1]), flush=True)
+        finally:
+            srv.stop()
+    if {"decode", "long"} & set(args.scenarios):
+        srv = server(args.src, extra, out / "server.log", args.threads)
+        try:
+            asyncio.run(decode(srv.url, 1, 4))  # warm-up
+            for s in args.sessions if "decode" in args.scenarios else []:
+                results.setdefault("decode", []).append(
+                    asyncio.run(decode(srv.url, s, args.decode_tokens))
+                )
+                print(json.dumps(results["decode"][-1]), flush=True)
+            if "long" in args.scenarios:
+                results["long"] = asyncio.run(
+                    long_prompt(srv.url, args.long_tokens, args.probe_delay)
+                )
+                print(json.dumps(results["long"]), flush=True)
+        finally:
+            srv.stop()
+    (out / f"batch_bench_{args.label}.json").write_text(json.dumps(results, indent=2))
+    report(results)
+    return 0
+
+
+def report(r: dict[str, Any]) -> None:
+    print(f"\n## {r['label']}")
+    print("| cache | sessions | output tok/s | TTFT p50 s | TTFT p95 s | cached |")
+    print("|---|---|---|---|---|---|")
+    for row in r.get("qa", []):
+        print(
+            f"| {row['cache']} | {row['sessions']} | {row['output_tok_s']:.1f} | "
+            f"{row['ttft_p50']:.2f} | {row['ttft_p95']:.2f} | {row['cached_ratio']:.0%} |"
+        )
+    dec = {row["streams"]: row["decode_tok_s"] for row in r.get("decode", [])}
+    if dec:
+        print("\n| streams | decode tok/s | x one stream |\n|---|---|---|")
+        for n, v in dec.items():
+            print(f"| {n} | {v:.1f} | {v / dec.get(1, v):.2f} |")
+    if 1 in dec and 8 in dec:
+        print(f"target decode x8 >= 3x one: {dec[8] / dec[1]:.2f}x")
+    if "long" in r:
+        lg = r["long"]
+        print(
+            f"target short TTFT during a {lg['long_prompt_tokens']}-token prefill <= 2 s: "
+            f"{lg['short_ttft']:.2f} s (the long prompt's TTFT {lg['long_ttft']:.1f} s)"
+        )
+    on = {row["sessions"]: row for row in r.get("qa", []) if row["cache"] == "on"}
+    if 1 in on and 8 in on:
+        ratio = on[8]["ttft_p95"] / on[1]["ttft_p50"]
+        print(f"target qa p95 TTFT x8 sessions <= 3x single-session: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

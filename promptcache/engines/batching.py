@@ -1,0 +1,204 @@
+"""Continuous batching: how one engine step is composed from every request that can move.
+
+A step takes every active request whose consumer is keeping up (the scheduler picks them) and:
+
+1. **one forward for every one-token step**: the next token of every decoding request and the
+   last sampled token of every finished reply (its final save) go through the model together
+   (``ModelRunner.forward`` batches one-token steps: ``torch_batch``, ``mlx_batch``);
+2. **new requests** look their prompt up and restore the cached prefix, unless another request
+   in flight is prefilling a prefix they share right now: then they wait (``waited``) and look
+   up once those tokens are saved (it saves at every chunk boundary): agents firing parallel
+   calls with the same long prefix compute it once (``inflight_dedup_tokens`` in the stats);
+3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
+   tokens per step in all, the one-token steps counted first. Prefill goes to the prompts with
+   the fewest tokens left (a short request is not stuck behind a long prompt), and a step in
+   which some prompt completes takes no further partial pieces (its first token goes out a step
+   sooner); a request that did not get its share goes first next step (a long prompt is not
+   starved either). On attention-only models a chunk runs in budget-sized pieces, so the budget
+   bounds a step's length (how long a newcomer waits); with snapshot layers (sliding window,
+   SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least one piece
+   runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at multiples of
+   ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land where they
+   would for a request alone.
+
+Requests join at any step (their lookup happens in the step they arrive) and leave when they
+finish: nothing waits for a batch to fill or drain. A decoding request's inter-token latency is
+one step: the batched forward plus at most ``step_tokens`` prefill tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from promptcache.engines.request import Phase, Request
+from promptcache.engines.steps import Steps
+
+DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M model on 2 CPU cores
+MIN_PIECE = 32  # the least prefill a step runs when decode tokens took the whole budget
+
+
+class Batcher:
+    """The scheduler's ``Work``: composes and runs one step over many requests. Errors stay with
+    their request (a failed batched forward fails the requests in it)."""
+
+    def __init__(self, steps: Steps, step_tokens: int, min_shared: int) -> None:
+        self.steps = steps
+        self.step_tokens = step_tokens
+        # pieces smaller than a chunk only where the split cannot change the saved state's
+        # numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)
+        self.splits = not steps.runner.layout.requires_checkpoint
+        self.min_shared = min_shared  # a shared prefix shorter than this is not worth waiting for
+        self._lock = threading.Lock()  # the counters are read by stats() from other threads
+        self.num_steps = 0
+        self.num_batched_forwards = 0  # forwards of more than one sequence
+        self.batched_rows = 0  # sequences in those forwards
+        self.max_batch_rows = 0
+        self.num_inflight_waits = 0  # requests that waited for another's prefill
+        self.inflight_dedup_tokens = 0  # prompt tokens they then restored instead of computing
+
+    # -- the scheduler's Work ---------------------------------------------------------------
+
+    def advance_batch(self, reqs: Sequence[Request]) -> None:
+        steps = self.steps
+        one: list[Request] = []  # decode steps and final saves: one token each
+        new: list[Request] = []
+        prefill: list[Request] = []
+        for req in reqs:
+            if req.phase is Phase.SAVE:  # no deadline, no cancel: the reply is out
+                one.append(req)
+            elif req.is_expired():
+                _guard(req, steps.time_out)
+            elif req.is_cancelled:
+                _guard(req, steps.cancel)
+            elif req.phase is Phase.DECODE:
+                one.append(req)
+            elif req.phase is Phase.NEW:
+                new.append(req)
+            elif req.phase is Phase.PREFILL:
+                prefill.append(req)
+        self._one_token_steps(one)
+        for req in new:
+            if self._wait_for_inflight(req, prefill):
+                continue
+            if _guard(req, self._begin):
+                prefill.append(req)
+        self._prefill_chunks(prefill, self.step_tokens - len(one))
+        with self._lock:
+            self.num_steps += 1
+
+    def time_out(self, req: Request) -> None:
+        self.steps.time_out(req)
+
+    def cancel(self, req: Request) -> None:
+        self.steps.cancel(req)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "num_engine_steps": self.num_steps,
+                "num_batched_forwards": self.num_batched_forwards,
+                "batched_rows": self.batched_rows,
+                "max_batch_rows": self.max_batch_rows,
+                "num_inflight_waits": self.num_inflight_waits,
+                "inflight_dedup_tokens": self.inflight_dedup_tokens,
+            }
+
+    # -- the parts of a step ----------------------------------------------------------------
+
+    def _one_token_steps(self, reqs: list[Request]) -> None:
+        if not reqs:
+            return
+        runner = self.steps.runner
+        batched = runner.batches_decode([r.state for r in reqs])
+        try:
+            logits = runner.forward([r.state for r in reqs], [[r.generated[-1]] for r in reqs])
+        except Exception as exc:  # the batch's forward: every request in it fails
+            for req in reqs:
+                _fail(req, exc)
+            return
+        if batched:
+            with self._lock:
+                self.num_batched_forwards += 1
+                self.batched_rows += len(reqs)
+                self.max_batch_rows = max(self.max_batch_rows, len(reqs))
+        for req, row in zip(reqs, logits, strict=True):
+            if req.phase is Phase.SAVE:
+                _guard(req, self.steps.save_reply)
+            else:
+                _guard(req, partial(self.steps.decode_step, logits=row))
+
+    def _begin(self, req: Request) -> None:
+        self.steps.begin(req)
+        req.phase = Phase.PREFILL
+        if req.waited:
+            with self._lock:
+                self.num_inflight_waits += 1
+                self.inflight_dedup_tokens += min(req.cached, req.waited)
+
+    def _wait_for_inflight(self, req: Request, prefilling: list[Request]) -> bool:
+        """True when a request in flight is prefilling (and will save) a prefix ``req`` shares
+        beyond what it has computed so far: ``req`` looks up after it, not alongside."""
+        if self.steps.cache is None:
+            return False
+        for other in prefilling:
+            if other.tenant != req.tenant or other.pos >= len(req.prompt):
+                continue
+            shared = _common_prefix(req.prompt, other.prompt)
+            if shared >= self.min_shared and shared > other.pos:
+                req.waited = max(req.waited, shared)
+                return True
+        return False
+
+    def _prefill_chunks(self, reqs: list[Request], budget: int) -> None:
+        # skipped last step first, then the fewest tokens left (shortest remaining first)
+        order = sorted(reqs, key=lambda r: (r.skipped == 0, r.num_prompt - r.pos))
+        ran = delivered = False
+        for req in order:
+            if req.phase is not Phase.PREFILL:
+                continue
+            end = self.steps.chunk_end(req)
+            if self.splits:  # a piece of the chunk: the budget bounds the step's length
+                end = min(end, req.pos + max(budget, 0 if ran else MIN_PIECE))
+            finishes = end == req.num_prompt
+            # a step that completes some prompt ends there (its first token reaches the client
+            # a step sooner); a piece that does not fit waits for the next step, first in line
+            if ran and (end - req.pos > budget or end <= req.pos or (delivered and not finishes)):
+                req.skipped += 1
+                continue
+            req.skipped = 0
+            ran = True
+            budget -= end - req.pos
+            delivered = delivered or finishes
+            _guard(req, partial(self.steps.prefill_step, end=end))
+
+
+def _guard(req: Request, action: Callable[[Request], None]) -> bool:
+    """Run one request's part of the step; its exception goes to its consumer. True if it ran."""
+    try:
+        action(req)
+    except Exception as exc:
+        _fail(req, exc)
+        return False
+    return True
+
+
+def _fail(req: Request, exc: BaseException) -> None:
+    req.outbox.append(exc)
+    req.phase = Phase.DONE
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the common case for identical or extended prompts: one C-level compare
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]: bisect with slice compares
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -1,0 +1,256 @@
+"""Continuous batching: concurrent requests give the tokens they give alone, on every cache kind
+of both engines; requests join mid-batch and leave (cancel) without disturbing the others; a
+prefix being prefilled by one request is not computed again by another fired alongside it.
+
+Tolerance: a batched decode runs padded/merged attention, so its logits may differ from a lone
+forward's in the last float bits (measured: <= 3e-6 on these models); greedy tokens must match
+exactly on these prompts, and the runners' batched logits stay within ``LOGIT_TOL``.
+"""
+
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from promptcache.engines.base import Finished, SamplingParams, TextDelta
+from promptcache.engines.tiny_models import ByteTokenizer
+
+CHUNK, BLOCK = 16, 8
+LOGIT_TOL = 1e-4
+TORCH_KINDS = ("llama", "gemma3", "mamba", "jamba")
+MLX_KINDS = ("llama", "gemma3", "mamba2", "falcon_h1")
+TORCH_BATCHED = {"llama"}  # the other layouts decode one sequence per forward (torch_batch)
+
+
+def torch_engine(kind, **options):
+    pytest.importorskip("torch")
+    from promptcache.engines.tiny_models import tiny_model
+    from promptcache.engines.torch_engine import TorchEngine
+
+    return TorchEngine(
+        tiny_model(kind), ByteTokenizer(), block_size=BLOCK, ram_budget=10**8,
+        prefill_chunk=CHUNK, **options,
+    )  # fmt: skip
+
+
+def mlx_engine(kind, **options):
+    pytest.importorskip("mlx_lm")
+    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.tiny_models import mlx_tiny_model
+
+    return MlxEngine(
+        mlx_tiny_model(kind), ByteTokenizer(), block_size=BLOCK, ram_budget=10**8,
+        prefill_chunk=CHUNK, **options,
+    )  # fmt: skip
+
+
+ENGINES = [("torch", k) for k in TORCH_KINDS] + [("mlx", k) for k in MLX_KINDS]
+
+
+def build(lib, kind, **options):
+    return (torch_engine if lib == "torch" else mlx_engine)(kind, **options)
+
+
+def prompts(n, seed=3):
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 256) for _ in range(rng.randrange(5, 60))] for _ in range(n)]
+
+
+def reply(engine, prompt, params, cancel=None, on_event=None):
+    out = []
+    for ev in engine.generate(prompt, params, cancel=cancel):
+        out.append(ev)
+        if on_event is not None:
+            on_event(ev)
+    assert isinstance(out[-1], Finished)
+    return out[-1]
+
+
+def concurrently(jobs):
+    """Run the callables on threads started together; their results in order."""
+    results = [None] * len(jobs)
+    errors = []
+    gate = threading.Barrier(len(jobs))
+
+    def run(i, job):
+        gate.wait()
+        try:
+            results[i] = job()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, j)) for i, j in enumerate(jobs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return results
+
+
+def check_clean(engine):
+    engine.cache.check_integrity()
+    stats = engine.cache_stats()
+    assert stats["num_pinned_blocks"] == 0
+    assert stats["batched_rows"] >= 2 * stats["num_batched_forwards"]
+    return stats
+
+
+@pytest.mark.parametrize("lib,kind", ENGINES)
+def test_concurrent_greedy_equals_one_by_one(lib, kind):
+    alone, together = build(lib, kind), build(lib, kind)
+    ps = prompts(4)
+    params = [SamplingParams(max_tokens=12) for _ in ps]
+    params[1] = SamplingParams(max_tokens=12, temperature=0.8, top_k=20, seed=7)  # per request
+    want = [reply(alone, p, sp).completion_ids for p, sp in zip(ps, params, strict=True)]
+    got = concurrently(
+        [lambda p=p, sp=sp: reply(together, p, sp) for p, sp in zip(ps, params, strict=True)]
+    )
+    assert [f.completion_ids for f in got] == want
+    stats = check_clean(together)
+    if lib == "mlx" or kind in TORCH_BATCHED:
+        assert stats["max_batch_rows"] >= 2, stats  # the decodes really shared forwards
+    else:
+        assert stats["num_batched_forwards"] == 0  # fallback: one sequence per forward
+
+
+@pytest.mark.parametrize("lib,kind", [("torch", "llama"), ("mlx", "llama"), ("mlx", "gemma3")])
+def test_runner_batched_decode_logits_match_lone_forwards(lib, kind):
+    runner = build(lib, kind, cache_enabled=False).runner
+    ps = prompts(3, seed=5)
+    batched, lone = [runner.new_state() for _ in ps], [runner.new_state() for _ in ps]
+    a, b = runner.forward(batched, ps), runner.forward(lone, ps)
+    for _ in range(20):  # past gemma3's 16-token window
+        tokens = [int(np.argmax(runner.to_numpy(x))) for x in a]
+        a = runner.forward(batched, [[t] for t in tokens])
+        b = [runner.forward([s], [[t]])[0] for s, t in zip(lone, tokens, strict=True)]
+        for x, y in zip(a, b, strict=True):
+            x, y = runner.to_numpy(x), runner.to_numpy(y)
+            assert np.abs(x - y).max() <= LOGIT_TOL and x.argmax() == y.argmax()
+
+
+@pytest.mark.parametrize("lib", ["torch", "mlx"])
+def test_request_joining_mid_batch_and_a_cancelled_member(lib):
+    alone, together = build(lib, "llama"), build(lib, "llama")
+    ps = prompts(3, seed=9)
+    params = SamplingParams(max_tokens=40)
+    want = [reply(alone, p, params).completion_ids for p in ps[:2]]
+    joined = threading.Event()
+    cancel = threading.Event()
+    late: list = []
+
+    def first(ev):  # the third request joins once the first one is decoding
+        if isinstance(ev, TextDelta) and not joined.is_set():
+            joined.set()
+            t = threading.Thread(target=lambda: late.append(reply(together, ps[1], params)))
+            t.start()
+            late.append(t)
+
+    def cancelled(ev):
+        if isinstance(ev, TextDelta) and len(ev.token_ids) and not cancel.is_set():
+            cancel.set()  # after its first token: it leaves the batch mid-decode
+
+    got = concurrently(
+        [
+            lambda: reply(together, ps[0], params, on_event=first),
+            lambda: reply(together, ps[2], params, cancel=cancel, on_event=cancelled),
+        ]
+    )
+    late[0].join(60)
+    assert got[0].completion_ids == want[0]
+    assert late[1].completion_ids == want[1]
+    assert got[1].reason == "cancelled"
+    check_clean(together)
+
+
+@pytest.mark.parametrize("lib,kind", [("torch", "llama"), ("mlx", "llama"), ("torch", "mamba")])
+def test_identical_prompts_fired_together_compute_the_prefix_once(lib, kind):
+    engine = build(lib, kind)
+    runner = engine.runner
+    forward = runner.forward
+    prefill_tokens = []
+
+    def counted(states, ids):
+        prefill_tokens.extend(len(x) for x in ids if len(x) > 1)
+        return forward(states, ids)
+
+    runner.forward = counted  # the scheduler's steps call it through the runner
+    rng = random.Random(11)
+    shared = [rng.randrange(3, 256) for _ in range(200)]
+    ps = [shared + [5, 6, 7], shared + [5, 6, 7], shared + [9, 9]]
+    params = SamplingParams(max_tokens=6)
+    got = concurrently([lambda p=p: reply(engine, p, params) for p in ps])
+    assert got[0].completion_ids == got[1].completion_ids
+    assert sum(prefill_tokens) < 1.3 * len(shared), sum(prefill_tokens)  # not 3x
+    stats = check_clean(engine)
+    assert stats["num_inflight_waits"] == 2, stats
+    assert stats["inflight_dedup_tokens"] >= 2 * (len(shared) - 2 * CHUNK), stats
+    assert sum(f.cached_tokens for f in got) >= stats["inflight_dedup_tokens"]
+
+
+def test_stats_add_up_and_the_token_budget_is_an_option():
+    engine = torch_engine("llama", step_tokens=4)  # below the chunk: still one chunk per step
+    ps = prompts(6, seed=13)
+    got = concurrently([lambda p=p: reply(engine, p, SamplingParams(max_tokens=8)) for p in ps])
+    stats = check_clean(engine)
+    assert stats["num_lookups"] == len(ps) and stats["num_hits"] <= len(ps)
+    assert (
+        sum(f.completion_tokens for f in got) <= stats["batched_rows"] + stats["num_engine_steps"]
+    )
+    assert engine.scheduler.num_active == 0
+
+
+def test_budget_pieces_keep_outputs_and_chunk_aligned_saves():
+    """A budget below the chunk runs the prefill in pieces (attention-only layouts): the same
+    tokens as a lone run, the saves still at chunk boundaries, and a short request that arrives
+    meanwhile gets its first token before the long prompt's."""
+    alone, pieces = torch_engine("llama"), torch_engine("llama", step_tokens=5)
+    rng = random.Random(17)
+    long_prompt = [rng.randrange(3, 256) for _ in range(150)]
+    short = [7, 8, 9, 10]
+    params = SamplingParams(max_tokens=6)
+    want = [reply(alone, p, params).completion_ids for p in (long_prompt, short)]
+    first_token_at = {}
+    saved_at = []
+    save = pieces.steps.save
+
+    def recorded(seq, state, num_tokens):
+        if seq.num_tokens == len(long_prompt):  # the long prompt's saves (not the replies')
+            saved_at.append(num_tokens)
+        save(seq, state, num_tokens)
+
+    pieces.steps.save = recorded  # looked up per save
+
+    def stamp(name):
+        return lambda ev: first_token_at.setdefault(name, len(first_token_at))
+
+    got = concurrently(
+        [
+            lambda: reply(pieces, long_prompt, params, on_event=stamp("long")),
+            lambda: reply(pieces, short, params, on_event=stamp("short")),
+        ]
+    )
+    assert [f.completion_ids for f in got] == want
+    assert first_token_at["short"] < first_token_at["long"]
+    assert saved_at == [*range(CHUNK, len(long_prompt), CHUNK), len(long_prompt)]
+    again = reply(pieces, long_prompt + [42], params)
+    assert again.cached_tokens >= len(long_prompt) - 1  # the prompt's end was saved
+    check_clean(pieces)
+
+
+def test_torch_kept_batch_notices_a_member_changed_outside_it():
+    runner = torch_engine("llama", cache_enabled=False).runner
+    ps = prompts(2, seed=21)
+    batched, lone = [runner.new_state() for _ in ps], [runner.new_state() for _ in ps]
+    runner.forward(batched, ps), runner.forward(lone, ps)
+    feeds = [[[5], [6]], [[7], [8]], "a alone", [[9], [10]], [[11], [12]]]
+    for feed in feeds:
+        if feed == "a alone":  # a lone forward on a member (a prefill piece, a final save)
+            got, want = runner.forward(batched[:1], [[4, 4]]), runner.forward(lone[:1], [[4, 4]])
+        else:
+            got = runner.forward(batched, feed)
+            want = [runner.forward([s], [f])[0] for s, f in zip(lone, feed, strict=True)]
+        for x, y in zip(got, want, strict=True):
+            assert (x - y).abs().max().item() <= LOGIT_TOL
+    assert [s.get_seq_length() for s in batched] == [s.get_seq_length() for s in lone]
