@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 from promptcache.core.block import META_COLUMNS, BlockMeta
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE, open_private, tighten
+from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
 
 # 2: rows of block format 2 only. An index of another version is dropped at open, so start-up
 # re-checks every file (old-format files among them are never served)
@@ -44,7 +45,22 @@ CREATE INDEX IF NOT EXISTS blocks_children ON blocks(parent, first_token);
 CREATE INDEX IF NOT EXISTS blocks_access ON blocks(last_access);
 CREATE INDEX IF NOT EXISTS blocks_root ON blocks(root);
 CREATE TABLE IF NOT EXISTS namespaces (root BLOB PRIMARY KEY, tenant TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    hash BLOB NOT NULL, session TEXT NOT NULL, PRIMARY KEY (hash, session)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_by_session ON sessions(session);
+CREATE TABLE IF NOT EXISTS ttls (hash BLOB PRIMARY KEY, ttl REAL NOT NULL) WITHOUT ROWID;
 """
+# a session tag or TTL only for a block the index holds; at most MAX_SESSIONS_PER_BLOCK tags
+_TAG = (
+    "INSERT OR IGNORE INTO sessions (hash, session) SELECT ?1, ?2 "
+    "WHERE EXISTS (SELECT 1 FROM blocks WHERE hash = ?1) "
+    "AND (SELECT COUNT(*) FROM sessions WHERE hash = ?1) < ?3"
+)
+_TTL = (
+    "INSERT INTO ttls (hash, ttl) SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM blocks WHERE hash = ?1) "
+    "ON CONFLICT(hash) DO UPDATE SET ttl = max(ttl, excluded.ttl)"
+)
 
 
 class Row(NamedTuple):
@@ -100,7 +116,10 @@ class SsdIndex:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         if self._db.execute("PRAGMA user_version").fetchone()[0] != INDEX_VERSION:
-            self._db.executescript("DROP TABLE IF EXISTS blocks; DROP TABLE IF EXISTS namespaces;")
+            self._db.executescript(
+                "DROP TABLE IF EXISTS blocks; DROP TABLE IF EXISTS namespaces; "
+                "DROP TABLE IF EXISTS sessions; DROP TABLE IF EXISTS ttls;"
+            )
         self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
         for suffix in ("-wal", "-shm"):
@@ -127,8 +146,15 @@ class SsdIndex:
             ).fetchall()
         return [_row(r) for r in rows]
 
-    def upsert(self, row: Row, tenant: str = "") -> None:
-        """The block's row, and its namespace's record when this is the namespace's first."""
+    def upsert(
+        self,
+        row: Row,
+        tenant: str = "",
+        sessions: Iterable[str] = (),
+        ttl_s: float | None = None,
+    ) -> None:
+        """The block's row (with its session tags and TTL hint), and its namespace's record
+        when this is the namespace's first."""
         with self._lock, self._db:
             self._db.execute("BEGIN")
             self._db.execute(_INSERT, (*row.meta, *row[1:], row.meta.first_token))
@@ -136,6 +162,80 @@ class SsdIndex:
                 "INSERT OR IGNORE INTO namespaces (root, tenant) VALUES (?, ?)",
                 (row.meta.root, tenant[:TENANT_MAX_CHARS]),
             )
+            h = row.block_hash
+            self._db.executemany(_TAG, [(h, s, MAX_SESSIONS_PER_BLOCK) for s in sessions])
+            if ttl_s is not None:
+                self._db.execute(_TTL, (h, ttl_s))
+
+    def tag(self, hashes: list[BlockHash], session: str, ttl_s: float | None, now: float) -> None:
+        """Record a use of these blocks (those indexed): last access, session tag, TTL hint."""
+        with self._lock, self._db:
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "UPDATE blocks SET last_access = ? WHERE hash = ?", [(now, h) for h in hashes]
+            )
+            if session:
+                self._db.executemany(_TAG, [(h, session, MAX_SESSIONS_PER_BLOCK) for h in hashes])
+            if ttl_s is not None:
+                self._db.executemany(_TTL, [(h, ttl_s) for h in hashes])
+
+    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
+        """Blocks tagged ``session`` -> whether another session is tagged on them too."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.hash, (SELECT COUNT(*) FROM sessions o WHERE o.hash = s.hash) "
+                "FROM sessions s WHERE s.session = ?",
+                (session,),
+            ).fetchall()
+        return {BlockHash(h): n > 1 for h, n in rows}
+
+    def forget_session(self, session: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM sessions WHERE session = ?", (session,))
+
+    def subtree(self, hashes: Iterable[BlockHash]) -> list[Row]:
+        """These blocks' rows and every row below them (children after parents)."""
+        out: list[Row] = []
+        seen: set[bytes] = set()
+        todo = [self.get(h) for h in hashes]
+        while todo:
+            r = todo.pop()
+            if r is None or r.block_hash in seen:
+                continue
+            seen.add(r.block_hash)
+            out.append(r)
+            with self._lock:
+                kids = self._db.execute(
+                    f"SELECT {_COLS} FROM blocks WHERE parent = ?", (r.block_hash,)
+                ).fetchall()
+            todo.extend(_row(k) for k in kids)
+        return out
+
+    def rows_of_root(self, root: BlockHash) -> list[Row]:
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM blocks WHERE root = ?", (root,)
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def expired(self, now: float) -> list[Row]:
+        """Blocks whose TTL hint ran out: unused for longer than it by ``now``."""
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {', '.join('b.' + c for c in _COLS.split(', '))} FROM blocks b "
+                "JOIN ttls t ON t.hash = b.hash WHERE b.last_access < ? - t.ttl",
+                (now,),
+            ).fetchall()
+        return [_row(r) for r in rows]
+
+    def orphan_tags(self) -> int:
+        """Session tags and TTLs of blocks the index no longer holds (always 0)."""
+        with self._lock:
+            (n,) = self._db.execute(
+                "SELECT (SELECT COUNT(*) FROM sessions WHERE hash NOT IN (SELECT hash FROM blocks))"
+                " + (SELECT COUNT(*) FROM ttls WHERE hash NOT IN (SELECT hash FROM blocks))"
+            ).fetchone()
+        return int(n)
 
     def delete(self, hashes: Iterable[BlockHash]) -> None:
         """Delete these blocks, and the record of any namespace left without a block."""
@@ -150,6 +250,8 @@ class SsdIndex:
                 if r is not None:
                     roots.add(r[0])
             self._db.executemany("DELETE FROM blocks WHERE hash = ?", keys)
+            self._db.executemany("DELETE FROM sessions WHERE hash = ?", keys)
+            self._db.executemany("DELETE FROM ttls WHERE hash = ?", keys)
             self._db.executemany(
                 "DELETE FROM namespaces WHERE root = ? AND NOT EXISTS "
                 "(SELECT 1 FROM blocks WHERE blocks.root = namespaces.root)",
@@ -209,5 +311,5 @@ class SsdIndex:
 
     def clear(self) -> None:
         with self._lock:
-            self._db.execute("DELETE FROM blocks")
-            self._db.execute("DELETE FROM namespaces")
+            for table in ("blocks", "namespaces", "sessions", "ttls"):
+                self._db.execute(f"DELETE FROM {table}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -50,6 +51,7 @@ class SsdReads:
     index: SsdIndex | None
     files_lock: threading.RLock
     _closed: bool
+    clock: Callable[[], float]
 
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
         raise NotImplementedError
@@ -127,7 +129,7 @@ class SsdReads:
         if index is None:
             return
         try:
-            index.touch(hashes, time.time())
+            index.touch(hashes, self.clock())
         except Exception as exc:
             self.stats.error(f"{type(exc).__name__}: {exc}")
 
