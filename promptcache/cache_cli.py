@@ -1,8 +1,10 @@
-"""`promptcache cache stats|ls|verify|clear --cache-dir DIR`: inspect and maintain the SSD tier.
+"""`promptcache cache stats|ls|verify|clear|delete --cache-dir DIR`: inspect and maintain the
+SSD tier.
 
 Works on the files and the SQLite index directly, no model needed. ``stats`` and ``ls`` only
-read, so they run beside a server; ``verify`` and ``clear`` move and delete files, so they take
-each model folder's lock and refuse while a server holds it.
+read, so they run beside a server; ``verify``, ``clear`` and ``delete`` move and delete files, so
+they take each model folder's lock and refuse while a server holds it (a running server deletes
+through ``DELETE /v1/cache/sessions/{id}`` instead).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ from pathlib import Path
 
 from promptcache.core.block_file import CorruptBlockError, OldFormatError
 from promptcache.core.private_fs import make_private_dirs
+from promptcache.core.sessions import session_key
 from promptcache.core.ssd_index import SsdIndex
 from promptcache.core.ssd_lock import CacheDirLock, CacheDirLockedError
 from promptcache.core.ssd_reconcile import check_file, matches_row
+from promptcache.core.ssd_sessions import remove_rows
 
 
 def model_dirs(cache_dir: Path) -> list[Path]:
@@ -120,6 +124,36 @@ def cmd_clear(cache_dir: Path) -> int:
     return 0
 
 
+def cmd_delete(cache_dir: Path, session: str | None, tenant: str, force: bool) -> int:
+    """A session's blocks (those only it uses, unless ``force``) with what hangs below them, or
+    with no session the whole tenant's: files and index rows, in every model folder."""
+    blocks = nbytes = kept = 0
+    for d in model_dirs(cache_dir):
+        index = SsdIndex(d / "index.sqlite")
+        try:
+            if session is None:
+                roots = [r for r, name in index.tenants().items() if name == tenant]
+                rows = [row for r in roots for row in index.rows_of_root(r)]
+            else:
+                key = session_key(tenant, session)
+                tagged = index.session_blocks(key)
+                shared = [h for h, is_shared in tagged.items() if is_shared]
+                targets = list(tagged) if force else [h for h in tagged if h not in shared]
+                kept += 0 if force else len(shared)
+                rows = index.subtree(targets)
+                index.forget_session(key)
+            nbytes += remove_rows(d, index, rows)
+            blocks += len(rows)
+        finally:
+            index.close()
+    what = f"session {session!r}" if session is not None else "every session"
+    print(
+        f"deleted {blocks} blocks ({nbytes:,} bytes) of {what} of tenant {tenant or '(default)'!r}"
+        f"; {kept} shared blocks kept"
+    )
+    return 0
+
+
 def run_cache_command(args: argparse.Namespace) -> int:
     cache_dir = Path(args.cache_dir)
     if args.action == "stats":
@@ -128,6 +162,11 @@ def run_cache_command(args: argparse.Namespace) -> int:
         return cmd_ls(cache_dir, args.limit)
     try:
         with locked(model_dirs(cache_dir), f"cache {args.action}"):
+            if args.action == "delete":
+                if args.session is None and args.tenant is None:
+                    print("promptcache cache delete: give --session ID and/or --tenant NAME")
+                    return 2
+                return cmd_delete(cache_dir, args.session, args.tenant or "", args.force)
             return cmd_verify(cache_dir) if args.action == "verify" else cmd_clear(cache_dir)
     except CacheDirLockedError as exc:
         print(f"promptcache cache {args.action}: refused: {exc}")

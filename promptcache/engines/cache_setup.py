@@ -34,6 +34,8 @@ class EngineOptions:
     ssd_dir: str | Path | None = None
     ssd_budget: int | str = "10GB"
     ssd_retention: float | None = None
+    ram_ttl: float | None = None  # seconds a RAM block may go unused (None: no expiry)
+    encrypt_key_file: str | Path | None = None  # AES-256-GCM key for the SSD tier's files
 
     def check(self) -> None:
         if self.prefill_chunk <= 0:
@@ -66,12 +68,13 @@ def build_cache(
             fingerprint,
             block_size=opts.block_size,
             ram_budget=opts.ram_budget,
+            ram_ttl=opts.ram_ttl,
             requires_checkpoint=requires_checkpoint,
             next_tier=next_tier,
             policy=opts.policy,
             evictions=evictions,
         )
-    except ValueError as exc:  # a bad budget, block size or policy name
+    except ValueError as exc:  # a bad budget, block size, TTL or policy name
         for tier in built:
             tier.close()  # its folder lock: a retry in this process must find it free
         raise ConfigError(f"prompt cache: {exc}") from None

@@ -40,6 +40,8 @@ def build_engine(
     ssd_dir: str | None = None,
     ssd_budget: str | int = "10GB",
     ssd_retention: float | None = None,
+    ram_ttl: float | None = None,
+    encrypt_key_file: str | None = None,
     kv_bits: int | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
@@ -62,6 +64,8 @@ def build_engine(
         ssd_dir=ssd_dir,
         ssd_budget=ssd_budget,
         ssd_retention=ssd_retention,
+        ram_ttl=ram_ttl,
+        encrypt_key_file=encrypt_key_file,
         **extra,
     )
 
