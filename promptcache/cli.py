@@ -338,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="delete: blocks shared with other sessions too"
     )
     cache.add_argument(
+        "--encrypt-key-file",
+        default=os.environ.get("PROMPTCACHE_ENCRYPT_KEY_FILE"),
+        help="verify, delete: the serve --encrypt-key-file of an encrypted cache",
+    )
+    cache.add_argument(
         "--cache-dir", default=None, help="the serve --cache-dir (default: <user cache dir>/blocks)"
     )
     cache.add_argument(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.core.block_file import SUFFIX
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
@@ -66,8 +67,10 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
         retry_s: float | None = None,
         evictions: EvictionLog | None = None,
         clock: Callable[[], float] = time.time,
+        cipher: BlockCipher | None = None,
     ) -> None:
         """``clock``: wall-clock seconds for access times and expiry (a test's fake clock).
+        ``cipher``: encrypt files and the index's token ids at rest (``core.cipher``).
         Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
         self.model = model_fingerprint
@@ -78,6 +81,7 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
         self.clock = clock
+        self.cipher = cipher
         self.stats = SsdStats()
         self.evictions = evictions  # shared with the cache: a miss can say "evicted from ssd"
         self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
@@ -108,7 +112,7 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
             self._dir_lock.acquire()  # CacheDirLockedError goes to the caller
             tighten_cache_dir(self.cache_dir, LOCK_NAME)
             tighten_tree(self.root_dir)
-            index = SsdIndex(self.root_dir / "index.sqlite")
+            index = SsdIndex(self.root_dir / "index.sqlite", self.cipher)
             with self.files_lock:
                 self.index = index
                 reconcile_dir(self, index)
@@ -222,7 +226,7 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
         n, used = index.totals() if index is not None else (0, 0)
         return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
                 "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
-                "enabled": index is not None}  # fmt: skip
+                "enabled": index is not None, "encrypted": self.cipher is not None}  # fmt: skip
 
 
 register_tier("ssd", SsdTier)

@@ -17,7 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from promptcache.core.block_file import commit_temp, encode_block, write_temp
+from promptcache.core.block_file import commit_temp, encode_block, seal_file, write_temp
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import BlockUse
@@ -45,6 +46,7 @@ class SsdWrites:
     _pending_lock: threading.Lock
     _queue: queue.Queue[BlockRecord | None]
     clock: Callable[[], float]
+    cipher: BlockCipher | None
     _pending_tags: dict[BlockHash, list[BlockUse]]
     _apply_pending_tags: Callable[[BlockHash, float], None]  # from SsdSessions
 
@@ -148,7 +150,7 @@ class SsdWrites:
         assert index is not None
         meta = record.meta
         path = self._path_for(meta.root, meta.block_hash)
-        data = encode_block(record, self.model, self.codec)
+        data = seal_file(encode_block(record, self.model, self.codec), self.cipher, path.stem)
         tmp = write_temp(path, data)  # the slow part (fsync) outside the lock: reads go on
         with self.files_lock:
             commit_temp(tmp, path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from promptcache.core.budget import parse_size
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.ssd_tier import DEFAULT_SSD_BUDGET, SsdTier
@@ -19,6 +20,7 @@ def make_lower_tiers(
     ssd_retention: float | None = None,
     codec: PayloadCodec | None = None,
     evictions: EvictionLog | None = None,
+    cipher: BlockCipher | None = None,
 ) -> list[LowerTier]:
     """The lower tiers, nearest first, for ``PromptCache(next_tier=...)``: an SSD tier under
     ``ssd_dir`` when one is given (raises CacheDirLockedError when another process holds the
@@ -34,6 +36,7 @@ def make_lower_tiers(
                 budget_bytes=parse_size(ssd_budget),
                 retention_s=ssd_retention,
                 evictions=evictions,
+                cipher=cipher,
             )
         )
     return tiers

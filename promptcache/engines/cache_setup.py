@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.tier import LowerTier
@@ -53,6 +54,10 @@ def build_cache(
     evictions = EvictionLog()  # RAM and every lower tier note evictions here
     if next_tier is None:
         try:
+            cipher = make_cipher(opts.encrypt_key_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--encrypt-key-file: {exc}") from None
+        try:
             built = next_tier = make_lower_tiers(
                 fingerprint=fingerprint,
                 ssd_dir=opts.ssd_dir,
@@ -60,6 +65,7 @@ def build_cache(
                 ssd_retention=opts.ssd_retention,
                 codec=codec,
                 evictions=evictions,
+                cipher=cipher,
             )
         except ValueError as exc:  # a bad budget
             raise ConfigError(f"lower tiers: {exc}") from None
