@@ -54,9 +54,10 @@ class BlockCipher:
     def open(self, data: bytes | memoryview, aad: bytes) -> bytes:
         if len(data) < NONCE_BYTES + 16:
             raise CipherError("ciphertext too short")
-        nonce = bytes(data[:NONCE_BYTES])
-        try:
-            return self._aead.decrypt(nonce, bytes(data[NONCE_BYTES:]), aad)
+        view = memoryview(data)
+        nonce = bytes(view[:NONCE_BYTES])
+        try:  # a view of the ciphertext: no copy of a block's megabytes before decrypting
+            return self._aead.decrypt(nonce, view[NONCE_BYTES:], aad)
         except InvalidTag:
             raise CipherError("cannot decrypt: wrong key or altered data") from None
 
