@@ -93,7 +93,9 @@ def main() -> None:
         eng = TorchEngine(model, tok, ram_budget="4GB", ssd_dir=cache_dir)
         list(eng.generate(history, SamplingParams(max_tokens=1)))
         eng.cache.ram.next_tier.flush()
-        eng.steps.live = None  # measure a RAM-tier hit (restore from blocks), not the live-KV shortcut
+        eng.steps.live = (
+            None  # measure a RAM-tier hit (restore from blocks), not the live-KV shortcut
+        )
         t_ram, c_ram = ttft(eng, prompt)
         eng.close()
         drop_page_cache(cache_dir)
