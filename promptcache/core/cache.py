@@ -117,7 +117,9 @@ class PromptCache:
         self.ram_ttl_s = ram_ttl
         self.clock = clock
         self.deletions = 0  # bumped by every deletion: a promotion in flight then inserts nothing
-        self._has_ttl = ram_ttl is not None  # any TTL seen: only then do sweeps run
+        # RAM sweeps walk every block: only once a TTL is in play (--ram-ttl, or a hint seen);
+        # lower tiers keep hints across restarts and look them up by index: always swept
+        self.ram_has_ttl = ram_ttl is not None
         self._last_sweep = clock()
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
@@ -333,7 +335,7 @@ class PromptCache:
         tag_blocks(blocks, use, self.clock())
         if use.is_empty:
             return
-        self._has_ttl = self._has_ttl or use.ttl_s is not None
+        self.ram_has_ttl = self.ram_has_ttl or use.ttl_s is not None
         hashes = [b.block_hash for b in blocks]
         now = self.clock()
         for tier in self.ram.stores:
@@ -342,7 +344,8 @@ class PromptCache:
     def _maybe_expire(self) -> None:
         """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds
         the lock): the sweep walks the RAM index, so it is kept off most requests."""
-        if self._has_ttl and self.clock() - self._last_sweep >= EXPIRE_EVERY_S:
+        swept = self.ram_has_ttl or self.ram.stores
+        if swept and self.clock() - self._last_sweep >= EXPIRE_EVERY_S:
             self.expire()
 
     def expire(self, now: float | None = None) -> dict[str, int]:

@@ -64,7 +64,7 @@ def _remove(cache: PromptCache, report: DeleteReport, targets: list[BlockHash]) 
 def expire(cache: PromptCache, now: float) -> dict[str, int]:
     """Blocks past their TTL in every tier; the number removed per tier."""
     ram = cache.ram
-    out = {"ram": ram_sessions.expire(ram, now, cache.ram_ttl_s)}
+    out = {"ram": ram_sessions.expire(ram, now, cache.ram_ttl_s) if cache.ram_has_ttl else 0}
     cache.counters.num_expired += out["ram"]
     for tier in ram.stores:
         out[tier.name] = tier.expire(now)
