@@ -100,6 +100,7 @@ def test_delete_session_tenants_and_the_cli(tiny_llama_dir, tmp_path):
 def test_session_ids_and_ttl_hints_at_the_edge():
     from starlette.requests import Request
 
+    from promptcache.core.sessions import session_key
     from promptcache.server.schemas import MessagesRequest
     from promptcache.server.sessions import session_of, ttl_hint
 
@@ -110,6 +111,11 @@ def test_session_ids_and_ttl_hints_at_the_edge():
     assert session_of(request({}), None, "u1") == "u1"
     assert session_of(request({"x-promptcache-session": "h"}), "key", "u1") == "h"
     assert session_of(request({}), "key", "u1") == "key"
+    long_id = "user_" + "x" * 1000  # e.g. a client's composite user id: accepted, tagged by digest
+    assert session_of(request({}), None, long_id) == long_id
+    assert len(session_key("t", long_id)) < 100 and session_key("t", long_id) != session_key(
+        "t", long_id + "y"
+    )
     body = {
         "model": "m",
         "max_tokens": 4,

@@ -9,6 +9,7 @@ so one tenant can never name (or delete) another tenant's session.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,8 +24,11 @@ TTL_HINTS = {"5m": 300.0, "1h": 3600.0}
 
 
 def session_key(tenant: str, session: str) -> str:
-    """The tag of ``session`` inside ``tenant``'s namespace (length-prefixed: no aliasing)."""
-    return f"{len(tenant)}:{tenant}/{session[:MAX_SESSION_CHARS]}"
+    """The tag of ``session`` inside ``tenant``'s namespace (length-prefixed: no aliasing); an
+    id longer than ``MAX_SESSION_CHARS`` is kept as its digest (bounded rows, no collisions)."""
+    if len(session) > MAX_SESSION_CHARS:
+        session = "sha256:" + hashlib.sha256(session.encode()).hexdigest()
+    return f"{len(tenant)}:{tenant}/{session}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,7 +127,8 @@ class LowerTier(Protocol):
         """Bytes this tier holds now."""
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless bytes accounted == bytes held <= budget."""
+        """Raise AssertionError unless bytes accounted == bytes held <= budget, and no session
+        tag or TTL hint is kept for a block the tier no longer holds."""
 
     def close(self) -> None:
         """Flush what is pending and release resources; safe to call twice."""

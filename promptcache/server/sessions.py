@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from promptcache.core.sessions import MAX_SESSION_CHARS, TTL_HINTS, longer_ttl
+from promptcache.core.sessions import TTL_HINTS, longer_ttl
 from promptcache.engines.base import RequestError
 from promptcache.server.schemas import MessagesRequest
 from promptcache.server.state import ServerState
@@ -31,10 +31,8 @@ def session_of(request: Request, *fields: Any) -> str:
     if len(values) > 1:
         raise RequestError(f"{SESSION_HEADER} given more than once")
     candidates = [*values, *fields]
-    session = next((str(v) for v in candidates if isinstance(v, str | int) and str(v)), "")
-    if len(session) > MAX_SESSION_CHARS:
-        raise RequestError(f"a session id may have at most {MAX_SESSION_CHARS} characters")
-    return session
+    # any length is accepted (a long id is tagged by its digest, ``core.sessions.session_key``)
+    return next((str(v) for v in candidates if isinstance(v, str | int) and str(v)), "")
 
 
 def _ttl_of(block: Any) -> float | None:
@@ -81,8 +79,8 @@ async def delete_session(
     state: ServerState, request: Request, session_id: str, force: bool
 ) -> dict[str, Any]:
     """Every block only this session (of the caller's tenant) uses, in every tier."""
-    if not session_id or len(session_id) > MAX_SESSION_CHARS:
-        raise RequestError(f"a session id has 1 to {MAX_SESSION_CHARS} characters")
+    if not session_id:
+        raise RequestError("a session id is needed")
     tenant = state.tenant_of(request)
     report = await run_in_threadpool(_cache(state).delete_session, session_id, tenant, force)
     return {"session": session_id, "tenant": tenant, "force": force, **report.to_dict()}
