@@ -99,3 +99,39 @@ def test_key_files(tmp_path):
     (tmp_path / "short").write_bytes(b"abc")
     with pytest.raises(ValueError, match="not an encryption key"):
         load_key_file(tmp_path / "short")
+
+
+def test_cache_commands_on_an_encrypted_folder(tmp_path, capsys):
+    import argparse
+
+    from promptcache.cache_cli import run_cache_command
+
+    key = os.urandom(32)
+    (tmp_path / "key").write_bytes(key.hex().encode())
+    (tmp_path / "wrong").write_bytes(os.urandom(32))
+    cache, tier = make_cache(tmp_path, key)
+    cache.save(cache.sequence(TOKENS, session="alice"), None, make_slicer(TOKENS))
+    cache.close()
+    n = len(TOKENS) // BLOCK + 1
+
+    def run(action, key_file=None, session=None):
+        args = argparse.Namespace(
+            action=action, cache_dir=str(tmp_path / "cache"), limit=10, session=session,
+            tenant=None, force=False, encrypt_key_file=key_file,
+        )  # fmt: skip
+        return run_cache_command(args)
+
+    assert run("verify") == 0  # without the key: not verified, and nothing quarantined
+    assert (
+        "not verified" in capsys.readouterr().out
+        and len(list(tier.root_dir.rglob("*.safetensors"))) == n
+    )
+    assert run("verify", str(tmp_path / "wrong")) == 2  # refused: nothing would decrypt
+    assert run("verify", str(tmp_path / "key")) == 0
+    assert f"{n} blocks checked, 0 bad" in capsys.readouterr().out
+    assert run("delete") == 2  # neither --session nor --tenant
+    assert run("delete", None, "alice") == 2  # session ids are keyed digests: the key is needed
+    capsys.readouterr()
+    assert run("delete", str(tmp_path / "key"), "alice") == 0
+    assert f"deleted {n} blocks" in capsys.readouterr().out
+    assert list(tier.root_dir.rglob("*.safetensors")) == []
