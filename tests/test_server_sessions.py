@@ -131,3 +131,37 @@ def test_session_ids_and_ttl_hints_at_the_edge():
     assert ttl_hint(MessagesRequest.model_validate(body)) == 300.0
     body["system"] = "plain"
     assert ttl_hint(MessagesRequest.model_validate(body)) is None
+
+
+def test_encrypted_cache_through_the_server(tiny_llama_dir, tmp_path):
+    import os
+
+    env = {"PROMPTCACHE_HOME": str(tmp_path / "home")}
+    keys = tmp_path / "keys.txt"
+    keys.write_text(KEYS)
+    (tmp_path / "key").write_bytes(os.urandom(32))
+    (tmp_path / "wrong").write_bytes(os.urandom(32))
+    cache_dir = tmp_path / "cache"
+
+    def start(key_file):
+        args = ["--model", tiny_llama_dir, "--block-size", "16", "--cache-dir", str(cache_dir),
+                "--api-keys", str(keys), "--encrypt-key-file", str(tmp_path / key_file)]  # fmt: skip
+        return ServerProcess(args, env=env).start()
+
+    user = "Move my flight to Friday, please, and keep the aisle seat I paid for."
+    srv = start("key")
+    try:
+        text, _ = chat(srv.url, "ka", user)
+    finally:
+        srv.stop()
+    for key_file, hits in (("key", True), ("wrong", False)):
+        srv = start(key_file)
+        try:
+            again, usage = chat(srv.url, "ka", user)
+            cached = usage["prompt_tokens_details"]["cached_tokens"]
+            assert again == text and (cached > 0) == hits, (key_file, cached)
+            ssd = httpx.get(srv.url + "/v1/cache/stats", headers={"x-api-key": "kadm"}).json()
+            assert ssd["tiers"]["ssd"]["encrypted"] is True
+            assert (ssd["tiers"]["ssd"]["num_quarantined"] > 0) == (not hits)
+        finally:
+            srv.stop()

@@ -19,6 +19,7 @@ from promptcache.core.cipher import BlockCipher, CipherError
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE, open_private, tighten
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
+from promptcache.core.ssd_index_sessions import TAG_SQL, TTL_SQL, IndexSessions
 
 # 2: rows of block format 2 only. An index of another version is dropped at open, so start-up
 # re-checks every file (old-format files among them are never served)
@@ -53,16 +54,6 @@ CREATE INDEX IF NOT EXISTS sessions_by_session ON sessions(session);
 CREATE TABLE IF NOT EXISTS ttls (hash BLOB PRIMARY KEY, ttl REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
-# a session tag or TTL only for a block the index holds; at most MAX_SESSIONS_PER_BLOCK tags
-_TAG = (
-    "INSERT OR IGNORE INTO sessions (hash, session) SELECT ?1, ?2 "
-    "WHERE EXISTS (SELECT 1 FROM blocks WHERE hash = ?1) "
-    "AND (SELECT COUNT(*) FROM sessions WHERE hash = ?1) < ?3"
-)
-_TTL = (
-    "INSERT INTO ttls (hash, ttl) SELECT ?1, ?2 WHERE EXISTS (SELECT 1 FROM blocks WHERE hash = ?1) "
-    "ON CONFLICT(hash) DO UPDATE SET ttl = max(ttl, excluded.ttl)"
-)
 
 
 class Row(NamedTuple):
@@ -111,7 +102,7 @@ def _row(r: tuple[Any, ...] | list[Any]) -> Row:
     )
 
 
-class SsdIndex:
+class SsdIndex(IndexSessions):
     """With a ``cipher`` the index holds no token ids: tokens and extra keys are encrypted
     (bound to the block's hash), the children index keys on a keyed digest of the first token,
     session ids are keyed digests. The chain walk still works: rows are found by hash or by
@@ -125,6 +116,7 @@ class SsdIndex:
         """``adopt_key``: the tier's open (an index of another key is emptied); False for the
         ``cache`` commands, which only read ``stored_key_id`` and never empty anything."""
         self.cipher = cipher
+        self._cols = _COLS
         # created 0600 first: SQLite gives its -wal and -shm files the database file's mode
         os.close(open_private(path, os.O_RDWR))
         self._lock = threading.Lock()
@@ -225,81 +217,10 @@ class SsdIndex:
             )
             h = row.block_hash
             self._db.executemany(
-                _TAG, [(h, self._skey(s), MAX_SESSIONS_PER_BLOCK) for s in sessions]
+                TAG_SQL, [(h, self._skey(s), MAX_SESSIONS_PER_BLOCK) for s in sessions]
             )
             if ttl_s is not None:
-                self._db.execute(_TTL, (h, ttl_s))
-
-    def tag(self, hashes: list[BlockHash], session: str, ttl_s: float | None, now: float) -> None:
-        """Record a use of these blocks (those indexed): last access, session tag, TTL hint."""
-        with self._lock, self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(
-                "UPDATE blocks SET last_access = ? WHERE hash = ?", [(now, h) for h in hashes]
-            )
-            if session:
-                key = self._skey(session)
-                self._db.executemany(_TAG, [(h, key, MAX_SESSIONS_PER_BLOCK) for h in hashes])
-            if ttl_s is not None:
-                self._db.executemany(_TTL, [(h, ttl_s) for h in hashes])
-
-    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
-        """Blocks tagged ``session`` -> whether another session is tagged on them too."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT s.hash, (SELECT COUNT(*) FROM sessions o WHERE o.hash = s.hash) "
-                "FROM sessions s WHERE s.session = ?",
-                (self._skey(session),),
-            ).fetchall()
-        return {BlockHash(h): n > 1 for h, n in rows}
-
-    def forget_session(self, session: str) -> None:
-        with self._lock:
-            self._db.execute("DELETE FROM sessions WHERE session = ?", (self._skey(session),))
-
-    def subtree(self, hashes: Iterable[BlockHash]) -> list[Row]:
-        """These blocks' rows and every row below them (children after parents)."""
-        out: list[Row] = []
-        seen: set[bytes] = set()
-        todo = [self.get(h) for h in hashes]
-        while todo:
-            r = todo.pop()
-            if r is None or r.block_hash in seen:
-                continue
-            seen.add(r.block_hash)
-            out.append(r)
-            with self._lock:
-                kids = self._db.execute(
-                    f"SELECT {_COLS} FROM blocks WHERE parent = ?", (r.block_hash,)
-                ).fetchall()
-            todo.extend(self._row(k) for k in kids)
-        return out
-
-    def rows_of_root(self, root: BlockHash) -> list[Row]:
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {_COLS} FROM blocks WHERE root = ?", (root,)
-            ).fetchall()
-        return [self._row(r) for r in rows]
-
-    def expired(self, now: float) -> list[Row]:
-        """Blocks whose TTL hint ran out: unused for longer than it by ``now``."""
-        with self._lock:
-            rows = self._db.execute(
-                f"SELECT {', '.join('b.' + c for c in _COLS.split(', '))} FROM blocks b "
-                "JOIN ttls t ON t.hash = b.hash WHERE b.last_access < ? - t.ttl",
-                (now,),
-            ).fetchall()
-        return [self._row(r) for r in rows]
-
-    def orphan_tags(self) -> int:
-        """Session tags and TTLs of blocks the index no longer holds (always 0)."""
-        with self._lock:
-            (n,) = self._db.execute(
-                "SELECT (SELECT COUNT(*) FROM sessions WHERE hash NOT IN (SELECT hash FROM blocks))"
-                " + (SELECT COUNT(*) FROM ttls WHERE hash NOT IN (SELECT hash FROM blocks))"
-            ).fetchone()
-        return int(n)
+                self._db.execute(TTL_SQL, (h, ttl_s))
 
     def delete(self, hashes: Iterable[BlockHash]) -> None:
         """Delete these blocks, and the record of any namespace left without a block."""
