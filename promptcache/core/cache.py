@@ -329,17 +329,19 @@ class PromptCache:
         return blk, blk is not None
 
     def _note_use(self, seq: TokenSeq, blocks: tuple[Block, ...] | list[Block]) -> None:
-        """Session tag, TTL hint and time of use on the blocks, in every tier that holds them
-        (caller holds the lock; lower tiers are asked only when there is a tag or hint)."""
+        """Session tag, TTL hint and time of use on the blocks (caller holds the lock). Lower
+        tiers hear only what is new to a block (a session or a longer hint RAM did not have):
+        a session hitting its own blocks in RAM costs them nothing. Their copy's last use may
+        then lag while RAM serves it; an expired copy comes back with RAM's tags on eviction."""
         use = seq.use
+        new = [] if use.is_empty else [b.block_hash for b in blocks if _is_news(b, use)]
         tag_blocks(blocks, use, self.clock())
-        if use.is_empty:
-            return
         self.ram_has_ttl = self.ram_has_ttl or use.ttl_s is not None
-        hashes = [b.block_hash for b in blocks]
+        if not new:
+            return
         now = self.clock()
         for tier in self.ram.stores:
-            tier.tag(hashes, use, now)
+            tier.tag(new, use, now)
 
     def _maybe_expire(self) -> None:
         """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds
@@ -420,3 +422,10 @@ class PromptCache:
     def close(self) -> None:
         for tier in self.ram.lower_tiers:
             tier.close()
+
+
+def _is_news(block: Block, use: BlockUse) -> bool:
+    """Whether ``use`` tells a lower tier anything it may not know about ``block`` yet."""
+    if use.session and (block.sessions is None or use.session not in block.sessions):
+        return True
+    return use.ttl_s is not None and (block.ttl_s is None or block.ttl_s < use.ttl_s)
