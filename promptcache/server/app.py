@@ -197,22 +197,29 @@ def create_app(state: ServerState) -> FastAPI:
             "misses_by_reason": records.reasons(tenant),
         }
 
-    @app.delete("/v1/cache/sessions/{session_id}")
+    # documented: a tenant deletion without an admin key, a server with the cache off
+    deletion_errors: dict[int | str, dict[str, Any]] = {
+        403: {"description": "Needs an admin key"},
+        404: {"description": "The prompt cache is off"},
+    }
+
+    @app.delete("/v1/cache/sessions/{session_id}", responses=deletion_errors)
     async def delete_session(request: Request, session_id: str, force: bool = False) -> Any:
         """Remove every cached block only this session (of the caller's tenant) uses, in every
         tier; with ``force=true`` shared ones too. Pinned blocks stay (reported)."""
         return await sessions.delete_session(state, request, session_id, force)
 
-    @app.delete("/v1/cache/tenants/{tenant}")
+    @app.delete("/v1/cache/tenants/{tenant}", responses=deletion_errors)
     async def delete_tenant(request: Request, tenant: str) -> Any:
         """Remove every cached block of a tenant, in every tier (an admin key, with API keys)."""
         return await sessions.delete_tenant(state, request, tenant)
 
-    @app.get("/dashboard", response_class=HTMLResponse)
+    # the page and its files are UI, not API: kept out of the OpenAPI schema (as on main)
+    @app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
     async def dashboard() -> HTMLResponse:
         return HTMLResponse(dashboard_file("index.html"))
 
-    @app.get("/dashboard/{name}")
+    @app.get("/dashboard/{name}", include_in_schema=False)
     async def dashboard_asset(name: str) -> Response:
         if name not in DASHBOARD_ASSETS:
             raise StarletteHTTPException(404, f"no dashboard file {name!r}")
