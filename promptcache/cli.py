@@ -52,6 +52,21 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     _flag(
         p,
+        "ram-ttl",
+        None,
+        "drop RAM blocks unused for this many seconds (a request's cache_control TTL hint "
+        "overrides it for its blocks) (default: never; eviction only)",
+        float,
+    )
+    _flag(
+        p,
+        "encrypt-key-file",
+        None,
+        "encrypt SSD block files and the token ids in their index with AES-256-GCM under the "
+        "32-byte key in this file (raw, hex or base64); the key is never written by us",
+    )
+    _flag(
+        p,
         "ram-budget",
         None,
         "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
@@ -164,6 +179,8 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         ssd_retention=args.ssd_retention,
         shared_url=args.shared_tier,
         shared_ttl=args.shared_ttl,
+        ram_ttl=args.ram_ttl,
+        encrypt_key_file=args.encrypt_key_file,
         kv_bits=args.kv_bits,
         cache_kv_bits=args.cache_kv_bits,
         cache_kv_group=args.cache_kv_group,
@@ -399,9 +416,25 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     cache = sub.add_parser(
-        "cache", help="inspect or maintain the SSD tier: stats | ls | verify | clear"
+        "cache", help="inspect or maintain the SSD tier: stats | ls | verify | clear | delete"
     )
-    cache.add_argument("action", choices=("stats", "ls", "verify", "clear"))
+    cache.add_argument("action", choices=("stats", "ls", "verify", "clear", "delete"))
+    cache.add_argument(
+        "--session", default=None, help="delete: the session whose blocks go (inside --tenant)"
+    )
+    cache.add_argument(
+        "--tenant",
+        default=None,
+        help="delete: the session's tenant (default: none); without --session, the whole tenant",
+    )
+    cache.add_argument(
+        "--force", action="store_true", help="delete: blocks shared with other sessions too"
+    )
+    cache.add_argument(
+        "--encrypt-key-file",
+        default=os.environ.get("PROMPTCACHE_ENCRYPT_KEY_FILE"),
+        help="verify, delete: the serve --encrypt-key-file of an encrypted cache",
+    )
     cache.add_argument(
         "--cache-dir", default=None, help="the serve --cache-dir (default: <user cache dir>/blocks)"
     )

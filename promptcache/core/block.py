@@ -116,6 +116,10 @@ class Block:
     # policies read them lazily instead of walking every block of every request
     last_access: int = 0
     num_hits: int = 0
+    # sessions (``sessions.session_key``) that used it; None until one does (most never do)
+    sessions: set[str] | None = None
+    ttl_s: float | None = None  # the longest TTL hint of a request that used it
+    used_at: float = 0.0  # wall-clock (the cache's clock) of its last use, for expiry
 
     @property
     def token_bytes(self) -> bytes:

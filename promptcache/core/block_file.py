@@ -21,6 +21,7 @@ import xxhash
 from safetensors.numpy import save as st_save
 
 from promptcache.core.block import META_COLUMNS, BlockMeta
+from promptcache.core.cipher import MAGIC, BlockCipher, CipherError
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import TOKEN_BYTES, hash_block
 from promptcache.core.private_fs import make_private_dirs, open_private
@@ -38,6 +39,13 @@ class CorruptBlockError(Exception):
     """A block file whose header, identity or checksum does not hold."""
 
     is_damage = True  # False for a block that is merely gone (evicted between lookup and read)
+
+
+class EncryptedBlockError(CorruptBlockError):
+    """An encrypted block file read without a key (``cache verify`` without the key): not
+    damaged; a tier running with encryption never sees this (it has the key)."""
+
+    is_damage = False
 
 
 class OldFormatError(CorruptBlockError):
@@ -100,6 +108,33 @@ def encode_block(record: BlockRecord, model: str, codec: PayloadCodec) -> bytes:
     }
     meta["checksum"] = checksum_block(meta, arrays)
     return st_save(arrays, metadata=meta)
+
+
+def seal_file(data: bytes, cipher: BlockCipher | None, name: str) -> bytes:
+    """The file's bytes at rest: as they are, or (with a cipher) the whole safetensors file,
+    header with its token ids included, encrypted and bound to the file's name."""
+    if cipher is None:
+        return data
+    return MAGIC + cipher.seal(data, name.encode())
+
+
+def unseal_file(data: Buffer, cipher: BlockCipher | None, name: str) -> Buffer:
+    """The safetensors bytes of a file read from disk; raises CorruptBlockError when they
+    cannot be had: a wrong key, an altered file, a plaintext file while encryption is on
+    (never served: it may predate the key), or an encrypted one without a key."""
+    view = data if isinstance(data, bytes) else memoryview(data).cast("B")  # type: ignore[arg-type]
+    is_sealed = bytes(view[: len(MAGIC)]) == MAGIC
+    if cipher is None:
+        if is_sealed:
+            raise EncryptedBlockError("encrypted block file: no key given")
+        return data
+    if not is_sealed:
+        raise CorruptBlockError("unencrypted block file while encryption is on")
+    try:
+        # a bytearray: tensors are viewed writable, as from a plaintext read
+        return bytearray(cipher.open(view[len(MAGIC) :], name.encode()))
+    except CipherError as exc:
+        raise CorruptBlockError(str(exc)) from None
 
 
 def write_temp(path: Path, data: bytes) -> Path:

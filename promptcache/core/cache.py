@@ -9,26 +9,30 @@ prefill and after generation (with the generated tokens appended via ``seq.exten
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 
-from promptcache.core import promotion
+from promptcache.core import cache_admin, promotion
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.policy import EvictionPolicy
+from promptcache.core.ram_sessions import tag_blocks
 from promptcache.core.ram_tier import CacheBudgetError, RamTier
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.sessions import BlockUse, DeleteReport, session_key
 from promptcache.core.stats import CacheStats, Counters, LookupReport
 from promptcache.core.tier import LowerTier, StoredBlock
 from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
 
 DEFAULT_BLOCK_SIZE = 64
+EXPIRE_EVERY_S = 1.0  # expiry sweeps run on lookups and saves, at most this often
 SlicePositional = Callable[[int, int], Any]
 
 
@@ -91,9 +95,15 @@ class PromptCache:
         policy: EvictionPolicy | str | None = None,
         next_tier: LowerTier | Sequence[LowerTier] | None = None,
         evictions: EvictionLog | None = None,
+        ram_ttl: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``next_tier``: the tiers behind RAM, nearest first (one tier alone is accepted).
-        ``evictions``: the log the lower tiers note their evictions in (one is made if none)."""
+        ``evictions``: the log the lower tiers note their evictions in (one is made if none).
+        ``ram_ttl``: seconds a RAM block may go unused before it expires (None: never, unless
+        a request's TTL hint says so). ``clock``: wall-clock seconds (a test's fake clock)."""
+        if ram_ttl is not None and ram_ttl <= 0:
+            raise ValueError(f"ram_ttl must be positive, got {ram_ttl!r}")
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         budget = default_ram_budget() if ram_budget is None else parse_size(ram_budget)
@@ -103,7 +113,14 @@ class PromptCache:
         self.counters = Counters()
         # where evicted blocks went (shared with the lower tiers): a miss can say so
         self.evictions = evictions if evictions is not None else EvictionLog()
-        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions)
+        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions, clock)
+        self.ram_ttl_s = ram_ttl
+        self.clock = clock
+        self.deletions = 0  # bumped by every deletion: a promotion in flight then inserts nothing
+        # RAM sweeps walk every block: only once a TTL is in play (--ram-ttl, or a hint seen);
+        # lower tiers keep hints across restarts and look them up by index: always swept
+        self.ram_has_ttl = ram_ttl is not None
+        self._last_sweep = clock()
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
 
@@ -113,10 +130,16 @@ class PromptCache:
         tenant: str = "",
         salt: str = "",
         extras: Mapping[int, bytes] | None = None,
+        session: str = "",
+        ttl_s: float | None = None,
     ) -> TokenSeq:
-        """Tokens under this model's namespace for ``tenant``. Raises ValueError on bad ids."""
+        """Tokens under this model's namespace for ``tenant``. ``session`` (inside the tenant)
+        and ``ttl_s`` (a TTL hint) are recorded on every block the sequence's lookups and saves
+        touch; neither changes a hash. Raises ValueError on bad ids."""
         root = Namespace(self.model_fingerprint, tenant, salt).root_hash()
         seq = TokenSeq(root, tokens, self.block_size, extras)
+        if session or ttl_s is not None:
+            seq.use = BlockUse(session_key(tenant, session) if session else "", ttl_s)
         for tier in self.ram.stores:
             tier.register_namespace(root, tenant)
         return seq
@@ -137,19 +160,23 @@ class PromptCache:
         self._check_seq(seq)
         rc = self.requires_checkpoint
         with self._lock:
+            self._maybe_expire()
             match = self.ram.match(seq, rc)
             plan = None
             if self.ram.stores and match.num_matched < seq.num_tokens - 1:
                 plan = promotion.plan(self.ram, seq, match, rc)
             if plan is None:
                 return self._serve(seq, match, match.num_tokens)
+        deletions = self.deletions
         try:
-            loaded = promotion.load(plan)
+            loaded: list[Any] | None = promotion.load(plan)
         except BaseException:
             with self._lock:
                 promotion.finish(self.ram, plan, None)
             raise
         with self._lock:
+            if self.deletions != deletions:  # what was read may have been deleted meanwhile
+                loaded = None
             done = promotion.finish(self.ram, plan, loaded)
             # matched again: RAM changed while the lock was let go
             return self._serve(
@@ -171,6 +198,7 @@ class PromptCache:
             c.hit_tokens += match.num_tokens
             c.hits_by_kind[match.kind] += 1
             self.ram.touch(match.blocks, is_hit=True)
+            self._note_use(seq, match.blocks)
             self.ram.pin(match.blocks)
         report = self._report(seq, match, from_ram, tier, num_damaged)
         return Lease(self, match.num_tokens, match.blocks, match.kind, report)
@@ -224,6 +252,7 @@ class PromptCache:
             for i in range(first_new, num_full)
         }
         with self._lock:
+            self._maybe_expire()
             self.counters.num_saves += 1
             path = self.ram.tree.full_path(seq, num_full)
             node = path[-1] if path else self.ram.root(seq.root)
@@ -233,7 +262,7 @@ class PromptCache:
                     payload = payloads[i]
                 else:  # another thread evicted it meanwhile
                     payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
-                blk = self.ram.insert(node, seq.block_meta(i), payload)
+                blk = self.ram.insert(node, seq.block_meta(i), payload, use=seq.use)
                 if blk is None:
                     complete = False
                     break
@@ -264,6 +293,7 @@ class PromptCache:
                 if has_room:
                     self.counters.num_saved_checkpoints += 1
             self.ram.touch(path, is_hit=False)
+            self._note_use(seq, path)
             self.ram.prune_root(seq.root)
             if self.whatif is not None:
                 self.whatif.note_saved(new_bytes, new_tokens)
@@ -295,8 +325,48 @@ class PromptCache:
         if found is not None:
             return found, False
         payload = slice_positional(start, end) if slice_positional else None
-        blk = self.ram.insert(parent, seq.partial_meta(end), payload)
+        blk = self.ram.insert(parent, seq.partial_meta(end), payload, use=seq.use)
         return blk, blk is not None
+
+    def _note_use(self, seq: TokenSeq, blocks: tuple[Block, ...] | list[Block]) -> None:
+        """Session tag, TTL hint and time of use on the blocks (caller holds the lock). Lower
+        tiers hear only what is new to a block (a session or a longer hint RAM did not have):
+        a session hitting its own blocks in RAM costs them nothing. Their copy's last use may
+        then lag while RAM serves it; an expired copy comes back with RAM's tags on eviction."""
+        use = seq.use
+        new = [] if use.is_empty else [b.block_hash for b in blocks if _is_news(b, use)]
+        tag_blocks(blocks, use, self.clock())
+        self.ram_has_ttl = self.ram_has_ttl or use.ttl_s is not None
+        if not new:
+            return
+        now = self.clock()
+        for tier in self.ram.stores:
+            tier.tag(new, use, now)
+
+    def _maybe_expire(self) -> None:
+        """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds
+        the lock): the sweep walks the RAM index, so it is kept off most requests."""
+        swept = self.ram_has_ttl or self.ram.stores
+        if swept and self.clock() - self._last_sweep >= EXPIRE_EVERY_S:
+            self.expire()
+
+    def expire(self, now: float | None = None) -> dict[str, int]:
+        """Remove blocks unused past their TTL in every tier now; the count per tier."""
+        with self._lock:
+            now = self.clock() if now is None else now
+            self._last_sweep = now
+            return cache_admin.expire(self, now)
+
+    def delete_session(self, session: str, tenant: str = "", force: bool = False) -> DeleteReport:
+        """Remove the blocks only ``session`` (of ``tenant``) uses from every tier, with what
+        hangs below them; shared ones too when ``force``. Pinned blocks stay (reported)."""
+        with self._lock:
+            return cache_admin.delete_session(self, tenant, session, force)
+
+    def delete_tenant(self, tenant: str) -> DeleteReport:
+        """Remove every block of ``tenant``'s namespace from every tier."""
+        with self._lock:
+            return cache_admin.delete_tenant(self, tenant)
 
     def _drop_superseded(self, parent: Block, full: Block) -> None:
         for child in list(parent.children.get(full.first_token(), ())):
@@ -338,6 +408,9 @@ class PromptCache:
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
                 whatif=self.whatif.snapshot() if self.whatif is not None else {},
+                num_expired=c.num_expired,
+                num_deleted=c.num_deleted,
+                ram_ttl_s=self.ram_ttl_s,
             )
 
     def warm(self, tier: LowerTier, blocks: list[StoredBlock]) -> int:
@@ -383,3 +456,10 @@ class PromptCache:
     def close(self) -> None:
         for tier in self.ram.lower_tiers:
             tier.close()
+
+
+def _is_news(block: Block, use: BlockUse) -> bool:
+    """Whether ``use`` tells a lower tier anything it may not know about ``block`` yet."""
+    if use.session and (block.sessions is None or use.session not in block.sessions):
+        return True
+    return use.ttl_s is not None and (block.ttl_s is None or block.ttl_s < use.ttl_s)

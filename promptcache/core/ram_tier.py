@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.ram_sessions import tag_blocks
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
 from promptcache.core.tier import BlockRecord, LowerTier, NullTier
 from promptcache.core.tree import Match, PrefixTree
@@ -42,6 +45,7 @@ class RamTier:
         next_tier: LowerTier | Sequence[LowerTier] | None = None,
         counters: Counters | None = None,
         evictions: EvictionLog | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
@@ -61,6 +65,7 @@ class RamTier:
         self.used_bytes = 0
         self.reserved_bytes = 0  # promised to promotions loading outside the lock
         self.clock = 0
+        self.wall_clock = wall_clock  # seconds, for TTL expiry (``clock`` counts bytes and uses)
 
     @property
     def next_tier(self) -> LowerTier:
@@ -103,7 +108,13 @@ class RamTier:
     # -- writing -----------------------------------------------------------------------------
 
     def insert(
-        self, parent: Block, meta: BlockMeta, payload: Any, *, checkpoint: Any = None
+        self,
+        parent: Block,
+        meta: BlockMeta,
+        payload: Any,
+        *,
+        checkpoint: Any = None,
+        use: BlockUse = NO_USE,
     ) -> Block | None:
         """Make a new block resident under ``parent`` (``meta`` chains to it); None when no
         room can be made. Raises CacheBudgetError, changing nothing, when the block alone
@@ -130,6 +141,7 @@ class RamTier:
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
+        tag_blocks((block,), use, self.wall_clock())
         self._write_through_put(block)
         return block
 

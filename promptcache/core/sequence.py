@@ -8,6 +8,7 @@ import numpy as np
 
 from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block, tokens_to_bytes
+from promptcache.core.sessions import NO_USE, BlockUse
 
 
 class TokenSeq:
@@ -18,7 +19,7 @@ class TokenSeq:
     so a lookup followed by several saves of the same request hashes each block once.
     """
 
-    __slots__ = ("root", "block_size", "data", "num_tokens", "_extras", "_hashes")
+    __slots__ = ("root", "block_size", "data", "num_tokens", "use", "_extras", "_hashes")
 
     def __init__(
         self,
@@ -35,6 +36,8 @@ class TokenSeq:
         if len(self.data) % TOKEN_BYTES:
             raise ValueError("token bytes must be a whole number of uint32 ids")
         self.num_tokens = len(self.data) // TOKEN_BYTES
+        # the request's session tag and TTL hint: recorded on the blocks it touches, never hashed
+        self.use: BlockUse = NO_USE
         self._extras: dict[int, bytes] = {}
         for pos, key in (extras or {}).items():
             if not 0 <= pos < self.num_tokens:
@@ -136,6 +139,7 @@ class TokenSeq:
         out.root, out.block_size = self.root, self.block_size
         out.data = self.data + tokens_to_bytes(tokens)
         out.num_tokens = len(out.data) // TOKEN_BYTES
+        out.use = self.use
         out._extras = dict(self._extras)
         out._hashes = list(self._hashes)
         return out
@@ -146,6 +150,7 @@ class TokenSeq:
         out.root, out.block_size = self.root, self.block_size
         out.data = self.data[: num_tokens * TOKEN_BYTES]
         out.num_tokens = num_tokens
+        out.use = self.use
         out._extras = {k: v for k, v in self._extras.items() if k * self.block_size < num_tokens}
         out._hashes = self._hashes[: num_tokens // self.block_size]
         return out

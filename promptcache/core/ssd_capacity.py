@@ -4,7 +4,6 @@ file before it is deleted (and reads it whole) or sees its row gone."""
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 from promptcache.core.ssd_index import Row, SsdIndex
@@ -15,8 +14,9 @@ if TYPE_CHECKING:
 
 def enforce_capacity(tier: SsdTier, index: SsdIndex) -> None:
     """Caller holds ``tier.files_lock``."""
+    tier.expire(tier.clock())  # per-block TTL hints first
     if tier.retention_s is not None:
-        cutoff = time.time() - tier.retention_s
+        cutoff = tier.clock() - tier.retention_s
         while True:
             old = [r for r in index.lru_leaves(256) if r.last_access < cutoff]
             if not old:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -20,9 +21,11 @@ from promptcache.core.block_file import (
     decode_block,
     prefetch_files,
     read_open_file,
+    unseal_file,
     verify_identity,
 )
 from promptcache.core.chain import checkpoint_path, match_chain
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
@@ -50,6 +53,8 @@ class SsdReads:
     index: SsdIndex | None
     files_lock: threading.RLock
     _closed: bool
+    clock: Callable[[], float]
+    cipher: BlockCipher | None
 
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
         raise NotImplementedError
@@ -90,7 +95,9 @@ class SsdReads:
         try:
             with f:
                 data = read_open_file(f)
-            info, payload, checkpoint = decode_block(data, self.codec)
+            info, payload, checkpoint = decode_block(
+                unseal_file(data, self.cipher, path.stem), self.codec
+            )
             verify_identity(info, path.stem)
             if info.model != self.model or not matches_row(info, row):
                 raise CorruptBlockError("file does not hold the indexed block")
@@ -127,7 +134,7 @@ class SsdReads:
         if index is None:
             return
         try:
-            index.touch(hashes, time.time())
+            index.touch(hashes, self.clock())
         except Exception as exc:
             self.stats.error(f"{type(exc).__name__}: {exc}")
 

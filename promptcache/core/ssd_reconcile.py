@@ -20,8 +20,10 @@ from promptcache.core.block_file import (
     CorruptBlockError,
     OldFormatError,
     check_block,
+    unseal_file,
     verify_identity,
 )
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.ssd_index import Row, SsdIndex
 
 if TYPE_CHECKING:
@@ -30,10 +32,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("promptcache.ssd")
 
 
-def check_file(path: Path, data: bytes, model: str | None) -> BlockFileInfo:
+def check_file(
+    path: Path, data: bytes, model: str | None, cipher: BlockCipher | None = None
+) -> BlockFileInfo:
     """Everything a file must satisfy to be indexed (of ``model`` unless None); raises
-    CorruptBlockError (OldFormatError for an older format)."""
-    info = check_block(data)
+    CorruptBlockError (OldFormatError for an older format; a file that does not decrypt under
+    ``cipher`` is corrupt)."""
+    info = check_block(unseal_file(data, cipher, path.stem))
     if model is not None and info.model != model:
         raise CorruptBlockError("file belongs to another model")
     verify_identity(info, path.stem)
@@ -82,7 +87,7 @@ def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
 def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
     try:
         data = path.read_bytes()
-        info = check_file(path, data, tier.model)
+        info = check_file(path, data, tier.model, tier.cipher)
     except OldFormatError:
         path.unlink(missing_ok=True)
         tier.stats.add(num_old_format_removed=1)

@@ -29,7 +29,8 @@ class SsdStats:
     num_read_races: int = 0  # blocks evicted between lookup and read: the hit ends there
     num_quarantined: int = 0
     num_evictions: int = 0
-    num_expired: int = 0
+    num_expired: int = 0  # by retention or a block's TTL hint
+    num_deleted: int = 0  # removed by a session or tenant deletion
     num_reindexed: int = 0
     num_rows_dropped: int = 0
     num_temp_removed: int = 0

@@ -18,10 +18,12 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from promptcache.core.block_file import SUFFIX
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
@@ -31,12 +33,14 @@ from promptcache.core.private_fs import (
     tighten_cache_dir,
     tighten_tree,
 )
+from promptcache.core.sessions import BlockUse
 from promptcache.core.ssd_capacity import enforce_capacity
 from promptcache.core.ssd_health import WriteHealth
 from promptcache.core.ssd_index import Row, SsdIndex
 from promptcache.core.ssd_lock import LOCK_NAME, CacheDirLock
 from promptcache.core.ssd_read import SsdReads
 from promptcache.core.ssd_reconcile import reconcile_dir
+from promptcache.core.ssd_sessions import SsdSessions
 from promptcache.core.ssd_stats import SsdStats
 from promptcache.core.ssd_write import SsdWrites
 from promptcache.core.tier import BlockRecord, register_tier
@@ -47,7 +51,7 @@ RETRY_S = 5.0  # first cool-down after a write error (it doubles while errors go
 MAX_TENANT_NAMES = 4096  # namespace root -> tenant for folder names; bounded against header spam
 
 
-class SsdTier(SsdReads, SsdWrites):
+class SsdTier(SsdReads, SsdWrites, SsdSessions):
     name = "ssd"
     write_through = True
 
@@ -62,8 +66,12 @@ class SsdTier(SsdReads, SsdWrites):
         queue_blocks: int = 64,
         retry_s: float | None = None,
         evictions: EvictionLog | None = None,
+        clock: Callable[[], float] = time.time,
+        cipher: BlockCipher | None = None,
     ) -> None:
-        """Raises CacheDirLockedError when another process uses this model's cache folder; any
+        """``clock``: wall-clock seconds for access times and expiry (a test's fake clock).
+        ``cipher``: encrypt files and the index's token ids at rest (``core.cipher``).
+        Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
         self.model = model_fingerprint
         self.cache_dir = Path(cache_dir)
@@ -72,6 +80,8 @@ class SsdTier(SsdReads, SsdWrites):
         self.codec = codec or TreeCodec()
         self.budget_bytes = budget_bytes
         self.retention_s = retention_s
+        self.clock = clock
+        self.cipher = cipher
         self.stats = SsdStats()
         self.evictions = evictions  # shared with the cache: a miss can say "evicted from ssd"
         self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
@@ -80,6 +90,7 @@ class SsdTier(SsdReads, SsdWrites):
         # again when its checkpoint is attached after the first write-through)
         self._pending: dict[BlockHash, bool] = {}
         self._pending_lock = threading.Lock()
+        self._pending_tags: dict[BlockHash, list[BlockUse]] = {}
         # files and index rows change together under this lock (writer, eviction, quarantine);
         # readers open files under it too, so an open file is one the index still holds
         self.files_lock = threading.RLock()
@@ -101,7 +112,7 @@ class SsdTier(SsdReads, SsdWrites):
             self._dir_lock.acquire()  # CacheDirLockedError goes to the caller
             tighten_cache_dir(self.cache_dir, LOCK_NAME)
             tighten_tree(self.root_dir)
-            index = SsdIndex(self.root_dir / "index.sqlite")
+            index = SsdIndex(self.root_dir / "index.sqlite", self.cipher)
             with self.files_lock:
                 self.index = index
                 reconcile_dir(self, index)
@@ -205,6 +216,7 @@ class SsdTier(SsdReads, SsdWrites):
             assert held == self.used_bytes()
             roots = {r.meta.root for r in rows}
             assert set(index.tenants()) <= roots, "namespace records without blocks"
+            assert index.orphan_tags() == 0, "session tags or TTLs of blocks that are gone"
         assert held <= self.budget_bytes, (
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
         )
@@ -214,7 +226,7 @@ class SsdTier(SsdReads, SsdWrites):
         n, used = index.totals() if index is not None else (0, 0)
         return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
                 "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
-                "enabled": index is not None}  # fmt: skip
+                "enabled": index is not None, "encrypted": self.cipher is not None}  # fmt: skip
 
 
 register_tier("ssd", SsdTier)

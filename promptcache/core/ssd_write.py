@@ -14,11 +14,14 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from promptcache.core.block_file import commit_temp, encode_block, write_temp
+from promptcache.core.block_file import commit_temp, encode_block, seal_file, write_temp
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
+from promptcache.core.sessions import BlockUse
 from promptcache.core.ssd_health import WriteHealth
 from promptcache.core.ssd_index import Row, SsdIndex
 from promptcache.core.ssd_lock import CacheDirLockedError
@@ -42,6 +45,10 @@ class SsdWrites:
     _pending: dict[BlockHash, bool]
     _pending_lock: threading.Lock
     _queue: queue.Queue[BlockRecord | None]
+    clock: Callable[[], float]
+    cipher: BlockCipher | None
+    _pending_tags: dict[BlockHash, list[BlockUse]]
+    _apply_pending_tags: Callable[[BlockHash, float], None]  # from SsdSessions
 
     def _open(self) -> bool:
         raise NotImplementedError
@@ -72,6 +79,9 @@ class SsdWrites:
                 return True
         row = index.get(record.block_hash)
         if row is not None and (row.has_checkpoint or record.checkpoint is None):
+            if record.sessions or record.ttl_s is not None:  # a spill: its RAM tags join
+                for session in record.sessions or ("",):
+                    index.tag([record.block_hash], session, record.ttl_s, row.last_access)
             return True
         with self._pending_lock:
             try:
@@ -122,6 +132,7 @@ class SsdWrites:
                 with self._pending_lock:
                     if self._pending.get(record.block_hash) == (record.checkpoint is not None):
                         del self._pending[record.block_hash]
+                        self._pending_tags.pop(record.block_hash, None)
                 self._queue.task_done()
 
     def _reopen(self) -> None:
@@ -139,11 +150,11 @@ class SsdWrites:
         assert index is not None
         meta = record.meta
         path = self._path_for(meta.root, meta.block_hash)
-        data = encode_block(record, self.model, self.codec)
+        data = seal_file(encode_block(record, self.model, self.codec), self.cipher, path.stem)
         tmp = write_temp(path, data)  # the slow part (fsync) outside the lock: reads go on
         with self.files_lock:
             commit_temp(tmp, path)
-            now = time.time()
+            now = self.clock()
             old = index.get(meta.block_hash)
             row = Row(
                 meta,
@@ -156,7 +167,8 @@ class SsdWrites:
                 now,
             )
             try:
-                index.upsert(row, self._tenant(meta.root))
+                index.upsert(row, self._tenant(meta.root), record.sessions, record.ttl_s)
+                self._apply_pending_tags(meta.block_hash, now)
             except BaseException:  # no file without its row: it would hold bytes off the budget
                 path.unlink(missing_ok=True)
                 with contextlib.suppress(sqlite3.Error):

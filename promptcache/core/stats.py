@@ -25,6 +25,8 @@ class Counters:
     num_evictions: int = 0
     num_spills: int = 0
     num_superseded: int = 0  # partial blocks dropped because a full block now covers them
+    num_expired: int = 0  # RAM blocks unused past their TTL (--ram-ttl or a request's hint)
+    num_deleted: int = 0  # RAM blocks removed by a session or tenant deletion
 
 
 class LookupReport(NamedTuple):
@@ -62,6 +64,9 @@ class CacheStats:
     policy: str
     # the adaptive policy's what-if simulations: leader, hit rate by budget factor and policy
     whatif: dict[str, Any] = field(default_factory=dict)
+    num_expired: int = 0
+    num_deleted: int = 0
+    ram_ttl_s: float | None = None
 
     @property
     def hit_rate(self) -> float:

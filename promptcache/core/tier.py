@@ -8,6 +8,7 @@ from typing import Any, NamedTuple, Protocol
 from promptcache.core.block import Block, BlockMeta
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.sessions import BlockUse
 
 
 class BlockRecord(NamedTuple):
@@ -18,6 +19,9 @@ class BlockRecord(NamedTuple):
     checkpoint: Any
     nbytes: int  # payload + checkpoint bytes
     is_seq_end: bool
+    # the sessions that used it and its TTL hint, so a write-through copy carries its tags
+    sessions: frozenset[str] = frozenset()
+    ttl_s: float | None = None
 
     @property
     def block_hash(self) -> BlockHash:
@@ -26,7 +30,10 @@ class BlockRecord(NamedTuple):
     @classmethod
     def from_block(cls, block: Block) -> BlockRecord:
         assert block.parent is not None
-        return cls(block.meta, block.payload, block.checkpoint, block.nbytes, block.is_seq_end)
+        return cls(
+            block.meta, block.payload, block.checkpoint, block.nbytes, block.is_seq_end,
+            frozenset(block.sessions or ()), block.ttl_s,
+        )  # fmt: skip
 
 
 class StoredBlock(NamedTuple):
@@ -86,6 +93,33 @@ class LowerTier(Protocol):
         """A lookup asked this tier and promoted nothing from it: its continuation was not the
         longest (``failed`` False), or RAM had no room for it (``failed`` True)."""
 
+    # -- sessions, deletion, expiry (a shared tier implements these the same way) ----------------
+
+    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
+        """A request used these blocks (a hit, or a save): record ``use.session`` (unless empty)
+        and the TTL hint (the longer one wins) on those this tier holds, and count ``now`` as
+        their last use. Blocks it does not hold (yet) are ignored: a block still being written
+        carries its tags in its ``BlockRecord``. Must be cheap: called on the request path."""
+
+    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
+        """Blocks this tier holds tagged with ``session`` -> whether another session uses it
+        too (as far as this tier knows)."""
+
+    def forget_session(self, session: str) -> None:
+        """Drop ``session``'s tags from every block (the blocks stay)."""
+
+    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        """Remove these blocks and every block below them (a chain is only usable from its
+        root), files and index rows included, with their tags; writes still queued for them are
+        written first, then removed. Returns (blocks removed, bytes freed)."""
+
+    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
+        """Remove every block of the namespace ``root`` (a whole tenant); (blocks, bytes)."""
+
+    def expire(self, now: float) -> int:
+        """Remove blocks whose TTL hint (or the tier's own retention) ran out by ``now``, last
+        use counted; their descendants go too. Returns the number removed."""
+
     def describe(self) -> dict[str, Any]:
         """Counters and settings for ``/v1/cache/stats`` (empty: nothing to show)."""
 
@@ -93,7 +127,8 @@ class LowerTier(Protocol):
         """Bytes this tier holds now."""
 
     def check_integrity(self) -> None:
-        """Raise AssertionError unless bytes accounted == bytes held <= budget."""
+        """Raise AssertionError unless bytes accounted == bytes held <= budget, and no session
+        tag or TTL hint is kept for a block the tier no longer holds."""
 
     def close(self) -> None:
         """Flush what is pending and release resources; safe to call twice."""
@@ -127,6 +162,24 @@ class NullTier:
 
     def note_miss(self, failed: bool) -> None:
         pass
+
+    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
+        pass
+
+    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
+        return {}
+
+    def forget_session(self, session: str) -> None:
+        pass
+
+    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        return 0, 0
+
+    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
+        return 0, 0
+
+    def expire(self, now: float) -> int:
+        return 0
 
     def describe(self) -> dict[str, Any]:
         return {}

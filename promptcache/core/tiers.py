@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from promptcache.core.budget import parse_size
+from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.ssd_tier import DEFAULT_SSD_BUDGET, SsdTier
@@ -25,6 +26,7 @@ def make_lower_tiers(
     evictions: EvictionLog | None = None,
     shared_url: str | None = None,
     shared_ttl: float | None = None,
+    cipher: BlockCipher | None = None,
 ) -> list[LowerTier]:
     """The lower tiers, nearest first, for ``PromptCache(next_tier=...)``: an SSD tier under
     ``ssd_dir`` when one is given (raises CacheDirLockedError when another process holds the
@@ -42,6 +44,7 @@ def make_lower_tiers(
                 budget_bytes=parse_size(ssd_budget),
                 retention_s=ssd_retention,
                 evictions=evictions,
+                cipher=cipher,
             )
         )
     if shared_url:

@@ -47,6 +47,8 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None  # an llguidance grammar the reply must follow (tools, JSON)
     timeout_s: float | None = None  # time budget from arrival; decoding stops when it runs out
+    session: str = ""  # tagged on the cache blocks the request touches (inside its tenant)
+    cache_ttl_s: float | None = None  # TTL hint for those blocks (None: the tiers' defaults)
 
     def validate(self) -> None:
         if self.max_tokens < 1:

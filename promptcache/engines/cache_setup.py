@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.tier import LowerTier
@@ -37,6 +38,8 @@ class EngineOptions:
     ssd_retention: float | None = None
     shared_url: str | None = None  # valkey://host:port/db (redis://, ?cluster=1)
     shared_ttl: float | None = None  # seconds an unused shared block lives (default: a day)
+    ram_ttl: float | None = None  # seconds a RAM block may go unused (None: no expiry)
+    encrypt_key_file: str | Path | None = None  # AES-256-GCM key for the SSD tier's files
 
     def check(self) -> None:
         if self.prefill_chunk <= 0:
@@ -56,6 +59,10 @@ def build_cache(
     evictions = EvictionLog()  # RAM and every lower tier note evictions here
     if next_tier is None:
         try:
+            cipher = make_cipher(opts.encrypt_key_file)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--encrypt-key-file: {exc}") from None
+        try:
             built = next_tier = make_lower_tiers(
                 fingerprint=fingerprint,
                 ssd_dir=opts.ssd_dir,
@@ -65,6 +72,7 @@ def build_cache(
                 shared_ttl=opts.shared_ttl,
                 codec=codec,
                 evictions=evictions,
+                cipher=cipher,
             )
         except ValueError as exc:  # a bad budget, a URL that is not a Valkey one
             raise ConfigError(f"lower tiers: {exc}") from None
@@ -73,12 +81,13 @@ def build_cache(
             fingerprint,
             block_size=opts.block_size,
             ram_budget=opts.ram_budget,
+            ram_ttl=opts.ram_ttl,
             requires_checkpoint=requires_checkpoint,
             next_tier=next_tier,
             policy=opts.policy,
             evictions=evictions,
         )
-    except ValueError as exc:  # a bad budget, block size or policy name
+    except ValueError as exc:  # a bad budget, block size, TTL or policy name
         for tier in built:
             tier.close()  # its folder lock: a retry in this process must find it free
         raise ConfigError(f"prompt cache: {exc}") from None

@@ -43,6 +43,8 @@ def build_engine(
     ssd_retention: float | None = None,
     shared_url: str | None = None,
     shared_ttl: float | None = None,
+    ram_ttl: float | None = None,
+    encrypt_key_file: str | None = None,
     kv_bits: int | None = None,
     cache_kv_bits: int | None = None,
     cache_kv_group: int = 64,
@@ -79,6 +81,8 @@ def build_engine(
         ssd_retention=ssd_retention,
         shared_url=shared_url,
         shared_ttl=shared_ttl,
+        ram_ttl=ram_ttl,
+        encrypt_key_file=encrypt_key_file,
         **extra,
     )
 

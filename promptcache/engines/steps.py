@@ -101,7 +101,12 @@ class Steps:
         """Look the prompt up and restore the longest cached prefix (pinned until released)."""
         if self.cache is not None:
             try:
-                req.seq = self.cache.sequence(req.prompt, tenant=req.tenant)
+                req.seq = self.cache.sequence(
+                    req.prompt,
+                    tenant=req.tenant,
+                    session=req.params.session,
+                    ttl_s=req.params.cache_ttl_s,
+                )
             except ValueError as exc:  # token ids the cache cannot key: the client's input
                 raise RequestError(f"prompt: {exc}") from None
             req.lease = self.cache.lookup(req.seq)

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
 from promptcache.server.chat import Chat
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
+from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import Reply, ServerState
 from promptcache.server.streaming import keep_alive, start_first, stream_error
 from promptcache.tools import ToolStreamSplitter
@@ -172,6 +173,8 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     params = SamplingParams(
         req.max_tokens, req.temperature, req.top_p, req.top_k, None, list(req.stop_sequences or [])
     )
+    params.session = session_of(request, (req.metadata or {}).get("user_id"))
+    params.cache_ttl_s = ttl_hint(req)
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id

@@ -19,7 +19,7 @@ from promptcache.engines.base import (
     PromptTooLongError,
     RequestError,
 )
-from promptcache.server import anthropic_api, openai_api
+from promptcache.server import anthropic_api, openai_api, sessions
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
@@ -196,6 +196,23 @@ def create_app(state: ServerState) -> FastAPI:
             "alert": records.alert(tenant),
             "misses_by_reason": records.reasons(tenant),
         }
+
+    # documented: a tenant deletion without an admin key, a server with the cache off
+    deletion_errors: dict[int | str, dict[str, Any]] = {
+        403: {"description": "Needs an admin key"},
+        404: {"description": "The prompt cache is off"},
+    }
+
+    @app.delete("/v1/cache/sessions/{session_id}", responses=deletion_errors)
+    async def delete_session(request: Request, session_id: str, force: bool = False) -> Any:
+        """Remove every cached block only this session (of the caller's tenant) uses, in every
+        tier; with ``force=true`` shared ones too. Pinned blocks stay (reported)."""
+        return await sessions.delete_session(state, request, session_id, force)
+
+    @app.delete("/v1/cache/tenants/{tenant}", responses=deletion_errors)
+    async def delete_tenant(request: Request, tenant: str) -> Any:
+        """Remove every cached block of a tenant, in every tier (an admin key, with API keys)."""
+        return await sessions.delete_tenant(state, request, tenant)
 
     # the page and its files are UI, not API: kept out of the OpenAPI schema
     @app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)

@@ -22,6 +22,7 @@ from promptcache.engines.base import (
 )
 from promptcache.server.chat import Chat
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
+from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
 from promptcache.server.streaming import keep_alive, start_first, stream_error
 from promptcache.tools import ToolStreamSplitter
@@ -135,6 +136,7 @@ def tool_calls(reply: Reply) -> list[dict[str, Any]]:
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest) -> Any:
     explicit = req.max_completion_tokens or req.max_tokens
     params = sampling_from(req, state.default_max_tokens)
+    params.session = session_of(request, req.prompt_cache_key, req.user)
     chat = to_chat(req)
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     limit = state.engine.max_context
@@ -152,6 +154,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest) -> Any:
     params = sampling_from(req, 16 if req.max_tokens is None else req.max_tokens)
+    params.session = session_of(request, req.prompt_cache_key, req.user)
     p = req.prompt
     if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
         prompt = list(p)  # type: ignore[arg-type]

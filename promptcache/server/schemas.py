@@ -36,6 +36,7 @@ class _Sampling(_Loose):
     stream_options: StreamOptions | None = None
     n: int = Field(default=1, ge=1, le=1)
     user: str | None = None
+    prompt_cache_key: str | None = None  # OpenAI's cache routing key: our session id
 
 
 class ChatCompletionRequest(_Sampling):
