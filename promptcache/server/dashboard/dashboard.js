@@ -203,10 +203,12 @@ function renderStats(stats) {
   const tiers = document.getElementById("tiers");
   tiers.replaceChildren();
   const bytes = stats.bytes_by_tier || {};
-  const rows = [["tier", "bytes", "hits", "budget"]];
-  rows.push(["ram", fmtNum(bytes.ram), fmtNum(stats.num_hits), fmtNum(stats.ram_budget_bytes)]);
+  // RAM: token hit rate of every lookup; a lower tier: lookups it served / lookups that asked it
+  const rows = [["tier", "bytes", "hits", "hit rate", "budget"]];
+  rows.push(["ram", fmtNum(bytes.ram), fmtNum(stats.num_hits), fmtPct(stats.hit_rate), fmtNum(stats.ram_budget_bytes)]);
   for (const [name, t] of Object.entries(stats.tiers || {})) {
-    rows.push([name, fmtNum(bytes[name] ?? t.used_bytes), fmtNum(t.num_hits), fmtNum(t.budget_bytes)]);
+    const asked = (t.num_hits || 0) + (t.num_misses || 0);
+    rows.push([name, fmtNum(bytes[name] ?? t.used_bytes), fmtNum(t.num_hits), asked ? fmtPct(t.num_hits / asked) : "–", fmtNum(t.budget_bytes)]);
   }
   const table = document.createElement("table");
   rows.forEach((row, i) => {
