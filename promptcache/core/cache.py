@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
@@ -21,9 +21,10 @@ from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
+from promptcache.core.lease import Lease, SaveResult
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.ram_sessions import tag_blocks
-from promptcache.core.ram_tier import CacheBudgetError, RamTier
+from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, session_key
 from promptcache.core.stats import CacheStats, Counters, LookupReport
@@ -34,54 +35,6 @@ from promptcache.core.whatif import attach_whatif
 DEFAULT_BLOCK_SIZE = 64
 EXPIRE_EVERY_S = 1.0  # expiry sweeps run on lookups and saves, at most this often
 SlicePositional = Callable[[int, int], Any]
-
-
-class SaveResult(NamedTuple):
-    num_new_blocks: int
-    num_new_bytes: int
-    num_cached_tokens: int  # tokens of the saved sequence resident after the save
-
-
-class Lease:
-    """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
-
-    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "_released")
-
-    def __init__(
-        self,
-        cache: PromptCache,
-        num_tokens: int,
-        blocks: tuple[Block, ...],
-        kind: str,
-        report: LookupReport | None = None,
-    ) -> None:
-        self.num_tokens = num_tokens
-        self.blocks = blocks
-        self.kind = kind
-        self.report = report  # what the lookup found, for the request's cache record
-        # snapshot state at num_tokens: only set when the hit ends exactly at a checkpoint
-        last = blocks[-1] if blocks else None
-        self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
-        self._cache = cache
-        self._released = not blocks
-
-    def segments(self) -> list[tuple[Any, int]]:
-        """(positional payload, tokens to take from its start) per block, covering [0, num_tokens)."""
-        out = []
-        for blk in self.blocks:
-            out.append((blk.payload, min(blk.num_tokens, self.num_tokens - blk.depth)))
-        return out
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._cache._unpin(self.blocks)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class PromptCache:
@@ -415,37 +368,11 @@ class PromptCache:
 
     def warm(self, tier: LowerTier, blocks: list[StoredBlock]) -> int:
         """Start-up warm-up: read ``blocks`` (parent before child, e.g. a shared tier's hottest
-        prefixes) from ``tier`` outside the lock, verified by it, and insert under the lock each
-        one whose parent is resident, by promotion's rules (never past the RAM budget, an
-        unusable block skipped with its descendants). Not counted as hits. Returns the number
-        of blocks inserted."""
+        prefixes) from ``tier`` outside the lock, then insert them under it by promotion's rules
+        (``promotion.insert_warm``). Not counted as hits. Returns the number inserted."""
         loaded = tier.read(blocks)
-        inserted = 0
         with self._lock:
-            roots = set()
-            for b, result in zip(blocks, loaded, strict=True):
-                m = b.meta
-                if isinstance(result, Exception) or self.ram.get(m.block_hash) is not None:
-                    continue
-                if m.depth == 0:
-                    roots.add(m.root)
-                    parent: Block | None = self.ram.root(m.root)
-                else:
-                    parent = self.ram.get(m.parent_hash)
-                if parent is None:
-                    continue  # its parent was unusable
-                payload, checkpoint = result
-                try:
-                    blk = self.ram.insert(parent, m, payload, checkpoint=checkpoint)
-                except CacheBudgetError:
-                    blk = None
-                if blk is None:
-                    break  # RAM is full
-                blk.is_seq_end = b.is_seq_end
-                inserted += 1
-            for root in roots:
-                self.ram.prune_root(root)
-        return inserted
+            return promotion.insert_warm(self.ram, blocks, loaded)
 
     def check_integrity(self) -> None:
         with self._lock:

@@ -16,7 +16,7 @@ from promptcache.core.block import Block
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
-from promptcache.core.ram_tier import RamTier
+from promptcache.core.ram_tier import CacheBudgetError, RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tier import LowerTier, ReadResult, StoredBlock
 from promptcache.core.tree import Match
@@ -101,3 +101,34 @@ def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> P
     if promoted:
         p.tier.touch(promoted)
     return Promoted(len(promoted), num_damaged)
+
+
+def insert_warm(ram: RamTier, blocks: list[StoredBlock], loaded: list[ReadResult]) -> int:
+    """Under the cache's lock: insert warm-up blocks read from a lower tier (parent before
+    child) whose parent is resident, never past the RAM budget; an unusable block is skipped
+    with its descendants. Returns the number inserted."""
+    inserted = 0
+    roots = set()
+    for b, result in zip(blocks, loaded, strict=True):
+        m = b.meta
+        if isinstance(result, Exception) or ram.get(m.block_hash) is not None:
+            continue
+        if m.depth == 0:
+            roots.add(m.root)
+            parent: Block | None = ram.root(m.root)
+        else:
+            parent = ram.get(m.parent_hash)
+        if parent is None:
+            continue  # its parent was unusable
+        payload, checkpoint = result
+        try:
+            blk = ram.insert(parent, m, payload, checkpoint=checkpoint)
+        except CacheBudgetError:
+            blk = None
+        if blk is None:
+            break  # RAM is full
+        blk.is_seq_end = b.is_seq_end
+        inserted += 1
+    for root in roots:
+        ram.prune_root(root)
+    return inserted

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from promptcache.core.cache import Lease
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
     Event,

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from promptcache.core.cache import Lease
+from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import Event, SamplingParams
 from promptcache.engines.grammar import GrammarConstraint
