@@ -12,144 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-
-def _env(name: str, default: Any) -> Any:
-    return os.environ.get("PROMPTCACHE_" + name.upper().replace("-", "_"), default)
-
-
-def _flag(p: argparse.ArgumentParser, name: str, default: Any, help: str, type: Any = str) -> None:
-    env = "PROMPTCACHE_" + name.upper().replace("-", "_")
-    value = _env(name, default)
-    p.add_argument(
-        "--" + name,
-        default=type(value) if value is not None else None,
-        type=type,
-        help=f"{help} [env {env}; default {default}]",
-    )
-
-
-def add_engine_flags(p: argparse.ArgumentParser) -> None:
-    _flag(
-        p,
-        "model",
-        None,
-        "HF-format model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)",
-    )
-    _flag(p, "engine", "auto", "auto | torch | mlx")
-    _flag(
-        p,
-        "cache-dir",
-        None,
-        "where the SSD tier keeps block files (default: <user cache dir>/blocks)",
-    )
-    _flag(p, "ssd-budget", "10GB", "SSD tier size, from real file sizes")
-    _flag(
-        p,
-        "ssd-retention",
-        None,
-        "drop SSD blocks unused for this many seconds (default: never)",
-        float,
-    )
-    _flag(
-        p,
-        "ram-ttl",
-        None,
-        "drop RAM blocks unused for this many seconds (a request's cache_control TTL hint "
-        "overrides it for its blocks) (default: never; eviction only)",
-        float,
-    )
-    _flag(
-        p,
-        "encrypt-key-file",
-        None,
-        "encrypt SSD block files and the token ids in their index with AES-256-GCM under the "
-        "32-byte key in this file (raw, hex or base64); the key is never written by us",
-    )
-    _flag(
-        p,
-        "ram-budget",
-        None,
-        "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
-    )
-    _flag(
-        p,
-        "shared-tier",
-        None,
-        "shared tier behind SSD, on a Valkey/Redis server several servers share: "
-        "valkey://host:port/db (redis://...; ?cluster=1 for cluster mode) (default: none)",
-    )
-    _flag(
-        p,
-        "shared-ttl",
-        None,
-        "seconds an unused block lives in the shared tier (default: 86400)",
-        float,
-    )
-    _flag(p, "block-size", 64, "tokens per cache block", int)
-    _flag(
-        p,
-        "prefill-chunk",
-        512,
-        "tokens per prefill chunk (the cache saves at each chunk boundary)",
-        int,
-    )
-    _flag(
-        p,
-        "step-tokens",
-        None,
-        "tokens per engine step: every decoding request's next token, then prefill in what is "
-        "left, shortest prompt first (default 128)",
-        int,
-    )
-    _flag(
-        p,
-        "max-context",
-        None,
-        "context window in tokens: refuse longer prompts; above the model's native context, "
-        "extend it by YaRN RoPE scaling (RoPE models only; others exit with the reason) "
-        "(default: the model's)",
-        int,
-    )
-    _flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
-    _flag(p, "device", "cpu", "torch device: cpu | cuda")
-    _flag(p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int)
-    _flag(
-        p,
-        "cache-kv-bits",
-        None,
-        "store cached K/V blocks quantized to 8 or 4 bits (RAM, SSD; restored dequantized)",
-        int,
-    )
-    _flag(
-        p,
-        "cache-kv-group",
-        64,
-        "values per scale/minimum along the head dim (--cache-kv-bits)",
-        int,
-    )
-    _flag(
-        p,
-        "cache-kv-min-tokens",
-        0,
-        "blocks starting before this position stay full precision (--cache-kv-bits)",
-        int,
-    )
-    _flag(p, "cache-dtype", None, "store a float32 model's cached blocks as: bfloat16")
-    _flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
-    no_cache = str(_env("no-cache", "")).lower() in ("1", "true", "yes")
-    p.add_argument(
-        "--no-cache",
-        action="store_true",
-        default=no_cache,
-        help="serve with the prompt cache off (A/B runs) [env PROMPTCACHE_NO_CACHE]",
-    )
-    no_ssd = str(_env("no-ssd", "")).lower() in ("1", "true", "yes")
-    p.add_argument(
-        "--no-ssd",
-        action="store_true",
-        default=no_ssd,
-        help="RAM tier only: nothing persists across restarts [env PROMPTCACHE_NO_SSD]",
-    )
+from promptcache.cli_flags import add_engine_flags, add_flag, env_value
 
 
 def default_cache_dir() -> str:
@@ -306,10 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="OpenAI/Anthropic-compatible HTTP server")
-    _flag(serve, "host", "127.0.0.1", "address to listen on")
-    _flag(serve, "port", 8000, "port to listen on", int)
-    _flag(serve, "log-level", "info", "uvicorn log level")
-    _flag(
+    add_flag(serve, "host", "127.0.0.1", "address to listen on")
+    add_flag(serve, "port", 8000, "port to listen on", int)
+    add_flag(serve, "log-level", "info", "uvicorn log level")
+    add_flag(
         serve,
         "max-output-tokens",
         None,
@@ -317,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
-    _flag(
+    add_flag(
         serve,
         "hit-rate-alert",
         0.8,
@@ -325,22 +188,22 @@ def build_parser() -> argparse.ArgumentParser:
         "--hit-rate-window requests is under this fraction (0 turns it off)",
         float,
     )
-    _flag(
+    add_flag(
         serve,
         "warmup-bytes",
         None,
         "with --shared-tier: pull up to this much of the shared tier's hottest prefixes into "
         "RAM at start-up: bytes, 512MB or a %% of the RAM budget; 0 disables (default: 10%%)",
     )
-    _flag(
+    add_flag(
         serve,
         "warmup-seconds",
         10.0,
         "with --shared-tier: time limit of the start-up warm-up; 0 disables",
         float,
     )
-    _flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
-    keep = str(_env("keep-billing-header", "")).lower() in ("1", "true", "yes")
+    add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
+    keep = str(env_value("keep-billing-header", "")).lower() in ("1", "true", "yes")
     serve.add_argument(
         "--keep-billing-header",
         action="store_true",
@@ -349,24 +212,28 @@ def build_parser() -> argparse.ArgumentParser:
         "prompt (default: dropped, so sessions share their prefix) [env "
         "PROMPTCACHE_KEEP_BILLING_HEADER]",
     )
-    _flag(
+    add_flag(
         serve,
         "api-keys",
         None,
         "file of `KEY TENANT [admin]` lines: every request needs a "
         "key and its tenant comes from the key (also PROMPTCACHE_API_KEYS=KEY=TENANT[:admin],...)",
     )
-    _flag(serve, "max-queue", 32, "requests running or waiting for the engine; more get 429", int)
-    _flag(
+    add_flag(
+        serve, "max-queue", 32, "requests running or waiting for the engine; more get 429", int
+    )
+    add_flag(
         serve,
         "request-timeout",
         900.0,
         "seconds a request may take from arrival to its last token (0: none)",
         float,
     )
-    _flag(serve, "max-body-bytes", 16 * 2**20, "largest request body accepted (413 above)", int)
-    _flag(serve, "max-prompt-tokens", None, "prompt tokens per request (default: the context)", int)
-    _flag(serve, "max-stop-strings", 16, "stop strings per request (each up to 512 chars)", int)
+    add_flag(serve, "max-body-bytes", 16 * 2**20, "largest request body accepted (413 above)", int)
+    add_flag(
+        serve, "max-prompt-tokens", None, "prompt tokens per request (default: the context)", int
+    )
+    add_flag(serve, "max-stop-strings", 16, "stop strings per request (each up to 512 chars)", int)
     add_engine_flags(serve)
     serve.set_defaults(func=cmd_serve)
 

@@ -1,0 +1,151 @@
+"""The flags the commands share: each with a ``PROMPTCACHE_*`` environment variable (--ram-budget
+is PROMPTCACHE_RAM_BUDGET), and the engine and cache flags of ``serve`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+
+def env_value(name: str, default: Any) -> Any:
+    return os.environ.get("PROMPTCACHE_" + name.upper().replace("-", "_"), default)
+
+
+def add_flag(
+    p: argparse.ArgumentParser, name: str, default: Any, help: str, type: Any = str
+) -> None:
+    env = "PROMPTCACHE_" + name.upper().replace("-", "_")
+    value = env_value(name, default)
+    p.add_argument(
+        "--" + name,
+        default=type(value) if value is not None else None,
+        type=type,
+        help=f"{help} [env {env}; default {default}]",
+    )
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    add_flag(
+        p,
+        "model",
+        None,
+        "HF-format model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)",
+    )
+    add_flag(p, "engine", "auto", "auto | torch | mlx")
+    add_flag(
+        p,
+        "cache-dir",
+        None,
+        "where the SSD tier keeps block files (default: <user cache dir>/blocks)",
+    )
+    add_flag(p, "ssd-budget", "10GB", "SSD tier size, from real file sizes")
+    add_flag(
+        p,
+        "ssd-retention",
+        None,
+        "drop SSD blocks unused for this many seconds (default: never)",
+        float,
+    )
+    add_flag(
+        p,
+        "ram-ttl",
+        None,
+        "drop RAM blocks unused for this many seconds (a request's cache_control TTL hint "
+        "overrides it for its blocks) (default: never; eviction only)",
+        float,
+    )
+    add_flag(
+        p,
+        "encrypt-key-file",
+        None,
+        "encrypt SSD block files and the token ids in their index with AES-256-GCM under the "
+        "32-byte key in this file (raw, hex or base64); the key is never written by us",
+    )
+    add_flag(
+        p,
+        "ram-budget",
+        None,
+        "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
+    )
+    add_flag(
+        p,
+        "shared-tier",
+        None,
+        "shared tier behind SSD, on a Valkey/Redis server several servers share: "
+        "valkey://host:port/db (redis://...; ?cluster=1 for cluster mode) (default: none)",
+    )
+    add_flag(
+        p,
+        "shared-ttl",
+        None,
+        "seconds an unused block lives in the shared tier (default: 86400)",
+        float,
+    )
+    add_flag(p, "block-size", 64, "tokens per cache block", int)
+    add_flag(
+        p,
+        "prefill-chunk",
+        512,
+        "tokens per prefill chunk (the cache saves at each chunk boundary)",
+        int,
+    )
+    add_flag(
+        p,
+        "step-tokens",
+        None,
+        "tokens per engine step: every decoding request's next token, then prefill in what is "
+        "left, shortest prompt first (default 128)",
+        int,
+    )
+    add_flag(
+        p,
+        "max-context",
+        None,
+        "context window in tokens: refuse longer prompts; above the model's native context, "
+        "extend it by YaRN RoPE scaling (RoPE models only; others exit with the reason) "
+        "(default: the model's)",
+        int,
+    )
+    add_flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
+    add_flag(p, "device", "cpu", "torch device: cpu | cuda")
+    add_flag(
+        p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int
+    )
+    add_flag(
+        p,
+        "cache-kv-bits",
+        None,
+        "store cached K/V blocks quantized to 8 or 4 bits (RAM, SSD; restored dequantized)",
+        int,
+    )
+    add_flag(
+        p,
+        "cache-kv-group",
+        64,
+        "values per scale/minimum along the head dim (--cache-kv-bits)",
+        int,
+    )
+    add_flag(
+        p,
+        "cache-kv-min-tokens",
+        0,
+        "blocks starting before this position stay full precision (--cache-kv-bits)",
+        int,
+    )
+    add_flag(p, "cache-dtype", None, "store a float32 model's cached blocks as: bfloat16")
+    add_flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
+    no_cache = str(env_value("no-cache", "")).lower() in ("1", "true", "yes")
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        default=no_cache,
+        help="serve with the prompt cache off (A/B runs) [env PROMPTCACHE_NO_CACHE]",
+    )
+    no_ssd = str(env_value("no-ssd", "")).lower() in ("1", "true", "yes")
+    p.add_argument(
+        "--no-ssd",
+        action="store_true",
+        default=no_ssd,
+        help="RAM tier only: nothing persists across restarts [env PROMPTCACHE_NO_SSD]",
+    )
