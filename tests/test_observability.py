@@ -207,6 +207,9 @@ def test_diagnose_reasons_in_order():
     assert snap.reason == "snapshot" and snap.detail["checkpoint_at"] == 64
     lost = diagnose(a, _report(32), mem, "", **kw)
     assert lost.reason == "unsaved" and lost.detail["earlier_request"] == 1
+    # the earlier request was remembered (finished) after this one started: it was in flight
+    racing = diagnose(a, _report(32), mem, "", started_s=-1.0, **kw)
+    assert racing.reason == "in_flight" and racing.detail["earlier_request"] == 1
     log = EvictionLog()
     log.note(b"h" * 16, b"p" * 16, "ssd", now=100.0)
     ev = diagnose(

@@ -11,6 +11,8 @@ Reasons, checked in this order:
 - ``unsaved``: an earlier request covered more, but its blocks are gone and the eviction log does
   not know them (never saved: a full budget of pinned blocks, a cancelled prefill; or evicted
   longer ago than the log remembers).
+- ``in_flight``: an earlier request covering more was still running when this one looked up
+  (agents fire requests in parallel); its blocks were not all saved yet.
 - ``namespace``: another namespace (tenant, salt) holds a longer prefix; caches never cross
   namespaces. Only looked for when tenants are not a security boundary (no API keys).
 - ``diverged``: the prompt differs from the closest earlier request at token i (which message,
@@ -31,7 +33,7 @@ import numpy as np
 from promptcache.core.stats import LookupReport
 
 MISS_REASONS = (
-    "none", "cold", "diverged", "evicted", "unsaved", "namespace", "snapshot", "damaged",
+    "none", "cold", "diverged", "evicted", "unsaved", "in_flight", "namespace", "snapshot", "damaged",
     "disabled", "cancelled",
 )  # fmt: skip
 CONTEXT_TOKENS = 12  # tokens of text shown on each side of a divergence
@@ -45,6 +47,7 @@ class Miss(NamedTuple):
 class _Seen(NamedTuple):
     request_id: int
     tokens: np.ndarray  # uint32: prompt + reply
+    finished_s: float  # wall clock when it was remembered (its reply saved)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -72,9 +75,11 @@ class PromptMemory:
     def __len__(self) -> int:
         return len(self._seen)
 
-    def add(self, namespace: str, request_id: int, tokens: np.ndarray) -> None:
+    def add(
+        self, namespace: str, request_id: int, tokens: np.ndarray, finished_s: float = 0.0
+    ) -> None:
         with self._lock:
-            self._seen[request_id] = (namespace, _Seen(request_id, tokens))
+            self._seen[request_id] = (namespace, _Seen(request_id, tokens, finished_s))
             self.num_tokens += len(tokens)
             ids = self._by_ns.setdefault(namespace, deque())
             self._by_ns.move_to_end(namespace)
@@ -126,6 +131,7 @@ def diagnose(
     decode: Callable[[list[int]], str],
     locate: Callable[[int], tuple[int, str]] | None = None,
     now_s: float = 0.0,
+    started_s: float = float("inf"),
 ) -> Miss:
     """The reason for the computed part of ``tokens`` (the prompt), before it is remembered."""
     n = len(tokens)
@@ -146,6 +152,8 @@ def diagnose(
     same, seen, _ = memory.closest(namespace, tokens)
     if same > reach + 1 and seen is not None:
         detail = {**missed, "earlier_request": seen.request_id, "earlier_tokens": same}
+        if seen.finished_s > started_s:  # it was still running when this one looked up
+            return Miss("in_flight", detail)
         if report.evicted is not None:
             ago = round(max(0.0, now_s - report.evicted.time_s), 3)
             return Miss("evicted", {**detail, "tier": report.evicted.tier, "seconds_ago": ago})

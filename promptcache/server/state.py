@@ -191,6 +191,7 @@ class ServerState:
 
         def generate(cancel: threading.Event) -> Iterator[Event]:
             # counted on the worker thread: a request whose client left is counted too
+            started = time.time()
             prefill: PrefillDone | None = None
             for ev in self.engine.generate(prompt, params, tenant, cancel):
                 if isinstance(ev, PrefillDone):
@@ -200,7 +201,7 @@ class ServerState:
                     self.metrics.record(
                         ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, ttft
                     )
-                    self.record(endpoint, tenant, prompt, chat, prefill, ev)
+                    self.record(endpoint, tenant, prompt, chat, prefill, ev, started)
                 yield ev
 
         async for ev in run_events(request, generate):
@@ -214,6 +215,7 @@ class ServerState:
         chat: Chat | None,
         prefill: PrefillDone | None,
         fin: Finished,
+        started_s: float = float("inf"),
     ) -> CacheRecord:
         """The request's cache record: reuse, tiers, saved time and the miss reason."""
         records = self.records
@@ -239,12 +241,13 @@ class ServerState:
                 decode=self.engine.decode,
                 locate=locate,
                 now_s=time.time(),
+                started_s=started_s,
             )
             reason, detail = miss.reason, miss.detail
             saved = tokens
             if fin.reason not in ("cancelled", "timeout") and fin.completion_ids:
                 saved = np.concatenate([tokens, np.asarray(fin.completion_ids, dtype=np.uint32)])
-            self.prompts.add(tenant, rid, saved)
+            self.prompts.add(tenant, rid, saved, time.time())
         ttft = prefill.ttft_s if prefill is not None else None
         records.rate.observe(ttft, fin.prompt_tokens - fin.cached_tokens)
         rec = CacheRecord(

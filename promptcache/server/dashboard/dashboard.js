@@ -177,6 +177,8 @@ function describe(r) {
     }
     case "evicted":
       return `evicted from ${d.tier} ${fmtS(d.seconds_ago)} ago (request #${d.earlier_request} had ${d.earlier_tokens} tokens)`;
+    case "in_flight":
+      return `request #${d.earlier_request} (${d.earlier_tokens} tokens) was still running when this one looked up`;
     case "unsaved":
       return `request #${d.earlier_request} had ${d.earlier_tokens} tokens, no longer cached`;
     case "snapshot":
