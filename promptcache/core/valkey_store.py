@@ -48,9 +48,8 @@ from promptcache.core.block_file import (
 )
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
-from promptcache.core.hashing import HASH_BYTES, BlockHash
+from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.sessions import BlockUse
 from promptcache.core.tier import BlockRecord, ReadResult, StoredBlock, register_tier
 from promptcache.core.valkey_index import (
     DELETE_LUA,
@@ -66,6 +65,7 @@ from promptcache.core.valkey_index import (
     walk,
 )
 from promptcache.core.valkey_link import ValkeyLink
+from promptcache.core.valkey_sessions import SharedSessions
 from promptcache.core.valkey_write import SharedWrites, Touch, run_script
 
 log = logging.getLogger("promptcache.shared")
@@ -83,7 +83,7 @@ class SharedBlockRaceError(SharedBlockMissingError):
     """The right block, but rewritten (a checkpoint added) since the lookup: the hit ends."""
 
 
-class ValkeyStore(SharedWrites):
+class ValkeyStore(SharedWrites, SharedSessions):
     name = "shared"
     write_through = True
 
@@ -281,47 +281,6 @@ class ValkeyStore(SharedWrites):
             # the right block, rewritten since the lookup (a checkpoint added): not damage
             raise SharedBlockRaceError("value rewritten since the lookup")
         return payload, checkpoint
-
-    # -- the session half of the tier protocol -----------------------------------------------
-    # The shared tier keeps no session tags: a session's blocks are found through RAM's and the
-    # SSD's tags, and deleted here by hash; expiry is Valkey's own TTL on every value.
-
-    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
-        pass
-
-    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
-        return {}
-
-    def forget_session(self, session: str) -> None:
-        pass
-
-    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
-        """Values and entries of the blocks whose namespace this process has seen (the
-        hash -> root map); blocks below them lose their parent entry, so no lookup reaches
-        them, and expire with their TTL. Bytes are not known here: (blocks, 0)."""
-        with self._lock:
-            known = [(h, self._roots[h]) for h in hashes if h in self._roots]
-        self.flush()
-        metas = [BlockMeta(h, BlockHash(b""), root, b"", b"", 0) for h, root in known]
-        self.delete(metas)
-        return len(metas), 0
-
-    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
-        """Every value and the whole index of the namespace ``root``."""
-        self.flush()
-        entries, _, recency = self.keys.index(root)
-
-        def run(cl: Any) -> int:
-            hashes = [f for f in cl.hkeys(entries) if len(f) == HASH_BYTES]
-            for h in hashes:  # one key per call: cluster-safe
-                cl.delete(self.keys.data(h))
-            cl.delete(entries, recency)  # one hash tag: one slot
-            return len(hashes)
-
-        return int(self.link.call(run) or 0), 0
-
-    def expire(self, now: float) -> int:
-        return 0
 
     def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
         """Entries (and their values when ``data``) removed; best effort."""
