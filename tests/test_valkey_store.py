@@ -246,7 +246,9 @@ def test_byte_budget_is_maxmemory_lru(tmp_path):
     store = ValkeyStore(proc.url, MODEL)
     try:
         seqs = [seq_of(list(range(k * 1000, k * 1000 + 8 * B))) for k in range(20)]
-        for s in seqs:
+        for k, s in enumerate(seqs):
+            if k == len(seqs) - 1:
+                time.sleep(1.1)  # the server's LRU clock ticks once a second: make the last newer
             for r in records(s, width=512):  # 128 KiB blocks
                 while not store.put(r):
                     time.sleep(0.001)
