@@ -165,3 +165,69 @@ def test_encrypted_cache_through_the_server(tiny_llama_dir, tmp_path):
             assert (ssd["tiers"]["ssd"]["num_quarantined"] > 0) == (not hits)
         finally:
             srv.stop()
+
+
+def test_force_delete_and_what_the_server_forgets(tiny_llama_dir, tmp_path):
+    """``?force=true`` removes the blocks a session shares too; the server's own memory of the
+    session (prompts for miss diagnosis, replies for continuity, request records) goes with it."""
+    env = {"PROMPTCACHE_HOME": str(tmp_path / "home")}
+    keys = tmp_path / "keys.txt"
+    keys.write_text(KEYS)
+    args = ["--model", tiny_llama_dir, "--block-size", "16", "--cache-dir", str(tmp_path / "c"),
+            "--api-keys", str(keys)]  # fmt: skip
+    srv = ServerProcess(args, env=env).start()
+    try:
+        a_user = "Cancel the hotel in Lisbon and refund the deposit to my card, thank you."
+        b_user = "Which lounges can I use with a silver card when flying economy on Monday?"
+        chat(srv.url, "ka", a_user, session="alice")
+        chat(srv.url, "ka", b_user, session="bob")
+        chat(srv.url, "kb", a_user, session="alice")  # the same id in another tenant
+        _, b_usage = chat(srv.url, "ka", b_user, session="bob")
+        b_full = b_usage["prompt_tokens_details"]["cached_tokens"]
+        recent = httpx.get(srv.url + "/v1/cache/requests", headers={"x-api-key": "ka"}).json()
+        num_before = len(recent["requests"])
+        out = delete(srv.url, "ka", "/v1/cache/sessions/alice?force=true").json()
+        assert out["force"] is True and out["removed_blocks"] > 0, out
+        assert out["shared_blocks_kept"] == 0  # force: shared blocks go too
+        assert out["forgotten"]["prompts"] == 1 and out["forgotten"]["records"] == 1, out
+        assert out["forgotten"]["replies"] == 1, out
+        recent = httpx.get(srv.url + "/v1/cache/requests", headers={"x-api-key": "ka"}).json()
+        assert len(recent["requests"]) == num_before - 1
+        # the system prompt bob shares went too: his next turn reuses less than before
+        _, usage = chat(srv.url, "ka", b_user, session="bob")
+        assert usage["prompt_tokens_details"]["cached_tokens"] < b_full
+        # globex's alice is another session: untouched
+        _, usage = chat(srv.url, "kb", a_user, session="alice")
+        assert usage["prompt_tokens_details"]["cached_tokens"] > 0
+        # a whole tenant forgets everything the server remembered of it
+        out = delete(srv.url, "kadm", "/v1/cache/tenants/globex").json()
+        assert out["forgotten"]["records"] == 2 and out["forgotten"]["prompts"] == 2, out
+    finally:
+        srv.stop()
+
+
+def test_ram_ttl_expires_blocks_in_a_running_server(tiny_llama_dir, tmp_path):
+    """``--ram-ttl``: a prompt unused for longer misses (stats count the expiry) and the reply
+    is the uncached server's."""
+    env = {"PROMPTCACHE_HOME": str(tmp_path / "home")}
+    keys = tmp_path / "keys.txt"
+    keys.write_text(KEYS)
+    base = ["--model", tiny_llama_dir, "--api-keys", str(keys)]
+    ref = ServerProcess([*base, "--no-cache"], env=env).start()
+    srv = ServerProcess([*base, "--block-size", "16", "--no-ssd", "--ram-ttl", "2"], env=env).start()
+    try:
+        import time
+
+        user = "Book two seats next to each other on the morning train to Porto tomorrow."
+        text, _ = chat(srv.url, "ka", user)
+        again, usage = chat(srv.url, "ka", user)
+        assert again == text and usage["prompt_tokens_details"]["cached_tokens"] > 0
+        time.sleep(3.5)
+        late, usage = chat(srv.url, "ka", user)
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 0
+        assert late == text == chat(ref.url, "ka", user)[0]
+        stats = httpx.get(srv.url + "/v1/cache/stats", headers={"x-api-key": "kadm"}).json()
+        assert stats["num_expired"] > 0 and stats["ram_ttl_s"] == 2.0, stats
+    finally:
+        srv.stop()
+        ref.stop()

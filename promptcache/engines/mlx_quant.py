@@ -1,12 +1,14 @@
-"""MLX K/V blocks at rest through ``mx.quantize``/``mx.dequantize`` (``BlockPacker`` for mlx).
+"""MLX K/V blocks at rest (``BlockPacker`` for mlx).
 
-``mx.quantize`` takes groups of 32, 64 or 128 along the last axis; an array whose head dimension
-has none of those (up to the requested group) is stored unquantized. ``mx.quantize`` anchors a
-group's bias at its larger-magnitude end, so its error reaches one step (torch's quantizer: half a
-step). A float32 model's scales and biases are stored as float16 (as torch's are): the capacity
-targets need their half-size; their rounding adds up to ``2**bits * 2**-11`` steps (measured:
-8-bit max error 0.996 -> 1.10 steps, 4-bit 0.937 -> 0.939). Arrays that are not floating point
-(an ``--kv-bits`` live cache's packed words) are never re-quantized.
+8-bit is symmetric, as torch's (``torch_quant``): one scale per group (largest magnitude / 127,
+rounded up), int8 levels, every value within half a step; 8.25 bits per value at group 64.
+4-bit goes through ``mx.quantize``/``mx.dequantize`` (affine: scale + bias, 4.5 bits), which
+anchors a group's bias at its larger-magnitude end, so its error reaches one step (measured
+0.937 -> 0.939 with float16 scales). Groups are 32, 64 or 128 values along the last axis (what
+``mx.quantize`` takes); an array whose head dimension has none of those (up to the requested
+group) is stored unquantized. A float32 model's scales and biases are stored as float16 (as
+torch's are). Arrays that are not floating point (an ``--kv-bits`` live cache's packed words)
+are never re-quantized.
 """
 
 from __future__ import annotations
@@ -52,16 +54,9 @@ class MlxPacker:
         size = _nbytes(x)
         group = mlx_group(x.shape[-1], s.group)
         if s.quantizes(start) and x.dtype in _FLOATS and group is not None:
-            wq, scales, biases = mx.quantize(x, group_size=group, bits=s.bits or 8)
-            sdtype = mx.float16 if x.dtype == mx.float32 else x.dtype
-            stored = {
-                "q": wq,
-                "scale": scales.astype(sdtype),
-                "bias": biases.astype(sdtype),
-                "bits": s.bits or 8,
-                "group": group,
-                "dtype": str(x.dtype).removeprefix("mlx.core."),
-            }
+            stored = (
+                _quantize_int8(x, group) if s.bits == 8 else _quantize_affine(x, group, s.bits or 4)
+            )
             size = sum(_nbytes(v) for v in stored.values() if isinstance(v, mx.array))
         elif s.dtype is not None and x.dtype == mx.float32:
             stored = x.astype(getattr(mx, s.dtype))
@@ -74,6 +69,8 @@ class MlxPacker:
             return tuple(self.unpack(s) for s in stored)
         if isinstance(stored, dict):
             dtype = getattr(mx, stored["dtype"])
+            if "bias" not in stored:
+                return _dequantize_int8(stored, dtype)
             return mx.dequantize(
                 stored["q"],
                 stored["scale"].astype(dtype),
@@ -84,3 +81,41 @@ class MlxPacker:
         if stored.dtype in _FLOATS and stored.dtype != self.dtype:  # stored as bfloat16
             return stored.astype(self.dtype)
         return stored
+
+
+def _scale_dtype(x: mx.array) -> Any:
+    return mx.float16 if x.dtype == mx.float32 else x.dtype
+
+
+def _quantize_int8(x: mx.array, group: int) -> dict[str, Any]:
+    xg = x.astype(mx.float32).reshape(*x.shape[:-1], x.shape[-1] // group, group)
+    scale = mx.maximum(mx.abs(xg).max(axis=-1, keepdims=True) / 127, 1e-8)
+    sdtype = _scale_dtype(x)
+    scale_s = scale.astype(sdtype)
+    # round the stored scale up so no level clips (a float16 scale may round below the value)
+    low = scale_s.astype(mx.float32) < scale
+    scale_s = mx.where(low, (scale * (1 + 2**-10)).astype(sdtype), scale_s)
+    q = mx.clip(mx.round(xg / scale_s.astype(mx.float32)), -127, 127).astype(mx.int8)
+    return {"q": q, "scale": scale_s, "bits": 8, "group": group, "dtype": _dtype_name(x)}
+
+
+def _dequantize_int8(stored: dict[str, Any], dtype: Any) -> mx.array:
+    x = stored["q"].astype(mx.float32) * stored["scale"].astype(mx.float32)
+    return x.reshape(*x.shape[:-2], -1).astype(dtype)
+
+
+def _dtype_name(x: mx.array) -> str:
+    return str(x.dtype).removeprefix("mlx.core.")
+
+
+def _quantize_affine(x: mx.array, group: int, bits: int) -> dict[str, Any]:
+    wq, scales, biases = mx.quantize(x, group_size=group, bits=bits)
+    sdtype = _scale_dtype(x)
+    return {
+        "q": wq,
+        "scale": scales.astype(sdtype),
+        "bias": biases.astype(sdtype),
+        "bits": bits,
+        "group": group,
+        "dtype": _dtype_name(x),
+    }

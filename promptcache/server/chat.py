@@ -138,11 +138,15 @@ class ChatFormatter:
         # generated (finish_reason length), so a client that sends it back keeps the prefix
         return reply
 
-    def remember(self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int]) -> None:
+    def remember(
+        self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int], session: str = ""
+    ) -> None:
         """Keep the raw reply and the sequence it ended (for the next turn's continuity)."""
-        self.replies.add(tenant, reply.content, reply.calls, raw, tokens)
+        self.replies.add(tenant, reply.content, reply.calls, raw, tokens, session)
 
-    def check_continuity(self, chat: Chat, tenant: str, prompt: list[int]) -> None:
+    def check_continuity(
+        self, chat: Chat, tenant: str, prompt: list[int], session: str = ""
+    ) -> None:
         """Does ``prompt`` still hold the tokens of the turn that produced its last assistant
         message? A gap is counted, kept for /v1/cache/stats and logged."""
         last = next((m for m in reversed(chat.messages) if m.get("role") == "assistant"), None)
@@ -157,6 +161,7 @@ class ChatFormatter:
             prompt,
             self.engine.decode,
             lambda token: self.message_at(chat, tenant, token),
+            session,
         )
         if gap is not None:
             log.info(

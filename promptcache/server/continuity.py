@@ -28,6 +28,8 @@ class Gap:
     token_index: int  # position in the prompt where the tokens first differ
     expected: str  # text of the previous turn's tokens from there (a few tokens)
     found: str  # text of this prompt's tokens from there
+    tenant: str = ""  # whose text it is (not shown): deleting a session forgets its gaps
+    session: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -43,6 +45,7 @@ class Gap:
 class _Reply:
     raw: str
     tokens: np.ndarray  # prompt + generated ids of the turn that produced this reply
+    sessions: set[str]  # every session that produced or was sent this reply ("": none)
 
 
 def _key(tenant: str, content: str, calls: list[ToolCall]) -> tuple[Any, ...]:
@@ -61,14 +64,46 @@ class ReplyMemory:
         self.gaps: deque[Gap] = deque(maxlen=num_gaps)
 
     def add(
-        self, tenant: str, content: str, calls: list[ToolCall], raw: str, tokens: list[int]
+        self,
+        tenant: str,
+        content: str,
+        calls: list[ToolCall],
+        raw: str,
+        tokens: list[int],
+        session: str = "",
     ) -> None:
         with self._lock:
             key = _key(tenant, content, calls)
-            self._replies[key] = _Reply(raw, np.asarray(tokens, dtype=np.uint32))
+            old = self._replies.get(key)
+            sessions = ({session} | old.sessions) if old is not None else {session}
+            self._replies[key] = _Reply(raw, np.asarray(tokens, dtype=np.uint32), sessions)
             self._replies.move_to_end(key)
             while len(self._replies) > self._capacity:
                 self._replies.popitem(last=False)
+
+    def forget(self, tenant: str, session: str | None = None, force: bool = False) -> int:
+        """Drop the tenant's replies (and gaps) of ``session`` (None: all). A reply another
+        session also produced stays, as shared blocks do, unless ``force``; returns how many went."""
+        with self._lock:
+            gone = [
+                k
+                for k, r in self._replies.items()
+                if k[0] == tenant
+                and (session is None or (session in r.sessions and (force or len(r.sessions) == 1)))
+            ]
+            for k in gone:
+                del self._replies[k]
+            for k, r in self._replies.items():
+                if k[0] == tenant and session is not None:
+                    r.sessions.discard(session)
+            kept = [
+                g
+                for g in self.gaps
+                if not (g.tenant == tenant and (session is None or g.session == session))
+            ]
+            self.gaps.clear()
+            self.gaps.extend(kept)
+            return len(gone)
 
     def _get(self, tenant: str, content: str, calls: list[ToolCall]) -> _Reply | None:
         with self._lock:
@@ -87,6 +122,7 @@ class ReplyMemory:
         prompt: list[int],
         decode: Callable[[list[int]], str],
         locate: Callable[[int], tuple[int, str]],
+        session: str = "",
     ) -> Gap | None:
         """Compare ``prompt`` with the tokens of the turn that produced the reply (``content``,
         ``calls``) it sends back; record and return the gap if they differ. ``locate(i)`` gives
@@ -110,6 +146,8 @@ class ReplyMemory:
             at,
             decode([int(t) for t in before[at : at + 8]]),
             decode(prompt[at : at + 8]),
+            tenant,
+            session,
         )
         with self._lock:
             self.gaps.append(gap)

@@ -48,6 +48,7 @@ class _Seen(NamedTuple):
     request_id: int
     tokens: np.ndarray  # uint32: prompt + reply
     finished_s: float  # wall clock when it was remembered (its reply saved)
+    session: str = ""  # the request's session ("": none), so deleting a session forgets it
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -76,10 +77,15 @@ class PromptMemory:
         return len(self._seen)
 
     def add(
-        self, namespace: str, request_id: int, tokens: np.ndarray, finished_s: float = 0.0
+        self,
+        namespace: str,
+        request_id: int,
+        tokens: np.ndarray,
+        finished_s: float = 0.0,
+        session: str = "",
     ) -> None:
         with self._lock:
-            self._seen[request_id] = (namespace, _Seen(request_id, tokens, finished_s))
+            self._seen[request_id] = (namespace, _Seen(request_id, tokens, finished_s, session))
             self.num_tokens += len(tokens)
             ids = self._by_ns.setdefault(namespace, deque())
             self._by_ns.move_to_end(namespace)
@@ -96,6 +102,21 @@ class PromptMemory:
                 if not self._by_ns[ns]:
                     del self._by_ns[ns]
                 self._forget(rid)
+
+    def forget(self, namespace: str, session: str | None = None) -> int:
+        """Drop the namespace's remembered requests of ``session`` (None: all of them); returns
+        how many. A deleted session's tokens must not outlive its blocks here."""
+        with self._lock:
+            ids = self._by_ns.get(namespace)
+            if not ids:
+                return 0
+            gone = [r for r in ids if session is None or self._seen[r][1].session == session]
+            for rid in gone:
+                ids.remove(rid)
+                self._forget(rid)
+            if not ids:
+                del self._by_ns[namespace]
+            return len(gone)
 
     def _forget(self, request_id: int) -> None:
         _, seen = self._seen.pop(request_id)

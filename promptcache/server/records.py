@@ -32,6 +32,7 @@ class CacheRecord:
     saved_s: float  # estimated prefill time the reused tokens saved
     reason: str  # one of MISS_REASONS: why the computed part was not reused
     detail: dict[str, Any] = field(default_factory=dict)
+    session: str = ""  # not shown; deleting the session removes its records
 
     @property
     def ttft_uncached_s(self) -> float | None:
@@ -130,6 +131,20 @@ class RequestRecords:
         """Reused / prompt tokens over the window; None until it holds enough requests."""
         with self._lock:
             return self._window_rate()
+
+    def forget(self, tenant: str, session: str | None = None) -> int:
+        """Remove the tenant's records of ``session`` (None: all); per-reason counts stay (they
+        hold no content). Returns how many were removed."""
+        with self._lock:
+            kept = [
+                r
+                for r in self._records
+                if not (r.tenant == tenant and (session is None or r.session == session))
+            ]
+            num_gone = len(self._records) - len(kept)
+            self._records.clear()
+            self._records.extend(kept)
+            return num_gone
 
     def recent(self, limit: int, tenant: str | None = None) -> list[CacheRecord]:
         """Newest first; only ``tenant``'s when given."""

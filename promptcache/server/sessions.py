@@ -83,7 +83,14 @@ async def delete_session(
         raise RequestError("a session id is needed")
     tenant = state.tenant_of(request)
     report = await run_in_threadpool(_cache(state).delete_session, session_id, tenant, force)
-    return {"session": session_id, "tenant": tenant, "force": force, **report.to_dict()}
+    memory = state.forget(tenant, session_id, force)
+    return {
+        "session": session_id,
+        "tenant": tenant,
+        "force": force,
+        **report.to_dict(),
+        "forgotten": memory,
+    }
 
 
 async def delete_tenant(state: ServerState, request: Request, tenant: str) -> dict[str, Any]:
@@ -92,4 +99,4 @@ async def delete_tenant(state: ServerState, request: Request, tenant: str) -> di
     if grant is not None and not grant.is_admin:
         raise StarletteHTTPException(403, "deleting a tenant's cache needs an admin key")
     report = await run_in_threadpool(_cache(state).delete_tenant, tenant)
-    return {"tenant": tenant, **report.to_dict()}
+    return {"tenant": tenant, **report.to_dict(), "forgotten": state.forget(tenant, None, True)}

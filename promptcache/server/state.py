@@ -130,7 +130,7 @@ class ServerState:
         params.grammar = self.formatter.grammar(chat)
         is_capped = self.cap_output(params)
         self.check_params(params)
-        self.formatter.check_continuity(chat, tenant, prompt)
+        self.formatter.check_continuity(chat, tenant, prompt, params.session)
         return Prepared(prompt, params, tenant, is_capped)
 
     def check_params(self, params: SamplingParams) -> None:
@@ -158,7 +158,11 @@ class ServerState:
         parsed = self.formatter.parse(chat, fin.text)
         if fin.reason != "cancelled":
             self.formatter.remember(
-                prep.tenant, parsed, fin.text, prep.prompt + list(fin.completion_ids)
+                prep.tenant,
+                parsed,
+                fin.text,
+                prep.prompt + list(fin.completion_ids),
+                prep.params.session,
             )
         return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
 
@@ -201,7 +205,9 @@ class ServerState:
                     self.metrics.record(
                         ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, ttft
                     )
-                    self.record(endpoint, tenant, prompt, chat, prefill, ev, started)
+                    self.record(
+                        endpoint, tenant, prompt, chat, prefill, ev, started, params.session
+                    )
                 yield ev
 
         async for ev in run_events(request, generate):
@@ -216,6 +222,7 @@ class ServerState:
         prefill: PrefillDone | None,
         fin: Finished,
         started_s: float = float("inf"),
+        session: str = "",
     ) -> CacheRecord:
         """The request's cache record: reuse, tiers, saved time and the miss reason."""
         records = self.records
@@ -247,7 +254,7 @@ class ServerState:
             saved = tokens
             if fin.reason not in ("cancelled", "timeout") and fin.completion_ids:
                 saved = np.concatenate([tokens, np.asarray(fin.completion_ids, dtype=np.uint32)])
-            self.prompts.add(tenant, rid, saved, time.time())
+            self.prompts.add(tenant, rid, saved, time.time(), session)
         ttft = prefill.ttft_s if prefill is not None else None
         records.rate.observe(ttft, fin.prompt_tokens - fin.cached_tokens)
         rec = CacheRecord(
@@ -265,6 +272,7 @@ class ServerState:
             saved_s=records.rate.saved(fin.cached_tokens),
             reason=reason,
             detail=detail,
+            session=session,
         )
         records.add(rec)
         if log.isEnabledFor(logging.DEBUG):
@@ -273,6 +281,16 @@ class ServerState:
                 rid, tenant or "default", fin.cached_tokens, fin.prompt_tokens, reason, detail,
             )  # fmt: skip
         return rec
+
+    def forget(self, tenant: str, session: str | None, force: bool = False) -> dict[str, int]:
+        """What the server remembers of a deleted session (None: of a whole tenant) besides
+        cached blocks: prompts kept for miss diagnosis, replies kept for continuity, request
+        records (their miss details quote the prompt's text). Returns the counts removed."""
+        return {
+            "prompts": self.prompts.forget(tenant, session),
+            "replies": self.formatter.replies.forget(tenant, session, force),
+            "records": self.records.forget(tenant, session),
+        }
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()
