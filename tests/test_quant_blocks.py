@@ -49,10 +49,9 @@ def test_torch_round_trip_is_within_half_a_step(bits, dtype):
     y = dequantize(stored)
     assert y.shape == x.shape and y.dtype == x.dtype
     xg = _groups(x.float(), 64)
-    if bits == 8:  # symmetric: a step is the group's largest magnitude / 127
-        step = xg.abs().amax(-1) / 127
-    else:  # affine: the group's range / 15
-        step = (xg.amax(-1) - xg.amin(-1)) / ((1 << bits) - 1)
+    # 8-bit is symmetric (a step is the group's largest magnitude / 127), 4-bit affine (range / 15)
+    peak, span = xg.abs().amax(-1), xg.amax(-1) - xg.amin(-1)
+    step = peak / 127 if bits == 8 else span / ((1 << bits) - 1)
     err = _groups((y.float() - x.float()).abs(), 64).amax(-1)
     slack = 0.0 if dtype == "float32" else 2**-8 * xg.abs().amax(-1)  # bf16 output rounding
     assert bool((err <= step * 0.5 * (1 + 2**-9) + slack + 1e-6).all())

@@ -214,7 +214,9 @@ def test_ram_ttl_expires_blocks_in_a_running_server(tiny_llama_dir, tmp_path):
     keys.write_text(KEYS)
     base = ["--model", tiny_llama_dir, "--api-keys", str(keys)]
     ref = ServerProcess([*base, "--no-cache"], env=env).start()
-    srv = ServerProcess([*base, "--block-size", "16", "--no-ssd", "--ram-ttl", "2"], env=env).start()
+    srv = ServerProcess(
+        [*base, "--block-size", "16", "--no-ssd", "--ram-ttl", "2"], env=env
+    ).start()
     try:
         import time
 

@@ -49,7 +49,9 @@ def quantize(x: torch.Tensor, bits: int, group: int) -> dict[str, Any]:
     out: dict[str, Any] = {"bits": bits, "dtype": str(x.dtype).removeprefix("torch.")}
     if bits == 8:
         peak = xg.abs().amax(-1, keepdim=True)
-        sdtype = torch.float16 if (x.numel() == 0 or bool(peak.max() < _F16_SAFE)) else torch.float32
+        sdtype = (
+            torch.float16 if (x.numel() == 0 or bool(peak.max() < _F16_SAFE)) else torch.float32
+        )
         scale_s = _round_up((peak / 127).clamp_min(1e-8), sdtype)
         q = (xg / scale_s.float()).round_().clamp_(-127, 127).to(torch.int8)
         out.update(q=q, scale=scale_s)
