@@ -215,7 +215,7 @@ class CachedEngine:
             return {}
         out = {**self.cache.stats().to_dict(), **self.batcher.stats()}
         # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
-        out.update(quant_stats(getattr(self.runner, "packer", None), out["bytes_by_tier"]["ram"]))
+        out.update(quant_stats(self.runner.packer, out["bytes_by_tier"]["ram"]))
         return out
 
     def close(self) -> None:

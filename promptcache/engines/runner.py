@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from promptcache.core.codec import PayloadCodec
+from promptcache.engines.block_scheme import BlockPacker
 from promptcache.engines.layers import Layout
 
 
@@ -31,6 +32,10 @@ class ModelRunner(Protocol):
     eos_ids: set[int]
     vocab_size: int  # token ids are in [0, vocab_size)
     rope_scaling: dict[str, Any] | None  # the YaRN settings applied at load, or None
+
+    @property
+    def packer(self) -> BlockPacker | None:
+        """How positional blocks are stored at rest (``block_scheme``; None: as they are)."""
 
     def new_state(self) -> Any:
         """An empty per-request model cache."""
