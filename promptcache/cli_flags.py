@@ -123,7 +123,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "cache-kv-group",
         64,
-        "values per scale/minimum along the head dim (--cache-kv-bits)",
+        "values per scale (4-bit: scale and minimum) along the head dim (--cache-kv-bits)",
         int,
     )
     add_flag(

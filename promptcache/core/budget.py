@@ -49,3 +49,13 @@ def parse_size(value: int | float | str, *, total_bytes: int | None = None) -> i
 def default_ram_budget() -> int:
     """20% of available RAM, at least 100 MB."""
     return max(int(available_ram_bytes() * DEFAULT_RAM_FRACTION), MIN_RAM_BUDGET_BYTES)
+
+
+def format_size(num_bytes: float) -> str:
+    """'512 B', '3.2 KiB', '768 MiB', '1.5 GiB': the largest binary unit that leaves >= 1."""
+    value = float(num_bytes)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024:
+            return f"{value:,.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.3g} {unit}"
+        value /= 1024
+    return f"{value:,.1f} TiB"

@@ -24,6 +24,7 @@ import logging
 import math
 from collections.abc import Callable, Sequence
 
+from promptcache.core.budget import format_size
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import MiniCache, sampled_indices
 from promptcache.core.policy import EvictionPolicy, make_policy
@@ -247,7 +248,7 @@ class WhatIf:
         if not rates or rates["2x"] - rates["1x"] < RECOMMEND_GAIN:
             return None
         return (
-            f"a RAM budget of {2 * self.budget_bytes / 2**20:,.0f} MiB (2x) would raise the prompt"
+            f"a RAM budget of {format_size(2 * self.budget_bytes)} (2x) would raise the prompt"
             f" cache hit rate from {rates['1x']:.2f} to about {rates['2x']:.2f}"
             f" (0.5x: {rates['0.5x']:.2f})"
         )
