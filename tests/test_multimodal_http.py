@@ -78,12 +78,18 @@ def test_openai_images_hit_by_pixels_and_match_cache_off(servers):
     webp = openai_ask(on, data_url(rgb, "WEBP", lossless=True))
     assert webp.usage.prompt_tokens_details.cached_tokens == webp.usage.prompt_tokens - 1
     assert webp.choices[0].message.content == first.choices[0].message.content
-    assert openai_ask(off, data_url(rgb)).choices[0].message.content == first.choices[0].message.content
+    assert (
+        openai_ask(off, data_url(rgb)).choices[0].message.content
+        == first.choices[0].message.content
+    )
     # another image: the hit ends in the block holding the image's first token
     other = openai_ask(on, data_url(pixels(2)))
     cached = other.usage.prompt_tokens_details.cached_tokens
     assert 0 < cached < other.usage.prompt_tokens - 64
-    assert other.choices[0].message.content == openai_ask(off, data_url(pixels(2))).choices[0].message.content
+    assert (
+        other.choices[0].message.content
+        == openai_ask(off, data_url(pixels(2))).choices[0].message.content
+    )
     record = httpx.get(on.url + "/v1/cache/requests?limit=1").json()["requests"][0]
     assert record["reason"] == "image", record
     at = record["detail"]["token_index"]
