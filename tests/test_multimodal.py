@@ -188,6 +188,13 @@ def test_embedding_cache_skips_the_encoder(vlm):
         counts[name] = eng.feeder.num_encoder_runs
         assert eng.feeder.num_images_fed == 3
     assert counts == {"on": 1, "off": 3}
+    # another tenant never shares the encoder's output (nor its timing)
+    eng = engine(vlm)
+    for tenant in ("alice", "bob", "alice"):
+        ids, spans = eng.encode_chat_images(ask("Tenants. "), None, [img])
+        _, _, lease, _ = eng.prefill(ids, tenant=tenant, images=spans)
+        lease.release()
+    assert eng.feeder.num_encoder_runs == 2
 
 
 def test_text_only_engine_refuses_images(vlm):
