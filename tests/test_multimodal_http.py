@@ -153,3 +153,38 @@ def test_images_outside_user_turns_are_refused(servers):
             {"role": "system", "content": [
                 {"type": "image_url", "image_url": {"url": data_url(pixels(4))}}]},
             {"role": "user", "content": "hi"}])  # fmt: skip
+
+
+def test_url_images_are_fetched_only_when_allowed(tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    from promptcache.engines.base import RequestError
+    from promptcache.server.image_parts import ImagePolicy, anthropic_image, openai_image
+
+    rgb = pixels(5)
+    Image.fromarray(rgb).save(tmp_path / "cat.png")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/cat.png"
+    try:
+        part = {"type": "image_url", "image_url": {"url": url}}
+        block = {"type": "image", "source": {"type": "url", "url": url}}
+        default = ImagePolicy(enabled=True)  # a vision model, URLs not allowed
+        with pytest.raises(RequestError, match="--allow-image-urls"):
+            openai_image(part, default)
+        with pytest.raises(RequestError, match="--allow-image-urls"):
+            anthropic_image(block, default)
+        allowed = ImagePolicy(enabled=True, allow_urls=True)
+        assert np.array_equal(openai_image(part, allowed).pixels, rgb)
+        assert anthropic_image(block, allowed).digest == openai_image(part, allowed).digest
+        with pytest.raises(RequestError, match="over"):
+            openai_image(part, ImagePolicy(enabled=True, allow_urls=True, max_image_bytes=100))
+        with pytest.raises(RequestError, match="cannot fetch"):
+            openai_image({"image_url": {"url": url + ".missing"}}, allowed)
+        with pytest.raises(RequestError, match="text only"):
+            openai_image(part, ImagePolicy())
+    finally:
+        httpd.shutdown()
