@@ -287,3 +287,27 @@ def test_ssd_tier_after_restart_keys_by_image(vlm, tmp_path):
     assert (logits_c - reference(vlm, ids_c, [a])).abs().max().item() < TOL
     third.feeder.cache.check_integrity()
     third.close()
+
+
+def test_a_hit_ending_inside_an_image_takes_the_rest_of_its_rows(vlm):
+    from promptcache.engines.request import Request
+
+    eng = engine(vlm)
+    img = image_from_pixels(pixels(15))
+    ids, spans = eng.encode_chat_images(ask("Cut short: "), None, [img])
+    span = spans[0]
+    # a request that stopped after the chunk ending inside the image (a cancelled prefill)
+    req = Request(list(ids), SamplingParams())
+    req.images = tuple(spans)
+    with eng.scheduler.turns.step():
+        eng.steps.begin(req)
+        while req.pos <= span.start:
+            eng.steps.prefill_chunk_of(req)
+    req.release()
+    assert span.start < req.pos < span.end
+    eng.steps.live = None  # force a restore from the blocks, not the live state
+    _, logits, lease, _ = eng.prefill(ids, images=spans)
+    assert span.start < lease.num_tokens < span.end  # resumes mid-image
+    lease.release()
+    assert eng.feeder.num_encoder_runs == 1  # the rest of the rows came from the vision cache
+    assert (logits - reference(vlm, ids, [img])).abs().max().item() < TOL
