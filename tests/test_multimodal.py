@@ -311,3 +311,24 @@ def test_a_hit_ending_inside_an_image_takes_the_rest_of_its_rows(vlm):
     lease.release()
     assert eng.feeder.num_encoder_runs == 1  # the rest of the rows came from the vision cache
     assert (logits - reference(vlm, ids, [img])).abs().max().item() < TOL
+
+
+def test_concurrent_image_requests_batch_and_match_alone(vlm):
+    import threading
+
+    images = [image_from_pixels(pixels(20 + i)) for i in range(3)]
+
+    def reply(eng, i):
+        ids, spans = eng.encode_chat_images(ask(f"Question {i}. "), None, [images[i]])
+        return list(eng.generate(ids, SamplingParams(max_tokens=12), images=spans))[-1]
+
+    alone = [reply(engine(vlm), i).completion_ids for i in range(3)]
+    shared, out = engine(vlm), {}
+    threads = [threading.Thread(target=lambda i=i: out.update({i: reply(shared, i)}))
+               for i in range(3)]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [out[i].completion_ids for i in range(3)] == alone
+    assert shared.cache_stats()["num_batched_forwards"] > 0
