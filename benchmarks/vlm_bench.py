@@ -6,7 +6,8 @@ The conversation: (1) a question about image A; (2) image B added; (3) a follow-
 image; (4) the client edits the first instruction and sends the whole history again (both images):
 the prompt cache misses from the edit, the embedding cache still skips both encoder runs.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/vlm_bench.py [--size small] [--reps 3] [--json out.json]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/vlm_bench.py [--size small] [--reps 3] [--threads N]
+     [--json out.json]
 Medians over ``--reps`` fresh engines (caches empty at each repetition's first turn); one model;
 the three modes run turn by turn, interleaved, so machine noise hits them alike.
 """
@@ -89,7 +90,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     args = ap.parse_args()
+    if args.threads:  # one thread suffers least from a CPU shared with other jobs
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     model, processor = tiny_llava(args.size, seed=0)
     model = model.to(args.device)
