@@ -1,0 +1,110 @@
+"""A tiny random-weight vision-language model on mlx-vlm, built from a config, for tests and demos.
+
+Llava: a 2-layer CLIP vision tower (hidden 32, 32x32 images in 8x8 patches: 16 image tokens per
+image), a projector, and a 2-layer llama language model (hidden 64) with plain RoPE positions, so
+its KV cache is positional like mlx-lm's. The tokenizer is ``save_tiny_tokenizer``'s byte-level BPE
+with ``<image>`` added as one special token; the chat template writes ``<image>`` for an image part.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from promptcache.engines.tiny_models import save_tiny_tokenizer
+
+IMAGE_TOKEN = "<image>"
+IMAGE_SIZE, PATCH_SIZE = 32, 8
+# one image part -> IMAGE_TOKEN (the processor expands it to one token per patch)
+VLM_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_vlm_config(vocab_size: int, image_token_index: int) -> dict[str, Any]:
+    text = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, vocab_size=vocab_size,
+                rms_norm_eps=1e-5, max_position_embeddings=4096)  # fmt: skip
+    vision = dict(model_type="clip_vision_model", num_hidden_layers=2, hidden_size=32,
+                  intermediate_size=64, num_attention_heads=2, image_size=IMAGE_SIZE,
+                  patch_size=PATCH_SIZE, projection_dim=32)  # fmt: skip
+    return dict(model_type="llava", image_token_index=image_token_index, vocab_size=vocab_size,
+                vision_feature_layer=-2, vision_feature_select_strategy="default",
+                text_config=text, vision_config=vision)  # fmt: skip
+
+
+def build_llava(config: dict[str, Any], seed: int = 0) -> Any:
+    """An mlx-vlm llava ``Model`` from a config dict (sub-configs as mlx-vlm's loader makes them),
+    random weights from ``seed``."""
+    import mlx.core as mx
+    from mlx_vlm.models import llava
+
+    model_config = llava.ModelConfig.from_dict(config)
+    model_config.text_config = llava.TextConfig.from_dict(config["text_config"])
+    model_config.vision_config = llava.VisionConfig.from_dict(config["vision_config"])
+    mx.random.seed(seed)
+    model = llava.Model(model_config)
+    mx.eval(model.parameters())
+    return model
+
+
+def tiny_vlm_processor(folder: str | None = None) -> Any:
+    """mlx-vlm's ``LlavaProcessor`` over a CLIP image processor (32x32, no torchvision) and the
+    tiny tokenizer (saved to ``folder``, a temporary one by default)."""
+    from mlx_vlm.models.llava.processing_llava import LlavaProcessor
+    from transformers import CLIPImageProcessor
+
+    folder = folder or tempfile.mkdtemp(prefix="tiny-vlm-")
+    fast = save_tiny_tokenizer(folder)
+    fast.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
+    fast.chat_template = VLM_CHAT_TEMPLATE
+    fast.save_pretrained(folder)
+    images = CLIPImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
+    )
+    # the CLS token is counted (+1) then dropped by the "default" feature selection (-1)
+    return LlavaProcessor(
+        image_processor=images,
+        tokenizer=fast,
+        patch_size=PATCH_SIZE,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        chat_template=VLM_CHAT_TEMPLATE,
+    )
+
+
+def tiny_vlm(seed: int = 0) -> tuple[Any, Any]:
+    """(model, processor): the tiny llava and its processor, vocabulary sizes matched."""
+    processor = tiny_vlm_processor()
+    tok = processor.tokenizer
+    config = tiny_vlm_config(len(tok), tok.convert_tokens_to_ids(IMAGE_TOKEN))
+    config["eos_token_id"] = tok.eos_token_id
+    return build_llava(config, seed), processor
+
+
+def save_tiny_vlm(folder: str, seed: int = 0) -> str:
+    """Write the tiny llava (weights in MLX layout, config.json, tokenizer, processor config) to
+    ``folder``: what ``load_mlx_vlm`` reads back."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    processor = tiny_vlm_processor(folder)
+    tok = processor.tokenizer
+    config = tiny_vlm_config(len(tok), tok.convert_tokens_to_ids(IMAGE_TOKEN))
+    config["eos_token_id"] = tok.eos_token_id
+    model = build_llava(config, seed)
+    path = Path(folder)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    processor.image_processor.save_pretrained(folder)
+    processor_config = dict(patch_size=PATCH_SIZE, vision_feature_select_strategy="default",
+                            image_token=IMAGE_TOKEN, num_additional_image_tokens=1)  # fmt: skip
+    (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2))
+    (path / "chat_template.jinja").write_text(VLM_CHAT_TEMPLATE)
+    return folder
