@@ -60,6 +60,13 @@ class TokenSeq:
     def extra(self, block_index: int) -> bytes:
         return self._extras.get(block_index, b"")
 
+    def same_extras(self, other: TokenSeq, num_tokens: int) -> bool:
+        """Whether both sequences have the same extra keys in the blocks holding their first
+        ``num_tokens`` tokens (same block size assumed)."""
+        stop = -(-num_tokens // self.block_size)
+        mine = {k: v for k, v in self._extras.items() if k < stop}
+        return mine == {k: v for k, v in other._extras.items() if k < stop}
+
     def token(self, pos: int) -> int:
         return int.from_bytes(self.data[pos * TOKEN_BYTES : (pos + 1) * TOKEN_BYTES], "little")
 

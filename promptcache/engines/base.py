@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.stats import LookupReport
 from promptcache.engines.errors import (
     CacheSaveError,
@@ -108,6 +109,20 @@ class Engine(Protocol):
     ) -> list[int]:
         """Prompt token ids for a chat via the model's chat template (generation prompt added)."""
 
+    @property
+    def supports_images(self) -> bool:
+        """True for a vision-language model (``encode_chat_images`` and ``images=`` work)."""
+
+    def encode_chat_images(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: list[ImageInput],
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """Like ``encode_chat`` for messages whose content may hold ``{"type": "image"}``
+        parts (``images`` in their order): the ids and one span per image. RequestError on a
+        text-only model or an image the processor refuses."""
+
     def encode_text(self, text: str) -> list[int]:
         """Prompt token ids for a raw completion prompt."""
 
@@ -123,9 +138,11 @@ class Engine(Protocol):
         params: SamplingParams,
         tenant: str = "",
         cancel: threading.Event | None = None,
+        images: tuple[ImageSpan, ...] | list[ImageSpan] = (),
     ) -> Iterator[Event]:
         """Prefill (reusing the cache), then decode. Yields PrefillDone once, TextDelta per
         piece of text and Finished last. Raises RequestError before the first event on bad input.
+        ``images``: where the prompt's images sit (from ``encode_chat_images``).
         Setting ``cancel`` stops decoding at the next token and still yields Finished."""
 
     def cache_stats(self) -> dict[str, Any]:

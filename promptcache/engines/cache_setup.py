@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from promptcache.core.budget import parse_size
 from promptcache.core.cache import PromptCache
 from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.tier import LowerTier
 from promptcache.core.tiers import make_lower_tiers
+from promptcache.core.vision_cache import VisionCache
 from promptcache.engines.errors import ConfigError
 
 
@@ -40,12 +42,31 @@ class EngineOptions:
     shared_ttl: float | None = None  # seconds an unused shared block lives (default: a day)
     ram_ttl: float | None = None  # seconds a RAM block may go unused (None: no expiry)
     encrypt_key_file: str | Path | None = None  # AES-256-GCM key for the SSD tier's files
+    # vision models: encoder outputs kept in RAM (0: no embedding cache), and under ssd_dir
+    vision_cache_bytes: int | str = "512MB"
+    vision_cache_ssd_bytes: int | str = "2GB"
 
     def check(self) -> None:
         if self.prefill_chunk <= 0:
             raise ConfigError("prefill_chunk must be positive")
         if self.step_tokens is not None and self.step_tokens <= 0:
             raise ConfigError("step_tokens must be positive")
+
+
+def build_vision_cache(opts: EngineOptions, codec: PayloadCodec) -> VisionCache | None:
+    """The vision-embedding cache ``opts`` ask for (None: off, or the prompt cache is off)."""
+    if not opts.cache_enabled:
+        return None
+    try:
+        ram = parse_size(opts.vision_cache_bytes)
+        ssd = parse_size(opts.vision_cache_ssd_bytes)
+    except ValueError as exc:
+        raise ConfigError(f"vision cache: {exc}") from None
+    if ram <= 0:
+        return None
+    # the embeddings on disk stay plaintext-free: with an encryption key they stay in RAM only
+    ssd_dir = opts.ssd_dir if opts.encrypt_key_file is None else None
+    return VisionCache(ram, ssd_dir=ssd_dir, codec=codec, ssd_budget_bytes=ssd)
 
 
 def build_cache(

@@ -28,13 +28,15 @@ from promptcache.engines.base import (
 )
 from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
-from promptcache.engines.cache_setup import EngineOptions, build_cache
+from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.layers import Layout
 from promptcache.engines.request import Request
 from promptcache.engines.runner import ModelRunner
 from promptcache.engines.scheduler import Scheduler
 from promptcache.engines.steps import Steps
+from promptcache.engines.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
 
@@ -66,12 +68,19 @@ class CachedEngine:
         self.cache = build_cache(
             opts, runner.fingerprint, runner.codec(), runner.layout.requires_checkpoint
         )
+        # a vision-language runner's image half (None: a text-only model)
+        self.vision: VisionModel | None = getattr(runner, "vision", None)
+        self.feeder: VisionFeeder | None = None
+        if self.vision is not None:
+            cache = build_vision_cache(opts, runner.codec())
+            self.feeder = VisionFeeder(self.vision, runner.fingerprint, cache)
         self.steps = Steps(
             runner,
             self.cache,
             prefill_chunk=opts.prefill_chunk,
             max_context=self.max_context,
             decode_text=self.decode,
+            feeder=self.feeder,
         )
         # the token budget per step: one-token steps first, prefill chunks in the rest
         self.batcher = Batcher(
@@ -142,6 +151,22 @@ class CachedEngine:
             raise RequestError(f"cannot apply the chat template: {exc}") from exc
         return self.encode_text(text, special=False)
 
+    @property
+    def supports_images(self) -> bool:
+        return self.vision is not None
+
+    def encode_chat_images(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: list[ImageInput],
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """Prompt ids and image spans of a chat with ``{"type": "image"}`` content parts
+        (``images`` in their order); RequestError on a text-only model."""
+        if self.vision is None:
+            raise RequestError("this server's model takes no image input (text only)")
+        return self.vision.render(messages, tools, images)
+
     def encode_text(self, text: str, special: bool = True) -> list[int]:
         try:
             text.encode("utf-8")
@@ -163,6 +188,7 @@ class CachedEngine:
         params: SamplingParams,
         tenant: str = "",
         cancel: threading.Event | None = None,
+        images: tuple[ImageSpan, ...] | list[ImageSpan] = (),
     ) -> Iterator[Event]:
         t0 = time.perf_counter()
         params.validate()
@@ -170,12 +196,17 @@ class CachedEngine:
         if cancel is not None and cancel.is_set():  # the client left while queued
             yield Finished("cancelled", 0, 0, 0, "")
             return
-        self._check_prompt(prompt_ids)
+        self._check_prompt(prompt_ids, images)
         deadline = None if params.timeout_s is None else time.monotonic() + params.timeout_s
         req = Request(list(prompt_ids), params, tenant, cancel, constraint, deadline, t0)
+        req.images = tuple(images)
         yield from self.scheduler.events(req)
 
-    def _check_prompt(self, prompt_ids: list[int]) -> None:
+    def _check_prompt(self, prompt_ids: list[int], images: Any = ()) -> None:
+        if images and self.vision is None:
+            raise RequestError("this server's model takes no image input (text only)")
+        if any(s.start < 0 or s.end > len(prompt_ids) for s in images):
+            raise RequestError("an image span lies outside the prompt")
         n = len(prompt_ids)
         if n == 0:
             raise RequestError("the prompt is empty")
@@ -187,13 +218,17 @@ class CachedEngine:
             )
 
     def prefill(
-        self, prompt_ids: list[int], tenant: str = ""
+        self,
+        prompt_ids: list[int],
+        tenant: str = "",
+        images: tuple[ImageSpan, ...] | list[ImageSpan] = (),
     ) -> tuple[Any, Any, Lease | None, TokenSeq | None]:
         """The whole prompt in one turn: restore the longest cached prefix, prefill the rest in
         chunks (saving at each boundary). Returns the state, last-token logits, the pinned lease
         (release it when done) and the sequence. For tests and benchmarks: no events."""
-        self._check_prompt(prompt_ids)
+        self._check_prompt(prompt_ids, images)
         req = Request(list(prompt_ids), SamplingParams(), tenant)
+        req.images = tuple(images)
         with self.scheduler.turns.step():
             try:
                 self.steps.begin(req)
@@ -214,6 +249,8 @@ class CachedEngine:
         if self.cache is None:
             return {}
         out = {**self.cache.stats().to_dict(), **self.batcher.stats()}
+        if self.feeder is not None:  # encoder runs and the vision-embedding cache
+            out["vision"] = self.feeder.stats()
         # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
         out.update(quant_stats(getattr(self.runner, "packer", None), out["bytes_by_tier"]["ram"]))
         return out

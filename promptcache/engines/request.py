@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from promptcache.core.images import ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import Event, SamplingParams
@@ -40,6 +41,7 @@ class Request:
     constraint: GrammarConstraint | None = None
     deadline: float | None = None  # time.monotonic() when the time budget runs out
     t0: float = field(default_factory=time.perf_counter)  # arrival, for the TTFT
+    images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models only)
     # the cache and the model state
     phase: Phase = Phase.NEW
     seq: TokenSeq | None = None
@@ -47,6 +49,7 @@ class Request:
     state: Any = None
     logits: Any = None  # the last forward's last-position logits
     pos: int = 0  # prompt tokens in ``state``
+    features: dict[int, Any] = field(default_factory=dict)  # image rows by span, mid-prefill
     # decoding (set up when the prefill ends)
     rng: np.random.Generator | None = None
     stream: StopTextStream | None = None

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.images import image_extras
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
     CacheSaveError,
@@ -21,6 +22,7 @@ from promptcache.engines.base import (
 from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
 from promptcache.engines.request import Phase, Request
 from promptcache.engines.runner import ModelRunner
+from promptcache.engines.vision import VisionFeeder
 
 
 class Steps:
@@ -34,8 +36,10 @@ class Steps:
         prefill_chunk: int,
         max_context: int,
         decode_text: Callable[[list[int]], str],
+        feeder: VisionFeeder | None = None,
     ) -> None:
         self.runner = runner
+        self.feeder = feeder  # image rows for chunks holding image tokens (vision models)
         self.cache = cache
         self.prefill_chunk = prefill_chunk
         self.max_context = max_context
@@ -106,6 +110,7 @@ class Steps:
                     tenant=req.tenant,
                     session=req.params.session,
                     ttl_s=req.params.cache_ttl_s,
+                    extras=image_extras(req.images, self.cache.block_size) if req.images else None,
                 )
             except ValueError as exc:  # token ids the cache cannot key: the client's input
                 raise RequestError(f"prompt: {exc}") from None
@@ -123,7 +128,15 @@ class Steps:
         """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to
         ``end``), saved at a chunk's end or the prompt's."""
         end = self.chunk_end(req) if end is None else end
-        req.logits = self.runner.forward([req.state], [req.prompt[req.pos : end]])[0]
+        ids = req.prompt[req.pos : end]
+        logits = None
+        if req.images:
+            if self.feeder is None:
+                raise RequestError("this server's model takes no image input")
+            logits = self.feeder.forward_chunk(req.state, ids, req.pos, req.images, req.features)
+        if logits is None:  # no image token in this chunk: the plain text forward
+            logits = self.runner.forward([req.state], [ids])[0]
+        req.logits = logits
         req.pos = end
         if req.seq is not None and (end % self.prefill_chunk == 0 or end == req.num_prompt):
             self.save(req.seq, req.state, req.pos)
@@ -163,6 +176,7 @@ class Steps:
             live.root != seq.root
             or live.num_tokens < hit
             or live.block_bytes(0, hit) != seq.block_bytes(0, hit)
+            or not live.same_extras(seq, hit)  # the same placeholder tokens, another image
         ):
             return None
         if live.num_tokens != hit:

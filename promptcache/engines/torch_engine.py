@@ -7,17 +7,18 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.torch_runner import TorchRunner, load_torch_weights
+from promptcache.engines.torch_runner import TorchRunner, load_torch_processor, load_torch_weights
 
 
 class TorchEngine(CachedEngine):
     name = "torch"
 
-    def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
+    def __init__(self, model: Any, tokenizer: Any, processor: Any = None, **options: Any) -> None:
         """``options``: the cache and serving options (``EngineOptions``) and the block scheme's
-        (``cache_kv_bits``, ``cache_kv_group``, ``cache_kv_min_tokens``, ``cache_dtype``)."""
+        (``cache_kv_bits``, ``cache_kv_group``, ``cache_kv_min_tokens``, ``cache_dtype``).
+        ``processor``: a vision-language model's processor (the engine then takes images)."""
         scheme = pop_block_scheme(options)
-        super().__init__(TorchRunner(model, tokenizer, scheme), **options)
+        super().__init__(TorchRunner(model, tokenizer, scheme, processor), **options)
 
     load_weights = staticmethod(load_torch_weights)
 
@@ -32,4 +33,7 @@ class TorchEngine(CachedEngine):
         model, tokenizer = load_torch_weights(
             path, dtype=dtype, device=device, max_context=options.get("max_context")
         )
-        return cls(model, tokenizer, model_id=options.pop("model_id", path.name), **options)
+        processor = load_torch_processor(path)
+        return cls(
+            model, tokenizer, processor, model_id=options.pop("model_id", path.name), **options
+        )

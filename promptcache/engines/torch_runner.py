@@ -21,6 +21,7 @@ from promptcache.engines.layers import Layout
 from promptcache.engines.torch_batch import DecodeBatch, batched_decode, can_batch
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_quant import TorchPacker
+from promptcache.engines.torch_vision import TorchVision
 from promptcache.engines.torch_state import (
     crop_positional,
     describe_layers,
@@ -49,7 +50,12 @@ def load_torch_weights(
     if rope is not None:  # before the weights load: the rotary tables are built from config
         config.rope_parameters = rope
         config.max_position_embeddings = max_context
-    model = AutoModelForCausalLM.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    auto = AutoModelForCausalLM
+    if is_vision_config(config):  # a vision-language model: its image-text class
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
+    model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
     model = model.to(device).eval()
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
@@ -58,13 +64,34 @@ def load_torch_weights(
     return model, tokenizer
 
 
+def is_vision_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+def load_torch_processor(path: str | Path) -> Any:
+    """The processor of a vision-language model folder, or None for a text-only model."""
+    if not is_vision_config(AutoConfig.from_pretrained(path)):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)
+
+
 class TorchRunner:
     """A transformers causal LM on one device (see ``ModelRunner`` for the contract).
     ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint)."""
 
     name = "torch"
 
-    def __init__(self, model: Any, tokenizer: Any, block_scheme: BlockScheme | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        block_scheme: BlockScheme | None = None,
+        processor: Any = None,
+    ) -> None:
+        """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
+        then takes images (``vision``)."""
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -96,10 +123,14 @@ class TorchRunner:
             eos_ids.add(tokenizer.eos_token_id)
         self.eos_ids = eos_ids
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self.model_limit = int(getattr(model.config, "max_position_embeddings", None) or 2048)
+        text_config = model.config.get_text_config()
+        self.model_limit = int(getattr(text_config, "max_position_embeddings", None) or 2048)
         # decode steps batch when every layer is plain full attention (see torch_batch)
         self._batches = can_batch(self.layout)
         self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
+        self.vision: TorchVision | None = None
+        if processor is not None:
+            self.vision = TorchVision(model, processor, self.device, self.dtype, self._cache_arg)
 
     @classmethod
     def load(

@@ -1,0 +1,126 @@
+"""The image half of a transformers vision-language model (``VisionModel`` on torch).
+
+Through the model's public methods only: ``get_image_features`` (vision tower + projector) for
+an image's rows, ``get_input_embeddings`` for the text, and ``forward(inputs_embeds=...)`` on the
+per-request ``DynamicCache``, so restored blocks and chunked prefill work as for text. The
+processor is the model's own (``AutoProcessor``): its chat template places the image
+placeholder, its image processor prepares pixels, and its token count per image
+(``_get_num_multimodal_tokens``, what serving stacks use) expands each placeholder. Architectures
+whose image tokens are plain positions (LLaVA-style: causal attention, 1-D RoPE) qualify; those
+with 3-D RoPE positions (Qwen2-VL) or bidirectional image attention (Gemma 3) would need their
+positions computed here and are refused.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from promptcache.core.hashing import digest_bytes
+from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.engines.errors import ConfigError, RequestError
+
+SUPPORTED = ("llava",)  # model_type values whose image tokens are plain causal positions
+
+
+class TorchVision:
+    """``VisionModel`` for a transformers LLaVA-style model and its processor."""
+
+    def __init__(
+        self, model: Any, processor: Any, device: torch.device, dtype: Any, cache_arg: str
+    ) -> None:
+        kind = getattr(model.config, "model_type", "")
+        if kind not in SUPPORTED or not hasattr(model, "get_image_features"):
+            raise ConfigError(
+                f"image input is supported for {', '.join(SUPPORTED)} models, not {kind!r}"
+            )
+        self.model = model
+        self.processor = processor
+        self.device = device
+        self.dtype = dtype
+        self.cache_arg = cache_arg  # "cache" or "past_key_values", as the runner found it
+        self.tokenizer = processor.tokenizer
+        token = getattr(processor, "image_token", "<image>")
+        self.image_token_id = int(self.tokenizer.convert_tokens_to_ids(token))
+        cfg = model.config
+        self.feature_layer = cfg.vision_feature_layer
+        self.select = cfg.vision_feature_select_strategy
+        settings = {
+            "image_processor": processor.image_processor.to_dict(),
+            "feature_layer": self.feature_layer,
+            "select": self.select,
+            "patch_size": getattr(processor, "patch_size", None),
+        }
+        raw = json.dumps(settings, sort_keys=True, default=str).encode()
+        self.settings_key = digest_bytes(raw).hex()
+        self.template = processor.chat_template or getattr(self.tokenizer, "chat_template", None)
+
+    def num_tokens(self, image: ImageInput) -> int:
+        data = self.processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
+        return int(data.num_image_tokens[0])
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: Sequence[ImageInput],
+    ) -> tuple[list[int], list[ImageSpan]]:
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=False,
+            )
+        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
+            raise RequestError(f"cannot apply the chat template: {exc}") from exc
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        marks = [i for i, t in enumerate(ids) if t == self.image_token_id]
+        if len(marks) != len(images):
+            raise RequestError(
+                f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
+                "(the text may not contain the model's image token)"
+            )
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        prev = 0
+        for mark, image in zip(marks, images, strict=True):
+            out += ids[prev:mark]
+            n = self.num_tokens(image)
+            spans.append(ImageSpan(len(out), n, image))
+            out += [self.image_token_id] * n
+            prev = mark + 1
+        out += ids[prev:]
+        return out, spans
+
+    @torch.inference_mode()
+    def encode(self, image: ImageInput) -> torch.Tensor:
+        try:
+            pixels = self.processor.image_processor(images=[image.to_pil()], return_tensors="pt")
+        except Exception as exc:  # the client's image (a shape the processor cannot take)
+            raise RequestError(f"the image processor refused an image: {exc}") from exc
+        values = pixels["pixel_values"].to(self.device, self.dtype)
+        out = self.model.get_image_features(
+            pixel_values=values,
+            vision_feature_layer=self.feature_layer,
+            vision_feature_select_strategy=self.select,
+        )
+        rows = out.pooler_output if hasattr(out, "pooler_output") else out
+        first = rows[0] if isinstance(rows, list | tuple) else rows[0]
+        return first.to(self.dtype).contiguous().clone()
+
+    @torch.inference_mode()
+    def forward(
+        self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]
+    ) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        embeds = self.model.get_input_embeddings()(x)
+        for offset, rows in pieces:
+            embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
+        kwargs = {self.cache_arg: state}
+        out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
+        return out.logits[0, -1]

@@ -1,0 +1,121 @@
+"""Images through an engine: the ``VisionModel`` protocol a vision-language runner offers, and
+``VisionFeeder``, which prefills the chunks that hold image tokens.
+
+A runner for a vision-language model keeps its usual contract (``forward`` on token ids runs
+text-only chunks, decode, and every restore) and adds ``vision``, a ``VisionModel``: the chat
+template with each image's placeholder expanded to its token count, the encoder (image ->
+feature rows that replace those placeholders' embeddings) and a forward on token ids whose
+image positions take feature rows. Images enter the cache key through the block extras
+(``core.images.image_extras``); a hit that reaches past an image needs no encoder at all, and a
+chunk that holds image tokens gets its feature rows from the vision-embedding cache
+(``core.vision_cache``) or, on a miss, from one encoder run (counted).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.vision_cache import VisionCache, VisionKey
+
+
+class VisionModel(Protocol):
+    """The image half of a vision-language runner. Contract: ``render`` and ``num_tokens`` are
+    cheap and thread-safe (the server calls them on its threads); ``encode`` and ``forward``
+    run inside engine steps only. Feature rows are library arrays, shape (num_tokens, hidden),
+    owning copies (they are cached and shared between requests)."""
+
+    settings_key: str  # what besides the weights shapes encode()'s output (processor settings)
+    image_token_id: int  # the placeholder token id repeated over an image's positions
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: Sequence[ImageInput],
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """Prompt ids of a chat whose content parts may be ``{"type": "image"}`` (``images`` in
+        the order those parts appear), generation prompt added, each image's placeholder
+        expanded to its token count; one span per image, in order. Raises RequestError on a
+        template error or an image the processor refuses."""
+
+    def encode(self, image: ImageInput) -> Any:
+        """The feature rows replacing the image's placeholders: (num_tokens, hidden)."""
+
+    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
+        """Run ``ids`` on ``state`` (appending to it) like ``ModelRunner.forward`` for one
+        sequence, with the embeddings at offsets ``pieces[k][0] ..`` replaced by the rows
+        ``pieces[k][1]``; the last position's logits."""
+
+
+class VisionFeeder:
+    """Feature rows for prefill chunks: from ``cache`` (None: no embedding cache) or the
+    encoder. ``num_encoder_runs`` counts images actually encoded."""
+
+    def __init__(self, vision: VisionModel, fingerprint: str, cache: VisionCache | None) -> None:
+        self.vision = vision
+        self.fingerprint = fingerprint
+        self.cache = cache
+        self._lock = threading.Lock()
+        self.num_encoder_runs = 0
+        self.num_images_fed = 0  # images whose rows went into a prefill chunk
+
+    def features(self, image: ImageInput) -> Any:
+        key = VisionKey(self.fingerprint, self.vision.settings_key, image.digest)
+        if self.cache is not None:
+            rows = self.cache.get(key)
+            if rows is not None:
+                return rows
+        rows = self.vision.encode(image)
+        with self._lock:
+            self.num_encoder_runs += 1
+        if self.cache is not None:
+            self.cache.put(key, rows)
+        return rows
+
+    def forward_chunk(
+        self,
+        state: Any,
+        ids: Sequence[int],
+        start: int,
+        spans: Sequence[ImageSpan],
+        held: dict[int, Any],
+    ) -> Any:
+        """Prefill prompt positions [start, start + len(ids)). ``held``: the request's feature
+        rows by span index (kept while an image spans several chunks)."""
+        end = start + len(ids)
+        pieces: list[tuple[int, Any]] = []
+        for i, span in enumerate(spans):
+            lo, hi = max(span.start, start), min(span.end, end)
+            if lo >= hi:
+                continue
+            rows = held.get(i)
+            if rows is None:
+                rows = held[i] = self.features(span.image)
+                with self._lock:
+                    self.num_images_fed += 1
+            if int(rows.shape[0]) != span.length:
+                raise ValueError(
+                    f"the encoder gave {rows.shape[0]} rows for an image of {span.length} tokens"
+                )
+            pieces.append((lo - start, rows[lo - span.start : hi - span.start]))
+            if hi == span.end:  # the image is done: its rows stay in the cache, not the request
+                held.pop(i, None)
+        if not pieces:
+            return None
+        return self.vision.forward(state, ids, pieces)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            out: dict[str, Any] = {
+                "encoder_runs": self.num_encoder_runs,
+                "images_fed": self.num_images_fed,
+            }
+        out["cache"] = self.cache.stats() if self.cache is not None else {}
+        return out
+
+
+def overlaps(spans: Sequence[ImageSpan], start: int, end: int) -> bool:
+    return any(s.start < end and start < s.end for s in spans)
