@@ -2,29 +2,19 @@
 
 Llava: a 2-layer CLIP vision tower (hidden 32, 32x32 images in 8x8 patches: 16 image tokens per
 image), a projector, and a 2-layer llama language model (hidden 64) with plain RoPE positions, so
-its KV cache is positional like mlx-lm's. The tokenizer is ``save_tiny_tokenizer``'s byte-level BPE
-with ``<image>`` added as one special token; the chat template writes ``<image>`` for an image part.
+its KV cache is positional like mlx-lm's. The tokenizer and chat template are the
+transformers tiny LLaVA's (``tiny_vlm``): a byte-level BPE with one ``<image>`` token.
 """
 
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.tiny_models import save_tiny_tokenizer
+from promptcache.engines.tiny_vlm import IMAGE_TOKEN, VLM_TEMPLATE, tiny_vlm_tokenizer
 
-IMAGE_TOKEN = "<image>"
 IMAGE_SIZE, PATCH_SIZE = 32, 8
-# one image part -> IMAGE_TOKEN (the processor expands it to one token per patch)
-VLM_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
-    "{% if p['type'] == 'image' %}<image>{% else %}{{ p['text'] }}{% endif %}{% endfor %}{% endif %}"
-    "<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
 
 
 def tiny_vlm_config(vocab_size: int, image_token_index: int) -> dict[str, Any]:
@@ -43,8 +33,10 @@ def build_llava(config: dict[str, Any], seed: int = 0) -> Any:
     """An mlx-vlm llava ``Model`` from a config dict (sub-configs as mlx-vlm's loader makes them),
     random weights from ``seed``."""
     import mlx.core as mx
-    from mlx_vlm.models import llava
 
+    from promptcache.engines.mlx_vlm_load import model_package
+
+    llava = model_package("llava")
     model_config = llava.ModelConfig.from_dict(config)
     model_config.text_config = llava.TextConfig.from_dict(config["text_config"])
     model_config.vision_config = llava.VisionConfig.from_dict(config["vision_config"])
@@ -56,30 +48,32 @@ def build_llava(config: dict[str, Any], seed: int = 0) -> Any:
 
 def tiny_vlm_processor(folder: str | None = None) -> Any:
     """mlx-vlm's ``LlavaProcessor`` over a CLIP image processor (32x32, no torchvision) and the
-    tiny tokenizer (saved to ``folder``, a temporary one by default)."""
-    from mlx_vlm.models.llava.processing_llava import LlavaProcessor
-    from transformers import CLIPImageProcessor
+    tiny tokenizer (also saved to ``folder`` when given)."""
+    from promptcache.engines.mlx_vlm_load import processor_class
 
-    folder = folder or tempfile.mkdtemp(prefix="tiny-vlm-")
-    fast = save_tiny_tokenizer(folder)
-    fast.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN]})
-    fast.chat_template = VLM_CHAT_TEMPLATE
-    fast.save_pretrained(folder)
+    try:  # transformers 5: the PIL/numpy backend (the default one needs torchvision)
+        from transformers import CLIPImageProcessorPil as CLIPImageProcessor
+    except ImportError:
+        from transformers import CLIPImageProcessor
+
+    fast = tiny_vlm_tokenizer()
+    if folder is not None:
+        fast.save_pretrained(folder)
     images = CLIPImageProcessor(
         size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}
     )
     # the CLS token is counted (+1) then dropped by the "default" feature selection (-1)
-    return LlavaProcessor(
+    return processor_class("llava")(
         image_processor=images,
         tokenizer=fast,
         patch_size=PATCH_SIZE,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
-        chat_template=VLM_CHAT_TEMPLATE,
+        chat_template=VLM_TEMPLATE,
     )
 
 
-def tiny_vlm(seed: int = 0) -> tuple[Any, Any]:
+def mlx_tiny_vlm(seed: int = 0) -> tuple[Any, Any]:
     """(model, processor): the tiny llava and its processor, vocabulary sizes matched."""
     processor = tiny_vlm_processor()
     tok = processor.tokenizer
@@ -88,7 +82,7 @@ def tiny_vlm(seed: int = 0) -> tuple[Any, Any]:
     return build_llava(config, seed), processor
 
 
-def save_tiny_vlm(folder: str, seed: int = 0) -> str:
+def save_mlx_tiny_vlm(folder: str, seed: int = 0) -> str:
     """Write the tiny llava (weights in MLX layout, config.json, tokenizer, processor config) to
     ``folder``: what ``load_mlx_vlm`` reads back."""
     import mlx.core as mx
@@ -106,5 +100,5 @@ def save_tiny_vlm(folder: str, seed: int = 0) -> str:
     processor_config = dict(patch_size=PATCH_SIZE, vision_feature_select_strategy="default",
                             image_token=IMAGE_TOKEN, num_additional_image_tokens=1)  # fmt: skip
     (path / "processor_config.json").write_text(json.dumps(processor_config, indent=2))
-    (path / "chat_template.jinja").write_text(VLM_CHAT_TEMPLATE)
+    (path / "chat_template.jinja").write_text(VLM_TEMPLATE)
     return folder
