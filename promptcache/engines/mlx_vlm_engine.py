@@ -14,6 +14,7 @@ from promptcache.engines.mlx_vlm_runner import MlxVlmRunner
 
 class MlxVlmEngine(CachedEngine):
     name = "mlx"
+    takes_images = True  # the factory's check: no --kv-bits (a quantized live cache) here
 
     def __init__(self, model: Any, processor: Any, **options: Any) -> None:
         """``processor``: the model's mlx-vlm processor; ``options``: the cache and serving
