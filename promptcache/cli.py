@@ -49,6 +49,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_kv_group=args.cache_kv_group,
         cache_kv_min_tokens=args.cache_kv_min_tokens,
         cache_dtype=args.cache_dtype,
+        vision_cache_bytes=args.vision_cache_bytes,
     )
 
 
@@ -153,6 +154,8 @@ def limits_from_args(args: argparse.Namespace) -> Any:
         max_stop_strings=args.max_stop_strings,
         api_keys=keys,
         loopback_only=loopback,
+        allow_image_urls=args.allow_image_urls,
+        max_image_bytes=args.max_image_bytes,
     )
 
 
@@ -234,6 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
         serve, "max-prompt-tokens", None, "prompt tokens per request (default: the context)", int
     )
     add_flag(serve, "max-stop-strings", 16, "stop strings per request (each up to 512 chars)", int)
+    add_flag(serve, "max-image-bytes", 20 * 2**20, "largest image accepted, encoded", int)
+    urls = str(env_value("allow-image-urls", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        default=urls,
+        help="fetch http(s) image URLs (default: only inline base64 images; a URL is a 400) "
+        "[env PROMPTCACHE_ALLOW_IMAGE_URLS]",
+    )
     add_engine_flags(serve)
     serve.set_defaults(func=cmd_serve)
 

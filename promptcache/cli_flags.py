@@ -135,6 +135,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     add_flag(p, "cache-dtype", None, "store a float32 model's cached blocks as: bfloat16")
     add_flag(p, "policy", None, "RAM tier eviction policy (default: the best built in)")
+    add_flag(
+        p,
+        "vision-cache-bytes",
+        "512MB",
+        "vision models: image encoder outputs kept in RAM (also on SSD); 0 turns it off",
+    )
     no_cache = str(env_value("no-cache", "")).lower() in ("1", "true", "yes")
     p.add_argument(
         "--no-cache",

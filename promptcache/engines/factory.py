@@ -50,6 +50,7 @@ def build_engine(
     cache_kv_group: int = 64,
     cache_kv_min_tokens: int = 0,
     cache_dtype: str | None = None,
+    vision_cache_bytes: str | int = "512MB",
 ) -> Any:
     from promptcache.models import resolve_model
 
@@ -87,6 +88,7 @@ def build_engine(
         shared_ttl=shared_ttl,
         ram_ttl=ram_ttl,
         encrypt_key_file=encrypt_key_file,
+        vision_cache_bytes=vision_cache_bytes,
         **extra,
     )
 

@@ -113,7 +113,9 @@ class VisionFeeder:
                 "encoder_runs": self.num_encoder_runs,
                 "images_fed": self.num_images_fed,
             }
-        out["cache"] = self.cache.stats() if self.cache is not None else {}
+        out["cache_enabled"] = self.cache is not None
+        if self.cache is not None:  # flat: /metrics renders these as promptcache_vision_cache_*
+            out.update({f"cache_{k}": v for k, v in self.cache.stats().items()})
         return out
 
 

@@ -14,6 +14,7 @@ from starlette.requests import Request
 
 from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
 from promptcache.server.chat import Chat
+from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, anthropic_image, image_part
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import Reply, ServerState
@@ -32,8 +33,8 @@ UNSUPPORTED_MEDIA = ("image", "document")
 def _unsupported(kind: str) -> RequestError:
     if kind in UNSUPPORTED_MEDIA:
         return RequestError(
-            f"content blocks of type {kind!r} are not supported: this server's model has no "
-            "vision or document input yet (text, tool_use, tool_result and thinking blocks are)"
+            f"content blocks of type {kind!r} are not supported here (text, tool_use, "
+            "tool_result and thinking blocks are; image blocks in user messages on vision models)"
         )
     return RequestError(
         f"content block of type {kind!r} is not supported "
@@ -63,7 +64,11 @@ def system_text(req: MessagesRequest | CountTokensRequest, keep_billing: bool) -
     return "\n\n".join(t for t in texts if t)
 
 
-def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = False) -> Chat:
+def to_chat(
+    req: MessagesRequest | CountTokensRequest,
+    keep_billing: bool = False,
+    images: ImagePolicy = TEXT_ONLY,
+) -> Chat:
     messages: list[dict[str, Any]] = []
     system = system_text(req, keep_billing)
     if system:
@@ -73,11 +78,15 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
             messages.append({"role": m.role, "content": m.content})
             continue
         texts: list[str] = []
+        parts: list[dict[str, Any]] = []  # text and images in order, when there are images
         calls: list[dict[str, Any]] = []
         for b in m.content:
             kind = b.get("type")
             if kind == "text":
                 texts.append(str(b.get("text") or ""))
+                parts.append({"type": "text", "text": texts[-1]})
+            elif kind == "image" and m.role == "user":
+                parts.append(image_part(anthropic_image(b, images)))
             elif kind == "tool_use" and m.role == "assistant":
                 calls.append(
                     {"id": b.get("id"), "type": "function",
@@ -93,9 +102,13 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
             elif kind not in DROPPED_BLOCKS:
                 raise _unsupported(str(kind))
         msg: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+        if len(parts) > len(texts):  # images: the parts in order, text blocks a line apart
+            msg["content"] = _joined_parts(parts)
         if calls:
             msg["tool_calls"] = calls
-        if texts or calls or not any(b.get("type") == "tool_result" for b in m.content):
+        if texts or calls or len(parts) > len(texts) or not any(
+            b.get("type") == "tool_result" for b in m.content
+        ):
             messages.append(msg)
     chat = Chat(messages)
     if req.tools:
@@ -120,6 +133,19 @@ def to_chat(req: MessagesRequest | CountTokensRequest, keep_billing: bool = Fals
             )
         chat.response_schema = fmt["schema"]
     return chat
+
+
+def _joined_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Text blocks a newline apart (as text-only messages join them), images where they are."""
+    out: list[dict[str, Any]] = []
+    seen_text = False
+    for p in parts:
+        if p["type"] == "text":
+            out.append({"type": "text", "text": ("\n" if seen_text else "") + p["text"]})
+            seen_text = True
+        else:
+            out.append(p)
+    return out
 
 
 def stop_info(fin: Finished, reply: Reply, is_capped: bool = False) -> tuple[str, str | None]:
@@ -163,13 +189,13 @@ def content_blocks(reply: Reply) -> list[dict[str, Any]]:
 
 
 async def count_tokens(state: ServerState, request: Request, req: CountTokensRequest) -> Any:
-    chat = to_chat(req, state.keep_billing_header)
+    chat = to_chat(req, state.keep_billing_header, state.image_policy)
     prompt = await run_in_threadpool(state.formatter.render, chat, state.tenant_of(request))
     return {"input_tokens": len(prompt)}
 
 
 async def messages(state: ServerState, request: Request, req: MessagesRequest) -> Any:
-    chat = to_chat(req, state.keep_billing_header)
+    chat = to_chat(req, state.keep_billing_header, state.image_policy)
     params = SamplingParams(
         req.max_tokens, req.temperature, req.top_p, req.top_k, None, list(req.stop_sequences or [])
     )
@@ -178,7 +204,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
         fin = None
         async for ev in events:

@@ -12,8 +12,9 @@ import json
 import logging
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from promptcache.core.images import ImageSpan
 from promptcache.engines.base import RequestError
 from promptcache.engines.grammar import (
     check_grammar,
@@ -29,7 +30,9 @@ log = logging.getLogger("promptcache.server")
 
 @dataclass(slots=True)
 class Chat:
-    """One request, API-neutral. ``messages``: role, content (str), and for assistant turns
+    """One request, API-neutral. ``messages``: role, content (str; in user turns with images a
+    list of ``{"type": "text", "text"}`` and ``{"type": "image", "image": ImageInput}`` parts),
+    and for assistant turns
     ``tool_calls`` ([{id, type, function: {name, arguments (JSON text)}}]); tool results have
     role "tool" and ``tool_call_id``."""
 
@@ -43,6 +46,11 @@ class Chat:
     @property
     def can_call_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+
+class Rendered(NamedTuple):
+    ids: list[int]
+    images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit
 
 
 class ChatFormatter:
@@ -65,6 +73,10 @@ class ChatFormatter:
 
     def render(self, chat: Chat, tenant: str = "") -> list[int]:
         """Prompt token ids for ``chat`` (generation prompt added)."""
+        return self.render_prompt(chat, tenant).ids
+
+    def render_prompt(self, chat: Chat, tenant: str = "") -> Rendered:
+        """Prompt token ids and image spans for ``chat`` (generation prompt added)."""
         messages = [self._message(m, tenant) for m in chat.messages]
         tools: list[dict[str, Any]] | None = chat.tools or None
         if tools and not self.native_tools:
@@ -81,12 +93,26 @@ class ChatFormatter:
         if not self.native_tools:
             messages = _results_as_user(messages)
         try:
-            return self.engine.encode_chat(messages, tools)
+            return self._encode(messages, tools)
         except RequestError:
             if not _has_late_system(messages):
                 raise
         # templates that allow a system message only first: later ones become user turns
-        return self.engine.encode_chat(_late_system_as_user(messages), tools)
+        return self._encode(_late_system_as_user(messages), tools)
+
+    def _encode(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Rendered:
+        images = [
+            p["image"] for m in messages if isinstance(m.get("content"), list)
+            for p in m["content"] if p.get("type") == "image"
+        ]  # fmt: skip
+        if not images:
+            return Rendered(self.engine.encode_chat(messages, tools))
+        # vision templates iterate content parts: every message in parts, images as bare parts
+        plain = [{**m, "content": _as_parts(m.get("content"))} for m in messages]
+        ids, spans = self.engine.encode_chat_images(plain, tools, images)
+        return Rendered(ids, tuple(spans))
 
     def _message(self, m: dict[str, Any], tenant: str) -> dict[str, Any]:
         calls = m.get("tool_calls")
@@ -234,7 +260,7 @@ def _results_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for m in messages:
         if m.get("role") != "tool":
             if m.get("role") == "user" and out and out[-1].get("_results"):
-                out[-1]["content"] += "\n" + str(m.get("content") or "")
+                out[-1]["content"] = _concat(out[-1]["content"], m.get("content"), "\n")
                 out[-1].pop("_results")
                 continue
             out.append(m)
@@ -259,7 +285,23 @@ def _late_system_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]
         if i and m.get("role") == "system":
             m = {"role": "user", "content": f"<system>\n{m.get('content') or ''}\n</system>"}
         if out and m["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {"role": "user", "content": f"{out[-1]['content']}\n\n{m['content']}"}
+            out[-1] = {"role": "user", "content": _concat(out[-1]["content"], m["content"], "\n\n")}
         else:
             out.append(m)
     return out
+
+
+def _as_parts(content: Any) -> list[dict[str, Any]]:
+    """Content as template parts: text as is, images as bare ``{"type": "image"}``."""
+    if not isinstance(content, list):
+        return [{"type": "text", "text": str(content or "")}]
+    return [{"type": "image"} if p.get("type") == "image" else p for p in content]
+
+
+def _concat(a: Any, b: Any, sep: str) -> Any:
+    """Two message contents joined by ``sep``: a string, or parts when either has images."""
+    if not isinstance(a, list) and not isinstance(b, list):
+        return f"{a or ''}{sep}{b or ''}"
+    left = a if isinstance(a, list) else [{"type": "text", "text": str(a or "")}]
+    right = b if isinstance(b, list) else [{"type": "text", "text": str(b or "")}]
+    return [*left, {"type": "text", "text": sep}, *right]

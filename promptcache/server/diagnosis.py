@@ -15,6 +15,8 @@ Reasons, checked in this order:
   (agents fire requests in parallel); its blocks were not all saved yet.
 - ``namespace``: another namespace (tenant, salt) holds a longer prefix; caches never cross
   namespaces. Only looked for when tenants are not a security boundary (no API keys).
+- ``image``: the closest earlier request has the same tokens there, but an image differs at
+  token i (the same placeholder tokens, other pixels): "image differs at token i".
 - ``diverged``: the prompt differs from the closest earlier request at token i (which message,
   which role, the text on both sides).
 - ``cold``: the missed tokens were never seen (a first request, or new input after a hit).
@@ -30,10 +32,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from promptcache.core.images import first_image_difference
 from promptcache.core.stats import LookupReport
 
 MISS_REASONS = (
-    "none", "cold", "diverged", "evicted", "unsaved", "in_flight", "namespace", "snapshot", "damaged",
+    "none", "cold", "image", "diverged", "evicted", "unsaved", "in_flight", "namespace", "snapshot", "damaged",
     "disabled", "cancelled",
 )  # fmt: skip
 CONTEXT_TOKENS = 12  # tokens of text shown on each side of a divergence
@@ -44,10 +47,14 @@ class Miss(NamedTuple):
     detail: dict[str, Any]
 
 
+ImageMarks = tuple[tuple[int, bytes], ...]  # (first token, pixel digest) per image
+
+
 class _Seen(NamedTuple):
     request_id: int
     tokens: np.ndarray  # uint32: prompt + reply
     finished_s: float  # wall clock when it was remembered (its reply saved)
+    images: ImageMarks = ()
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -76,10 +83,16 @@ class PromptMemory:
         return len(self._seen)
 
     def add(
-        self, namespace: str, request_id: int, tokens: np.ndarray, finished_s: float = 0.0
+        self,
+        namespace: str,
+        request_id: int,
+        tokens: np.ndarray,
+        finished_s: float = 0.0,
+        images: ImageMarks = (),
     ) -> None:
         with self._lock:
-            self._seen[request_id] = (namespace, _Seen(request_id, tokens, finished_s))
+            seen = _Seen(request_id, tokens, finished_s, images)
+            self._seen[request_id] = (namespace, seen)
             self.num_tokens += len(tokens)
             ids = self._by_ns.setdefault(namespace, deque())
             self._by_ns.move_to_end(namespace)
@@ -102,10 +115,15 @@ class PromptMemory:
         self.num_tokens -= len(seen.tokens)
 
     def closest(
-        self, namespace: str, tokens: np.ndarray, other_namespaces: bool = False
+        self,
+        namespace: str,
+        tokens: np.ndarray,
+        other_namespaces: bool = False,
+        images: ImageMarks = (),
     ) -> tuple[int, _Seen | None, str]:
         """(common prefix, the earlier request sharing it, its namespace): the longest over this
-        namespace, or over every other namespace with ``other_namespaces``."""
+        namespace, or over every other namespace with ``other_namespaces``. A prefix ends where
+        an image differs (``images`` against the earlier request's)."""
         with self._lock:
             pools = [
                 (ns, [self._seen[rid][1] for rid in ids])
@@ -116,6 +134,9 @@ class PromptMemory:
         for ns, seen in pools:
             for s in reversed(seen):  # newest first: on ties the latest request is named
                 n = common_prefix(s.tokens, tokens)
+                if images or s.images:
+                    at = first_image_difference(images, s.images, n)
+                    n = n if at is None else at
                 if n > best:
                     best, best_seen, best_ns = n, s, ns
         return best, best_seen, best_ns
@@ -132,6 +153,7 @@ def diagnose(
     locate: Callable[[int], tuple[int, str]] | None = None,
     now_s: float = 0.0,
     started_s: float = float("inf"),
+    images: ImageMarks = (),
 ) -> Miss:
     """The reason for the computed part of ``tokens`` (the prompt), before it is remembered."""
     n = len(tokens)
@@ -149,7 +171,18 @@ def diagnose(
             {**missed, "cached_tokens": min(report.num_matched, n), "checkpoint_at": hit},
         )
     reach = max(hit, report.num_matched)
-    same, seen, _ = memory.closest(namespace, tokens)
+    same, seen, _ = memory.closest(namespace, tokens, images=images)
+    if seen is not None and reach <= same < min(len(seen.tokens), n - 1):
+        # the tokens go on agreeing past ``same``: an image there differs (the blocks holding
+        # it key by its pixels, so the hit ends at or before its first token)
+        if common_prefix(seen.tokens, tokens) > same:
+            message, role = locate(same) if locate is not None else (-1, "")
+            return Miss(
+                "image",
+                {**missed, "token_index": same, "message_index": message, "role": role,
+                 "earlier_request": seen.request_id,
+                 "message": f"image differs at token {same}"},
+            )  # fmt: skip
     if same > reach + 1 and seen is not None:
         detail = {**missed, "earlier_request": seen.request_id, "earlier_tokens": same}
         if seen.finished_s > started_s:  # it was still running when this one looked up

@@ -117,6 +117,9 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
             for tier, tier_stats in value.items():
                 lines += render_cache_stats(tier_stats, f"{prefix}{tier}_")
             continue
+        if key == "vision":  # encoder runs and the vision-embedding cache
+            lines += render_cache_stats(value, "promptcache_vision_")
+            continue
         if isinstance(value, bool) or key in ("block_size",):
             continue
         if key == "policy_leader":  # a name: exposed as a series labelled with it, value 1

@@ -21,6 +21,7 @@ from promptcache.engines.base import (
     TextDelta,
 )
 from promptcache.server.chat import Chat
+from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
@@ -38,25 +39,36 @@ def sampling_from(
     return SamplingParams(max_tokens, req.temperature, req.top_p, req.top_k, req.seed, stop)
 
 
-def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+def chat_messages(
+    req: ChatCompletionRequest, images: ImagePolicy = TEXT_ONLY
+) -> list[dict[str, Any]]:
     out = []
     for m in req.messages:
         content = m.content
         if isinstance(content, list):
-            texts = []
+            parts: list[dict[str, Any]] = []
             for part in content:
                 kind = part.get("type")
+                if kind == "image_url" and m.role == "user":
+                    parts.append(image_part(openai_image(part, images)))
+                    continue
                 if kind in ("image_url", "input_image", "input_audio", "file"):
+                    what = "image" if kind == "image_url" and images.enabled else "part"
                     raise RequestError(
-                        f"message content parts of type {kind!r} are not supported: this "
-                        "server's model has no image, audio or file input yet (text only)"
-                    )
+                        f"message content parts of type {kind!r} are not supported here: "
+                        + ("images go in user messages" if what == "image" else
+                           "this server takes text and, on vision models, image_url data URLs")
+                    )  # fmt: skip
                 if kind not in ("text", "input_text"):
                     raise RequestError(
                         f"message content part of type {kind!r} is not supported (text only)"
                     )
-                texts.append(str(part.get("text", "")))
-            content = "".join(texts)
+                parts.append({"type": "text", "text": str(part.get("text", ""))})
+            # text only: one string (what every chat template takes); with images, the parts
+            if any(p["type"] == "image" for p in parts):
+                content = parts
+            else:
+                content = "".join(p["text"] for p in parts)
         msg: dict[str, Any] = {
             "role": "system" if m.role == "developer" else m.role,
             "content": content or "",
@@ -71,8 +83,8 @@ def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
     return out
 
 
-def to_chat(req: ChatCompletionRequest) -> Chat:
-    chat = Chat(chat_messages(req), list(req.tools or []))
+def to_chat(req: ChatCompletionRequest, images: ImagePolicy = TEXT_ONLY) -> Chat:
+    chat = Chat(chat_messages(req, images), list(req.tools or []))
     for tool in chat.tools:
         if tool.get("type", "function") != "function" or not (tool.get("function") or {}).get(
             "name"
@@ -137,7 +149,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     explicit = req.max_completion_tokens or req.max_tokens
     params = sampling_from(req, state.default_max_tokens)
     params.session = session_of(request, req.prompt_cache_key, req.user)
-    chat = to_chat(req)
+    chat = to_chat(req, state.image_policy)
     prep = await run_in_threadpool(state.prepare, request, chat, params)
     limit = state.engine.max_context
     if explicit and len(prep.prompt) + prep.params.max_tokens > limit:
@@ -180,7 +192,7 @@ async def _respond(
     created = int(time.time())
     model = req.model or state.model_id
     obj = "chat.completion" if chat else "text_completion"
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat)
+    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
         fin = None
         async for ev in events:

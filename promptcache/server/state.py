@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from starlette.requests import Request
 
+from promptcache.core.images import ImageSpan
 from promptcache.engines.base import (
     Engine,
     Event,
@@ -24,6 +25,7 @@ from promptcache.engines.base import (
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
 from promptcache.server.diagnosis import PromptMemory, diagnose
 from promptcache.server.guard import KeyGrant
+from promptcache.server.image_parts import ImagePolicy, check_count
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
 from promptcache.server.streaming import run_events
@@ -56,6 +58,8 @@ class Limits:
     max_stop_chars: int = 512
     api_keys: dict[str, KeyGrant] = field(default_factory=dict)  # key digest -> grant
     loopback_only: bool = True  # refuse foreign Host headers (DNS rebinding)
+    allow_image_urls: bool = False  # fetch http(s) image URLs (vision models; else 400)
+    max_image_bytes: int = 20 * 2**20  # one image, encoded
 
 
 class Prepared(NamedTuple):
@@ -63,6 +67,7 @@ class Prepared(NamedTuple):
     params: SamplingParams
     tenant: str
     is_capped: bool = False  # --max-output-tokens lowered the client's max_tokens
+    images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models)
 
 
 class Reply(NamedTuple):
@@ -94,6 +99,11 @@ class ServerState:
         self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
         self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
         self.prompts = PromptMemory()  # what miss diagnosis compares a prompt with
+        self.image_policy = ImagePolicy(
+            enabled=bool(getattr(engine, "supports_images", False)),
+            allow_urls=self.limits.allow_image_urls,
+            max_image_bytes=self.limits.max_image_bytes,
+        )
 
     def tenant_of(self, request: Request, user: str | None = None) -> str:
         """Cache namespace of a request: with API keys the key's tenant only; without, the
@@ -125,13 +135,14 @@ class ServerState:
         """Render, check and constrain a chat request; raises a 4xx-mapped error when it can't
         be served. ``params.max_tokens`` is capped by ``--max-output-tokens``."""
         tenant = self.tenant_of(request)
-        prompt = self.formatter.render(chat, tenant)
+        prompt, images = self.formatter.render_prompt(chat, tenant)
+        check_count([s.image for s in images], self.image_policy)
         self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
         is_capped = self.cap_output(params)
         self.check_params(params)
         self.formatter.check_continuity(chat, tenant, prompt)
-        return Prepared(prompt, params, tenant, is_capped)
+        return Prepared(prompt, params, tenant, is_capped, images)
 
     def check_params(self, params: SamplingParams) -> None:
         """Stop-string limits and the time budget; then the engine's own checks."""
@@ -169,12 +180,13 @@ class ServerState:
         params: SamplingParams,
         tenant: str,
         chat: Chat | None = None,
+        images: tuple[ImageSpan, ...] = (),
     ) -> AsyncIterator[Event]:
         if self.num_active >= self.limits.max_queue:
             raise QueueFullError(self.limits.max_queue)
         self.num_active += 1
         try:
-            async for ev in self._events(request, prompt, params, tenant, chat):
+            async for ev in self._events(request, prompt, params, tenant, chat, images):
                 yield ev
         finally:
             self.num_active -= 1
@@ -186,14 +198,17 @@ class ServerState:
         params: SamplingParams,
         tenant: str,
         chat: Chat | None,
+        images: tuple[ImageSpan, ...],
     ) -> AsyncIterator[Event]:
         endpoint = request.url.path
+        # only a vision engine takes images= (a text-only one never gets any: 400 at the edge)
+        extra: dict[str, Any] = {"images": images} if images else {}
 
         def generate(cancel: threading.Event) -> Iterator[Event]:
             # counted on the worker thread: a request whose client left is counted too
             started = time.time()
             prefill: PrefillDone | None = None
-            for ev in self.engine.generate(prompt, params, tenant, cancel):
+            for ev in self.engine.generate(prompt, params, tenant, cancel, **extra):
                 if isinstance(ev, PrefillDone):
                     prefill = ev
                 elif isinstance(ev, Finished) and ev.prompt_tokens:
@@ -201,7 +216,7 @@ class ServerState:
                     self.metrics.record(
                         ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens, ttft
                     )
-                    self.record(endpoint, tenant, prompt, chat, prefill, ev, started)
+                    self.record(endpoint, tenant, prompt, chat, prefill, ev, started, images)
                 yield ev
 
         async for ev in run_events(request, generate):
@@ -216,12 +231,14 @@ class ServerState:
         prefill: PrefillDone | None,
         fin: Finished,
         started_s: float = float("inf"),
+        images: tuple[ImageSpan, ...] = (),
     ) -> CacheRecord:
         """The request's cache record: reuse, tiers, saved time and the miss reason."""
         records = self.records
         rid = records.next_id()
         tokens = np.asarray(prompt, dtype=np.uint32)
         report = prefill.lookup if prefill is not None else None
+        marks = tuple((s.start, s.image.digest) for s in images)  # images by first token
 
         def locate(token: int) -> tuple[int, str]:
             try:
@@ -242,12 +259,13 @@ class ServerState:
                 locate=locate,
                 now_s=time.time(),
                 started_s=started_s,
+                images=marks,
             )
             reason, detail = miss.reason, miss.detail
             saved = tokens
             if fin.reason not in ("cancelled", "timeout") and fin.completion_ids:
                 saved = np.concatenate([tokens, np.asarray(fin.completion_ids, dtype=np.uint32)])
-            self.prompts.add(tenant, rid, saved, time.time())
+            self.prompts.add(tenant, rid, saved, time.time(), marks)
         ttft = prefill.ttft_s if prefill is not None else None
         records.rate.observe(ttft, fin.prompt_tokens - fin.cached_tokens)
         rec = CacheRecord(

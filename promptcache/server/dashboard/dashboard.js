@@ -175,6 +175,10 @@ function describe(r) {
       const where = d.message_index >= 0 ? `, message ${d.message_index} (${d.role})` : "";
       return `token ${d.token_index}${where} vs request #${d.earlier_request}: …${d.before}⟦${d.found}⟧ expected ⟦${d.expected}⟧`;
     }
+    case "image": {
+      const where = d.message_index >= 0 ? `, message ${d.message_index} (${d.role})` : "";
+      return `image differs at token ${d.token_index}${where} vs request #${d.earlier_request}`;
+    }
     case "evicted":
       return `evicted from ${d.tier} ${fmtS(d.seconds_ago)} ago (request #${d.earlier_request} had ${d.earlier_tokens} tokens)`;
     case "in_flight":
