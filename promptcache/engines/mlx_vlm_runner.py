@@ -42,7 +42,9 @@ from promptcache.engines.mlx_vlm_state import check_layers
 
 
 def _config_of(model: Any) -> dict[str, Any]:
-    raw = dataclasses.asdict(model.config) if dataclasses.is_dataclass(model.config) else {}
+    config = model.config
+    is_instance = dataclasses.is_dataclass(config) and not isinstance(config, type)
+    raw = dataclasses.asdict(config) if is_instance else {}
     return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
 
 
