@@ -183,3 +183,19 @@ def test_importing_mlx_vlm_leaves_transformers_auto_processor_alone(tiny):
     with transformers_as_is():  # and whatever mlx-vlm installs inside is undone
         AutoProcessor.from_pretrained = classmethod(lambda cls, *a, **k: None)
     assert AutoProcessor.__dict__["from_pretrained"] is before
+
+
+def test_unusable_folders_are_config_errors(tmp_path):
+    import json
+
+    from promptcache.engines.errors import ConfigError
+    from promptcache.engines.mlx_vlm_load import load_mlx_vlm
+
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llava", "vision_config": {}}))
+    with pytest.raises(ConfigError, match="does not load as an mlx-vlm llava model"):
+        load_mlx_vlm(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
+    with pytest.raises(ConfigError, match="supports llava models, not 'qwen2_vl'"):
+        load_mlx_vlm(folder)

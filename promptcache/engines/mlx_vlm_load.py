@@ -80,7 +80,13 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
     with transformers_as_is():
         from mlx_vlm.utils import load_model
 
-        model = load_model(path)
+        try:
+            model = load_model(path)
+        except (ValueError, FileNotFoundError) as exc:  # e.g. weight names of another layout
+            raise ConfigError(
+                f"{path} does not load as an mlx-vlm {model_type} model (weights in mlx-vlm's "
+                f"layout, e.g. from mlx_vlm.convert): {str(exc)[:300]}"
+            ) from None
     quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     if not any(isinstance(m, quantized) for _, m in model.named_modules()):
         model.set_dtype(getattr(mx, dtype))
