@@ -162,7 +162,9 @@ class VisionCache:
 
     def _trim_ssd(self) -> None:
         assert self.folder is not None
-        files = [(p.stat().st_mtime, p.stat().st_size, p) for p in self.folder.glob("*.safetensors")]
+        files = [
+            (p.stat().st_mtime, p.stat().st_size, p) for p in self.folder.glob("*.safetensors")
+        ]
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files, key=lambda f: f[0]):
             if total <= self.ssd_budget_bytes:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
@@ -28,7 +29,6 @@ from promptcache.engines.base import (
 )
 from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
-from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
 from promptcache.engines.layers import Layout

@@ -21,7 +21,6 @@ from promptcache.engines.layers import Layout
 from promptcache.engines.torch_batch import DecodeBatch, batched_decode, can_batch
 from promptcache.engines.torch_codec import TorchCodec
 from promptcache.engines.torch_quant import TorchPacker
-from promptcache.engines.torch_vision import TorchVision
 from promptcache.engines.torch_state import (
     crop_positional,
     describe_layers,
@@ -29,6 +28,7 @@ from promptcache.engines.torch_state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.engines.torch_vision import TorchVision
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")

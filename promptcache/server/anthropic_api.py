@@ -106,8 +106,11 @@ def to_chat(
             msg["content"] = _joined_parts(parts)
         if calls:
             msg["tool_calls"] = calls
-        if texts or calls or len(parts) > len(texts) or not any(
-            b.get("type") == "tool_result" for b in m.content
+        if (
+            texts
+            or calls
+            or len(parts) > len(texts)
+            or not any(b.get("type") == "tool_result" for b in m.content)
         ):
             messages.append(msg)
     chat = Chat(messages)

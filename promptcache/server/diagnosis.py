@@ -172,17 +172,19 @@ def diagnose(
         )
     reach = max(hit, report.num_matched)
     same, seen, _ = memory.closest(namespace, tokens, images=images)
-    if seen is not None and reach <= same < min(len(seen.tokens), n - 1):
-        # the tokens go on agreeing past ``same``: an image there differs (the blocks holding
-        # it key by its pixels, so the hit ends at or before its first token)
-        if common_prefix(seen.tokens, tokens) > same:
-            message, role = locate(same) if locate is not None else (-1, "")
-            return Miss(
-                "image",
-                {**missed, "token_index": same, "message_index": message, "role": role,
-                 "earlier_request": seen.request_id,
-                 "message": f"image differs at token {same}"},
-            )  # fmt: skip
+    # the tokens go on agreeing past ``same``: an image there differs (the blocks holding it
+    # key by its pixels, so the hit ends at or before its first token)
+    if (
+        seen is not None
+        and reach <= same < min(len(seen.tokens), n - 1)
+        and common_prefix(seen.tokens, tokens) > same
+    ):
+        message, role = locate(same) if locate is not None else (-1, "")
+        return Miss(
+            "image",
+            {**missed, "token_index": same, "message_index": message, "role": role,
+             "earlier_request": seen.request_id, "message": f"image differs at token {same}"},
+        )  # fmt: skip
     if same > reach + 1 and seen is not None:
         detail = {**missed, "earlier_request": seen.request_id, "earlier_tokens": same}
         if seen.finished_s > started_s:  # it was still running when this one looked up
