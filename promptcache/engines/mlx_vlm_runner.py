@@ -85,6 +85,8 @@ class MlxVision:
         raw = json.dumps(settings, sort_keys=True, default=str).encode()
         self.settings_key = digest_bytes(raw).hex()
         self.template = processor.chat_template or getattr(self.tokenizer, "chat_template", None)
+        # tokens per image by (height, width): the processor decides from the size alone
+        self._counts: dict[tuple[int, int], int] = {}
 
     def _process(self, image: ImageInput) -> Any:
         """The processor on one image and its placeholder alone: its ids (the placeholder
@@ -95,8 +97,11 @@ class MlxVision:
             raise RequestError(f"the image processor refused an image: {exc}") from exc
 
     def num_tokens(self, image: ImageInput) -> int:
-        ids = np.asarray(self._process(image)["input_ids"])
-        return int((ids == self.image_token_id).sum())
+        size = (image.height, image.width)
+        if size not in self._counts:  # a race computes it twice, with the same result
+            ids = np.asarray(self._process(image)["input_ids"])
+            self._counts[size] = int((ids == self.image_token_id).sum())
+        return self._counts[size]
 
     def render(
         self,
