@@ -67,8 +67,12 @@ def test_extra_keys_split_the_chain_at_their_block():
     toks = list(range(1, 17))
     c.save(c.sequence(toks, extras={9: b"image-a"}), None, make_slicer(toks))
     with c.lookup(c.sequence(toks, extras={9: b"image-b"})) as hit:
-        assert hit.num_tokens == 8  # blocks before the image's block still hit
+        assert hit.num_tokens == 9  # everything before the image's first token still hits
         assert_restores(hit, toks)
+    with c.lookup(c.sequence(toks, extras={8: b"image-b"})) as hit:
+        assert hit.num_tokens == 8  # an image at a block's start: the block before it
+    with c.lookup(c.sequence(toks, extras={9: b"image-a", 10: b"image-c"})) as hit:
+        assert hit.num_tokens == 10  # the first image agrees, the second is new
     with c.lookup(c.sequence(toks, extras={9: b"image-a"})) as hit:
         assert hit.num_tokens == 15
 

@@ -145,8 +145,8 @@ def test_another_image_misses_from_its_first_token(vlm):
     ids, spans, _, _ = run(eng, ask("Here it is: "), [a])
     ids_b, spans_b, logits_b, cached_b = run(eng, ask("Here it is: "), [b])
     start = spans_b[0].start
-    assert ids_b == ids and start > BLOCK  # same tokens: only the pixels differ
-    assert start - BLOCK < cached_b <= start  # the hit ends in the block of the image's first token
+    assert ids_b == ids and start % BLOCK  # same tokens: only the pixels differ
+    assert cached_b == start  # the hit ends at the image's first token
     assert (logits_b - reference(vlm, ids, [b])).abs().max().item() < TOL
     # back to the first image: its blocks still hit, and the live state (image b) is not reused
     _, _, logits_a, cached_a = run(eng, ask("Here it is: "), [a])
@@ -188,6 +188,13 @@ def test_embedding_cache_skips_the_encoder(vlm):
         counts[name] = eng.feeder.num_encoder_runs
         assert eng.feeder.num_images_fed == 3
     assert counts == {"on": 1, "off": 3}
+    # another tenant never shares the encoder's output (nor its timing)
+    eng = engine(vlm)
+    for tenant in ("alice", "bob", "alice"):
+        ids, spans = eng.encode_chat_images(ask("Tenants. "), None, [img])
+        _, _, lease, _ = eng.prefill(ids, tenant=tenant, images=spans)
+        lease.release()
+    assert eng.feeder.num_encoder_runs == 2
 
 
 def test_text_only_engine_refuses_images(vlm):
@@ -257,3 +264,26 @@ def test_diagnosis_names_the_image_that_differs(vlm):
     same = diagnose(np.asarray(ids, np.uint32), report, memory, "", may_name_namespaces=True,
                     decode=eng.decode, images=((spans[0].start, a.digest),))  # fmt: skip
     assert same.reason != "image"
+
+
+def test_ssd_tier_after_restart_keys_by_image(vlm, tmp_path):
+    a, b = image_from_pixels(pixels(13)), image_from_pixels(pixels(14))
+    first = engine(vlm, ssd_dir=tmp_path)
+    ids, spans, _, _ = run(first, ask("On disk: "), [a])
+    first.close()  # flushes the SSD writes
+    second = engine(vlm, ssd_dir=tmp_path)  # empty RAM: every hit comes from the SSD tier
+    ids_b, spans_b, logits_b, cached_b = run(second, ask("On disk: "), [b])
+    assert cached_b == spans_b[0].start  # promoted up to the other image's first token only
+    assert (logits_b - reference(vlm, ids_b, [b])).abs().max().item() < TOL
+    _, _, logits_a, cached_a = run(second, ask("On disk: "), [a])
+    assert cached_a == len(ids) - 1
+    assert (logits_a - reference(vlm, ids, [a])).abs().max().item() < TOL
+    second.close()
+    # the encoder's output survived too: another question about image a runs no encoder
+    third = engine(vlm, ssd_dir=tmp_path)
+    ids_c, _, logits_c, _ = run(third, ask("A different opening line. "), [a])
+    assert third.feeder.num_encoder_runs == 0
+    assert third.feeder.cache.stats()["ssd_hits"] == 1
+    assert (logits_c - reference(vlm, ids_c, [a])).abs().max().item() < TOL
+    third.feeder.cache.check_integrity()
+    third.close()

@@ -15,7 +15,7 @@ import numpy as np
 
 from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import TOKEN_BYTES, TOKEN_DTYPE, BlockHash
-from promptcache.core.sequence import TokenSeq
+from promptcache.core.sequence import TokenSeq, extras_agree_upto
 
 
 class ChainEntry(Protocol):
@@ -102,8 +102,9 @@ def best_child(
     index: BlockIndex[E], seq: TokenSeq, block: int, parent: BlockHash
 ) -> tuple[E | None, int]:
     """(child of ``parent`` sharing the longest prefix with ``seq`` from block ``block`` on,
-    tokens shared): extra keys must be equal; on a tie one with a checkpoint wins, then the
-    first. (None, 0) when no child shares a token."""
+    tokens shared): tokens and extra keys must agree (a child whose keys differ shares only the
+    tokens before the first differing key: another image from its first token on); on a tie one
+    with a checkpoint wins, then the first. (None, 0) when no child shares a token."""
     b, n = seq.block_size, seq.num_tokens
     pos = block * b
     want = seq.block_bytes(pos, min(pos + b, n))
@@ -112,9 +113,9 @@ def best_child(
     best_len, best_ckpt = 0, False
     for child in index.children(parent, seq.token(pos)):
         m = child.meta
-        if m.extra != extra:
-            continue
         common = common_prefix_tokens(m.token_bytes, want)
+        if m.extra != extra:
+            common = extras_agree_upto(m.extra, extra, common)
         if common > best_len or (common == best_len and not best_ckpt and child.has_checkpoint):
             best, best_len, best_ckpt = child, common, child.has_checkpoint
     return (best, best_len) if best_len else (None, 0)
@@ -172,7 +173,11 @@ def chain_reach(seq: TokenSeq, chain: list[E]) -> int:
         return 0
     last = chain[-1].meta
     want = seq.block_bytes(last.depth, min(last.depth + seq.block_size, seq.num_tokens))
-    return last.depth + common_prefix_tokens(last.token_bytes, want)
+    common = common_prefix_tokens(last.token_bytes, want)
+    extra = seq.extra(last.depth // seq.block_size)
+    return last.depth + (
+        common if last.extra == extra else extras_agree_upto(last.extra, extra, common)
+    )
 
 
 def find_partial(

@@ -11,11 +11,42 @@ from promptcache.core.hashing import TOKEN_BYTES, BlockHash, hash_block, tokens_
 from promptcache.core.sessions import NO_USE, BlockUse
 
 
+def extra_entry(offset: int, key: bytes) -> bytes:
+    """One extra key as a block stores it: offset in the block, key length, key."""
+    return offset.to_bytes(4, "little") + len(key).to_bytes(4, "little") + key
+
+
+def _entries(extra: bytes) -> list[tuple[int, bytes]]:
+    out, i = [], 0
+    while i + 8 <= len(extra):
+        offset = int.from_bytes(extra[i : i + 4], "little")
+        size = int.from_bytes(extra[i + 4 : i + 8], "little")
+        out.append((offset, extra[i + 8 : i + 8 + size]))
+        i += 8 + size
+    return out
+
+
+def extras_agree_upto(a: bytes, b: bytes, limit: int) -> int:
+    """How many leading tokens (at most ``limit``) two blocks' extra keys allow to share: up
+    to the offset of the first entry in which they differ."""
+    if a == b:
+        return limit
+    x, y = _entries(a), _entries(b)
+    for i in range(max(len(x), len(y))):
+        ex = x[i] if i < len(x) else None
+        ey = y[i] if i < len(y) else None
+        if ex != ey:
+            first = min(e[0] for e in (ex, ey) if e is not None)
+            return min(limit, first)
+    return 0  # equal entries but unequal bytes: a malformed key, share nothing
+
+
 class TokenSeq:
     """Token ids under one namespace root, split into ``block_size`` blocks.
 
     ``extras`` maps a token position to extra key bytes (an image digest at its placeholder):
-    the block containing that position hashes them too. Hashes are computed on demand and cached,
+    the block containing that position hashes them too, as entries (offset in the block, key)
+    in position order, so a partial match can stop where two blocks' keys start to differ. Hashes are computed on demand and cached,
     so a lookup followed by several saves of the same request hashes each block once.
     """
 
@@ -39,11 +70,11 @@ class TokenSeq:
         # the request's session tag and TTL hint: recorded on the blocks it touches, never hashed
         self.use: BlockUse = NO_USE
         self._extras: dict[int, bytes] = {}
-        for pos, key in (extras or {}).items():
+        for pos, key in sorted((extras or {}).items()):
             if not 0 <= pos < self.num_tokens:
                 raise ValueError(f"extra key position {pos} outside the sequence")
             block = pos // block_size
-            self._extras[block] = self._extras.get(block, b"") + key
+            self._extras[block] = self._extras.get(block, b"") + extra_entry(pos % block_size, key)
         self._hashes: list[BlockHash] = []
 
     def __len__(self) -> int:

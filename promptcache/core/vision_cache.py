@@ -1,8 +1,9 @@
 """The vision-embedding cache: an image encoder's output, kept so the same image is encoded once.
 
 Keyed by ``VisionKey``: the model fingerprint (the weights that encoded it), the processor
-settings that shaped the pixels the encoder saw (size, normalisation, feature layer...) and the
-pixel digest. Payloads are opaque library arrays, sized from shape x dtype. A RAM tier with a
+settings that shaped the pixels the encoder saw (size, normalisation, feature layer...), the
+pixel digest and the tenant (as prompt blocks: a tenant's TTFT never tells whether another
+tenant sent an image). Payloads are opaque library arrays, sized from shape x dtype. A RAM tier with a
 byte budget (least recently used first out) and, optionally, an SSD folder of safetensors files
 (one per entry, checksummed; a bad file is deleted and counted, never served). Thread-safe.
 """
@@ -35,11 +36,12 @@ class VisionKey:
     fingerprint: str  # the model's (runner.fingerprint)
     settings: str  # the vision half's processor settings (VisionModel.settings_key)
     digest: bytes  # ImageInput.digest
+    tenant: str = ""
 
     @property
     def name(self) -> str:
         """A file-name-safe digest of the whole key."""
-        raw = f"{self.fingerprint}\0{self.settings}\0".encode() + self.digest
+        raw = f"{self.fingerprint}\0{self.settings}\0{self.tenant}\0".encode() + self.digest
         return digest_bytes(raw).hex()
 
 

@@ -62,8 +62,8 @@ class VisionFeeder:
         self.num_encoder_runs = 0
         self.num_images_fed = 0  # images whose rows went into a prefill chunk
 
-    def features(self, image: ImageInput) -> Any:
-        key = VisionKey(self.fingerprint, self.vision.settings_key, image.digest)
+    def features(self, image: ImageInput, tenant: str = "") -> Any:
+        key = VisionKey(self.fingerprint, self.vision.settings_key, image.digest, tenant)
         if self.cache is not None:
             rows = self.cache.get(key)
             if rows is not None:
@@ -82,9 +82,10 @@ class VisionFeeder:
         start: int,
         spans: Sequence[ImageSpan],
         held: dict[int, Any],
+        tenant: str = "",
     ) -> Any:
         """Prefill prompt positions [start, start + len(ids)). ``held``: the request's feature
-        rows by span index (kept while an image spans several chunks)."""
+        rows by span index (kept while an image spans several chunks); cached per ``tenant``."""
         end = start + len(ids)
         pieces: list[tuple[int, Any]] = []
         for i, span in enumerate(spans):
@@ -93,7 +94,7 @@ class VisionFeeder:
                 continue
             rows = held.get(i)
             if rows is None:
-                rows = held[i] = self.features(span.image)
+                rows = held[i] = self.features(span.image, tenant)
                 with self._lock:
                     self.num_images_fed += 1
             if int(rows.shape[0]) != span.length:
