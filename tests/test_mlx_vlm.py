@@ -85,7 +85,8 @@ def test_another_image_misses_from_its_first_token(tiny):
     ids2, spans2 = cached.encode_chat_images(messages, None, [picture(1)])
     assert ids2 == ids  # the same placeholder tokens: only the pixels differ
     got, hit = prefill(cached, ids2, spans2)
-    assert hit == spans2[0].start // BLOCK * BLOCK  # the blocks before the image's block
+    assert spans2[0].start % BLOCK  # mid-block: the partial block before it is reused too
+    assert hit == spans2[0].start  # exactly up to the image's first token
     np.testing.assert_array_equal(got, prefill(plain, ids2, spans2)[0])
     assert not np.array_equal(got, prefill(plain, ids, spans)[0])  # the image matters
 
@@ -107,7 +108,7 @@ def test_same_pixels_as_png_and_lossless_webp_hit(tiny):
     assert hit == len(ids_w) - 1
     np.testing.assert_array_equal(got, prefill(plain, ids_w, spans_w)[0])
     ids_j, spans_j = cached.encode_chat_images(messages, None, [encoded["JPEG"]])
-    assert prefill(cached, ids_j, spans_j)[1] == spans_j[0].start // BLOCK * BLOCK
+    assert prefill(cached, ids_j, spans_j)[1] == spans_j[0].start  # other pixels: a miss there
 
 
 def test_vision_cache_skips_the_encoder(tiny):
@@ -135,7 +136,7 @@ def test_two_images_in_one_prompt(tiny):
     np.testing.assert_array_equal(prefill(cached, ids, spans)[0], want)
     ids2, spans2 = cached.encode_chat_images(messages, None, [picture(4), picture(6)])
     got, hit = prefill(cached, ids2, spans2)
-    assert hit == spans2[1].start // BLOCK * BLOCK
+    assert hit == spans2[1].start
     np.testing.assert_array_equal(got, prefill(plain, ids2, spans2)[0])
 
 
