@@ -153,7 +153,7 @@ def test_greedy_generation_equals_uncached(tiny):
     assert run(cached) == (want, len(ids) - 1)
 
 
-def test_saved_folder_loads_through_the_factory_and_hits_from_ssd(tmp_path, tiny):
+def test_saved_folder_loads_through_the_factory_and_hits_from_ssd_after_a_restart(tmp_path, tiny):
     from promptcache.engines.factory import build_engine
 
     folder = save_mlx_tiny_vlm(str(tmp_path / "vlm"), seed=0)
@@ -166,9 +166,16 @@ def test_saved_folder_loads_through_the_factory_and_hits_from_ssd(tmp_path, tiny
     first.close()
     second = build_engine("mlx", folder, **opts)  # a restart: RAM empty, SSD blocks verified
     got, hit = prefill(second, ids, spans)
-    second.close()
     assert hit == len(ids) - 1
     np.testing.assert_array_equal(got, want)
+    # other text first: the blocks miss, the image's rows come from the SSD embedding cache
+    ids2, spans2 = second.encode_chat_images(chat("Recall ", None), None, [picture(8)])
+    got2, _ = prefill(second, ids2, spans2)
+    stats = second.cache_stats()["vision"]
+    second.close()
+    assert (stats["encoder_runs"], stats["cache_ssd_hits"]) == (0, 1)
+    plain = make_engine(tiny, cache_enabled=False)
+    np.testing.assert_array_equal(got2, prefill(plain, ids2, spans2)[0])
 
 
 def test_importing_mlx_vlm_leaves_transformers_auto_processor_alone(tiny):
