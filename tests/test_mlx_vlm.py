@@ -207,3 +207,37 @@ def test_unusable_folders_are_config_errors(tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
     with pytest.raises(ConfigError, match="supports llava models, not 'qwen2_vl'"):
         load_mlx_vlm(folder)
+
+
+def test_concurrent_image_requests_decode_batched_with_their_lone_tokens(tiny):
+    import threading
+
+    alone, together = make_engine(tiny), make_engine(tiny)
+    asks = [(chat("what is ", None), 9), (chat("Describe ", None, " briefly please"), 10),
+            (chat("no image at all"), None)]  # fmt: skip
+    prompts = []
+    for messages, seed in asks:
+        images = [picture(seed)] if seed is not None else []
+        prompts.append(together.encode_chat_images(messages, None, images))
+    params = SamplingParams(max_tokens=16)
+
+    def reply(engine, ids, spans):
+        return list(engine.generate(ids, params, images=spans))[-1].completion_ids
+
+    want = [reply(alone, ids, spans) for ids, spans in prompts]
+    got: list = [None] * len(prompts)
+    gate = threading.Barrier(len(prompts))
+
+    def run(i):
+        gate.wait()
+        got[i] = reply(together, *prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == want
+    stats = together.cache_stats()
+    assert stats["max_batch_rows"] >= 2 and stats["num_pinned_blocks"] == 0  # shared forwards
+    together.cache.check_integrity()

@@ -2,7 +2,8 @@
 features in place of the image's placeholder token embeddings) on mlx-vlm's own KV cache, which
 ``mlx_state`` (with ``mlx_vlm_state``'s adapter) slices and restores per block like mlx-lm's.
 
-``MlxVlmRunner`` keeps the ``ModelRunner`` contract on token ids (text chunks, decode, restore);
+``MlxVlmRunner`` keeps the ``ModelRunner`` contract on token ids (text chunks, decode batched
+through mlx-vlm's ``BatchKVCache``, restore);
 its ``vision`` (``MlxVision``, an ``engines.vision.VisionModel``) renders chats with image parts,
 encodes one image at a time and runs chunks whose image positions take feature rows. Everything
 goes through mlx-vlm's public processor and model methods (``get_input_embeddings``, the language
@@ -28,6 +29,7 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import RequestError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.mlx_batch import batched_decode
 from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
@@ -196,13 +198,20 @@ class MlxVlmRunner:
         return make_prompt_cache(self.language)
 
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[mx.array]:
+        # several one-token steps (decode): one forward through mlx-vlm's BatchKVCache (its
+        # KVCache's public merge / extract, as mlx_batch does for mlx-lm); else one by one
+        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+            return batched_decode(self._batch_logits, states, [x[0] for x in ids])
         return [
             _last_logits(self.language, state, seq_ids, None)
             for state, seq_ids in zip(states, ids, strict=True)
         ]
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
-        return False  # mlx-vlm's batch caches are not wired in: one sequence per forward
+        return len(states) > 1  # every layer is mlx-vlm's KVCache (check_layers)
+
+    def _batch_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
+        return self.language(tokens, cache=cache).logits
 
     def slice_block(self, state: list[Any], start: int, end: int) -> Any:
         return slice_positional(state, self.layout, start, end, self.packer)
