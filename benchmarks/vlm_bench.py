@@ -7,7 +7,8 @@ image; (4) the client edits the first instruction and sends the whole history ag
 the prompt cache misses from the edit, the embedding cache still skips both encoder runs.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/vlm_bench.py [--size small] [--reps 3] [--json out.json]
-Medians over ``--reps`` fresh engines (caches empty at each repetition's first turn); one model.
+Medians over ``--reps`` fresh engines (caches empty at each repetition's first turn); one model;
+the three modes run turn by turn, interleaved, so machine noise hits them alike.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -53,11 +55,11 @@ def turns(a: ImageInput, b: ImageInput) -> list[tuple[list[dict[str, Any]], list
     ]
 
 
-def run_conversation(engine: TorchEngine, a: ImageInput, b: ImageInput) -> list[float]:
+def run_conversation(engine: TorchEngine, a: ImageInput, b: ImageInput) -> Iterator[float]:
+    """Yields each turn's TTFT (a generator, so modes can be interleaved turn by turn)."""
     system = {"role": "system", "content": "You are a careful photo critic. Answer briefly."}
     messages: list[dict[str, Any]] = [system]
     images: list[ImageInput] = []
-    out = []
     for i, (new, added) in enumerate(turns(a, b)):
         if i == 3:  # the client edits its first instruction and resends everything
             messages = [{**system, "content": "You are a photo critic. Answer in one line."},
@@ -73,9 +75,8 @@ def run_conversation(engine: TorchEngine, a: ImageInput, b: ImageInput) -> list[
             elif isinstance(ev, Finished):
                 text = ev.text
         assert first_s is not None
-        out.append(first_s)
+        yield first_s
         messages = [*messages, {"role": "assistant", "content": text}]
-    return out
 
 
 def main() -> None:
@@ -95,13 +96,20 @@ def main() -> None:
     encoder_s = min(_timed(lambda: engine.vision.encode(a)) for _ in range(3))
     results: dict[str, list[list[float]]] = {m: [] for m in MODES}
     encoder_runs: dict[str, int] = {}
-    for _ in range(args.reps):
-        for mode, opts in MODES.items():
-            eng = TorchEngine(model, processor.tokenizer, processor, block_size=64,
-                              ram_budget="2GB", **opts)  # fmt: skip
-            results[mode].append(run_conversation(eng, a, b))
-            encoder_runs[mode] = eng.feeder.num_encoder_runs if eng.feeder else 0
-            eng.close()
+    names = list(MODES)
+    for rep in range(args.reps):
+        engines = {m: TorchEngine(model, processor.tokenizer, processor, block_size=64,
+                                  ram_budget="2GB", **MODES[m]) for m in names}  # fmt: skip
+        convs = {m: run_conversation(engines[m], a, b) for m in names}
+        runs: dict[str, list[float]] = {m: [] for m in names}
+        for _turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
+            for m in names[rep % 3 :] + names[: rep % 3]:
+                runs[m].append(next(convs[m]))
+        for m in names:
+            results[m].append(runs[m])
+            feeder = engines[m].feeder
+            encoder_runs[m] = feeder.num_encoder_runs if feeder else 0
+            engines[m].close()
     medians = {m: [statistics.median(r[t] for r in runs) for t in range(4)]
                for m, runs in results.items()}  # fmt: skip
     ids, spans = engine.encode_chat_images(

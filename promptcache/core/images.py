@@ -20,7 +20,7 @@ import numpy as np
 from promptcache.core.hashing import digest_bytes
 
 IMAGE_KEY_TAG = b"img1"  # versions the extra-key layout below
-DEFAULT_MAX_PIXELS = 40_000_000  # decoded width x height; a decompression bomb is refused first
+DEFAULT_MAX_PIXELS = 4096 * 4096  # decoded width x height (48 MiB of RGB); checked before decoding
 
 
 class ImageError(ValueError):

@@ -59,8 +59,14 @@ class TorchVision:
         self.template = processor.chat_template or getattr(self.tokenizer, "chat_template", None)
 
     def num_tokens(self, image: ImageInput) -> int:
-        data = self.processor._get_num_multimodal_tokens(image_sizes=[(image.height, image.width)])
-        return int(data.num_image_tokens[0])
+        counter = getattr(self.processor, "_get_num_multimodal_tokens", None)
+        if counter is not None:  # from the size alone: no pixels processed
+            data = counter(image_sizes=[(image.height, image.width)])
+            return int(data.num_image_tokens[0])
+        # else the processor's own expansion of one placeholder (processes the pixels once)
+        token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
+        ids = self.processor(text=[token], images=[image.to_pil()])["input_ids"][0]
+        return sum(1 for t in ids if t == self.image_token_id)
 
     def render(
         self,
