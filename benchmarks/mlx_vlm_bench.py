@@ -35,12 +35,20 @@ def main() -> None:
     encoder_s = min(_timed(lambda: vision.encode(a)) for _ in range(3))
     results: dict[str, list[list[float]]] = {m: [] for m in MODES}
     encoder_runs: dict[str, int] = {}
-    for _ in range(args.reps):
-        for mode, opts in MODES.items():
-            eng = MlxVlmEngine(model, processor, block_size=64, ram_budget="2GB", **opts)
-            results[mode].append(run_conversation(eng, a, b))  # type: ignore[arg-type]
-            encoder_runs[mode] = eng.feeder.num_encoder_runs if eng.feeder else 0
-            eng.close()
+    names = list(MODES)
+    for rep in range(args.reps):
+        engines = {m: MlxVlmEngine(model, processor, block_size=64, ram_budget="2GB", **MODES[m])
+                   for m in names}  # fmt: skip
+        convs = {m: run_conversation(engines[m], a, b) for m in names}  # type: ignore[arg-type]
+        runs: dict[str, list[float]] = {m: [] for m in names}
+        for _turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
+            for m in names[rep % 3 :] + names[: rep % 3]:
+                runs[m].append(next(convs[m]))
+        for m in names:
+            results[m].append(runs[m])
+            feeder = engines[m].feeder
+            encoder_runs[m] = feeder.num_encoder_runs if feeder else 0
+            engines[m].close()
     medians = {m: [statistics.median(r[t] for r in runs) for t in range(4)]
                for m, runs in results.items()}  # fmt: skip
     tokens = vision.num_tokens(a)
