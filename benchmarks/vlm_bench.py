@@ -55,8 +55,11 @@ def turns(a: ImageInput, b: ImageInput) -> list[tuple[list[dict[str, Any]], list
     ]
 
 
-def run_conversation(engine: TorchEngine, a: ImageInput, b: ImageInput) -> Iterator[float]:
-    """Yields each turn's TTFT (a generator, so modes can be interleaved turn by turn)."""
+def run_conversation(
+    engine: TorchEngine, a: ImageInput, b: ImageInput
+) -> Iterator[tuple[float, int, int]]:
+    """Yields each turn's (TTFT, prompt tokens, cached tokens): a generator, so modes can be
+    interleaved turn by turn."""
     system = {"role": "system", "content": "You are a careful photo critic. Answer briefly."}
     messages: list[dict[str, Any]] = [system]
     images: list[ImageInput] = []
@@ -68,14 +71,15 @@ def run_conversation(engine: TorchEngine, a: ImageInput, b: ImageInput) -> Itera
             messages = [*messages, *new]
             images = [*images, *added]
         ids, spans = engine.encode_chat_images(messages, None, images)
-        first_s, text = None, ""
+        first: PrefillDone | None = None
+        text = ""
         for ev in engine.generate(ids, SamplingParams(max_tokens=REPLY_TOKENS), images=spans):
             if isinstance(ev, PrefillDone):
-                first_s = ev.ttft_s
+                first = ev
             elif isinstance(ev, Finished):
                 text = ev.text
-        assert first_s is not None
-        yield first_s
+        assert first is not None
+        yield first.ttft_s, first.prompt_tokens, first.cached_tokens
         messages = [*messages, {"role": "assistant", "content": text}]
 
 
@@ -96,15 +100,18 @@ def main() -> None:
     encoder_s = min(_timed(lambda: engine.vision.encode(a)) for _ in range(3))
     results: dict[str, list[list[float]]] = {m: [] for m in MODES}
     encoder_runs: dict[str, int] = {}
+    tokens: dict[str, list[tuple[int, int]]] = {m: [(0, 0)] * 4 for m in MODES}
     names = list(MODES)
     for rep in range(args.reps):
         engines = {m: TorchEngine(model, processor.tokenizer, processor, block_size=64,
                                   ram_budget="2GB", **MODES[m]) for m in names}  # fmt: skip
         convs = {m: run_conversation(engines[m], a, b) for m in names}
         runs: dict[str, list[float]] = {m: [] for m in names}
-        for _turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
+        for turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
             for m in names[rep % 3 :] + names[: rep % 3]:
-                runs[m].append(next(convs[m]))
+                ttft_s, prompt_tokens, cached_tokens = next(convs[m])
+                runs[m].append(ttft_s)
+                tokens[m][turn] = (prompt_tokens, cached_tokens)
         for m in names:
             results[m].append(runs[m])
             feeder = engines[m].feeder
@@ -112,15 +119,21 @@ def main() -> None:
             engines[m].close()
     medians = {m: [statistics.median(r[t] for r in runs) for t in range(4)]
                for m, runs in results.items()}  # fmt: skip
+    # the least of the runs too: on a shared machine noise only ever adds time
+    mins = {m: [min(r[t] for r in runs) for t in range(4)] for m, runs in results.items()}
     ids, spans = engine.encode_chat_images(
         [{"role": "user", "content": [{"type": "image"}]}], None, [a]
     )
     print(f"LLaVA {args.size}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params, "
           f"{spans[0].length} tokens per image, encoder {encoder_s * 1e3:.0f} ms per image, "
           f"{args.reps} reps on {args.device} ({time.perf_counter() - t0:.0f} s)")  # fmt: skip
-    print(f"{'turn':<6}" + "".join(f"{m:>22}" for m in MODES))
-    for t in range(4):
-        print(f"{t + 1:<6}" + "".join(f"{medians[m][t] * 1e3:>19.0f} ms" for m in MODES))
+    for label, table in (("median", medians), ("min", mins)):
+        print(f"TTFT {label}:")
+        print(f"{'turn':<6}{'prompt/cached':>16}" + "".join(f"{m:>22}" for m in MODES))
+        for t in range(4):
+            prompt, cached = tokens["cache on"][t]
+            cells = "".join(f"{table[m][t] * 1e3:>19.0f} ms" for m in MODES)
+            print(f"{t + 1:<6}{f'{prompt}/{cached}':>16}{cells}")
     print("encoder runs in the last rep: " + ", ".join(f"{m} {n}" for m, n in encoder_runs.items()))
     off = medians["cache off"]
     for m in ("cache on", "embedding cache off"):
@@ -130,7 +143,8 @@ def main() -> None:
         with open(args.json, "w") as f:
             json.dump({"size": args.size, "device": args.device, "reps": args.reps,
                        "tokens_per_image": spans[0].length, "encoder_s": encoder_s,
-                       "ttft_s_median": medians, "ttft_s_runs": results,
+                       "ttft_s_median": medians, "ttft_s_min": mins, "ttft_s_runs": results,
+                       "prompt_cached_tokens": tokens,
                        "encoder_runs_last_rep": encoder_runs}, f, indent=2)  # fmt: skip
 
 
