@@ -35,15 +35,19 @@ def main() -> None:
     encoder_s = min(_timed(lambda: vision.encode(a)) for _ in range(3))
     results: dict[str, list[list[float]]] = {m: [] for m in MODES}
     encoder_runs: dict[str, int] = {}
+    tokens_on: dict[int, tuple] = {}  # turn -> (prompt tokens, cached tokens) with the cache on
     names = list(MODES)
     for rep in range(args.reps):
         engines = {m: MlxVlmEngine(model, processor, block_size=64, ram_budget="2GB", **MODES[m])
                    for m in names}  # fmt: skip
         convs = {m: run_conversation(engines[m], a, b) for m in names}  # type: ignore[arg-type]
         runs: dict[str, list[float]] = {m: [] for m in names}
-        for _turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
+        for turn in range(4):  # modes interleaved per turn (rotated per rep): noise hits alike
             for m in names[rep % 3 :] + names[: rep % 3]:
-                runs[m].append(next(convs[m]))
+                step = next(convs[m])  # vlm_bench yields (ttft, prompt tokens, cached tokens)
+                runs[m].append(step[0] if isinstance(step, tuple) else step)
+                if isinstance(step, tuple) and m == "cache on":
+                    tokens_on[turn] = step[1:]
         for m in names:
             results[m].append(runs[m])
             feeder = engines[m].feeder
@@ -59,6 +63,9 @@ def main() -> None:
     print(f"{'turn':<6}" + "".join(f"{m:>22}" for m in MODES))
     for t in range(4):
         print(f"{t + 1:<6}" + "".join(f"{medians[m][t] * 1e3:>19.0f} ms" for m in MODES))
+    if tokens_on:
+        print("cache on, prompt/cached tokens per turn: "
+              + ", ".join(f"{p}/{c}" for p, c in (tokens_on[t] for t in range(4))))  # fmt: skip
     print("encoder runs in the last rep: " + ", ".join(f"{m} {n}" for m, n in encoder_runs.items()))
     off = medians["cache off"]
     for m in ("cache on", "embedding cache off"):
