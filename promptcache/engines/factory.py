@@ -57,7 +57,11 @@ def build_engine(
     kind = pick_engine(engine)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
-    cls = engine_class(kind)
+    engine_class(kind)  # an unusable engine is refused before any model is resolved
+    path = resolve_model(model)
+    cls = engine_class(kind, path)
+    if kv_bits and getattr(cls, "takes_images", False):
+        raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
     extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
@@ -67,7 +71,7 @@ def build_engine(
             cache_dtype=cache_dtype,
         )
     return cls.load(
-        resolve_model(model),
+        path,
         dtype=dtype,
         device=device,
         cache_enabled=cache_enabled,
@@ -89,8 +93,9 @@ def build_engine(
     )
 
 
-def engine_class(kind: str) -> Any:
-    """The engine class for ``torch`` or ``mlx``; ConfigError with what to do when it can't."""
+def engine_class(kind: str, path: Any = None) -> Any:
+    """The engine class for ``torch`` or ``mlx`` (for the model folder ``path``: mlx-vlm's engine
+    for a vision-language model on mlx); ConfigError with what to do when it can't."""
     if kind == "torch":
         from promptcache.engines.torch_engine import TorchEngine
 
@@ -100,6 +105,17 @@ def engine_class(kind: str) -> Any:
             raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
+        from promptcache.engines.mlx_vlm_load import is_vlm_folder
+
+        if path is not None and is_vlm_folder(path):
+            if not importlib.util.find_spec("mlx_vlm"):
+                raise ConfigError(
+                    "a vision-language model on the mlx engine needs mlx-vlm: "
+                    'pip install "promptcache[vlm]" && pip install --no-deps mlx-vlm==0.7.10'
+                )
+            from promptcache.engines.mlx_vlm_engine import MlxVlmEngine
+
+            return MlxVlmEngine
         from promptcache.engines.mlx_engine import MlxEngine
 
         return MlxEngine

@@ -180,6 +180,9 @@ def restore_cache(
     for slot, state in zip(layout.snapshot, checkpoint or (), strict=True):
         c = get_slot(fresh, slot)
         LAYERS.lookup(c).restore_checkpoint(c, state)
+    # evaluated now: the next step may run on another consumer's thread, and a lazy array can
+    # only be evaluated on the thread whose (per-thread) MLX stream built it
+    mx.eval([c.state for _, c in iter_slots(fresh)])
     return fresh
 
 
