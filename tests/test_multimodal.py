@@ -19,6 +19,7 @@ from promptcache.core.images import (  # noqa: E402
     image_from_pixels,
 )
 from promptcache.core.vision_cache import VisionCache, VisionKey  # noqa: E402
+from promptcache.core.vision_tags import tenant_folder  # noqa: E402
 from promptcache.engines.base import RequestError, SamplingParams  # noqa: E402
 from promptcache.engines.tiny_vlm import tiny_llava  # noqa: E402
 from promptcache.engines.torch_codec import TorchCodec  # noqa: E402
@@ -230,7 +231,7 @@ def test_vision_cache_budget_ssd_and_damage(tmp_path):
     cache.check_integrity()
     # a new process finds the files; a damaged one is removed and counted, never served
     again = VisionCache(20_000, ssd_dir=tmp_path, codec=codec)
-    path = again.folder / f"{keys[1].name}.safetensors"
+    path = again.folder / tenant_folder("") / f"{keys[1].name}.safetensors"
     data = bytearray(path.read_bytes())
     data[-3] ^= 0xFF
     path.write_bytes(bytes(data))
@@ -238,6 +239,48 @@ def test_vision_cache_budget_ssd_and_damage(tmp_path):
     assert again.stats()["bad_files"] == 1
     assert torch.equal(again.get(keys[2]), rows[2])
     again.check_integrity()
+
+
+def test_vision_cache_forgets_sessions_and_tenants_on_disk_too(tmp_path):
+    """Deleting a session removes the encoder outputs only it used, in RAM and on disk (also in
+    a new process); shared ones stay unless forced; a tenant goes whole; tags hold no raw ids."""
+    codec = TorchCodec(torch.device("cpu"))
+
+    def key(i, tenant="acme"):
+        return VisionKey("fp", "settings", bytes([i]) * 16, tenant)
+
+    rows = {i: torch.randn(8, 4) for i in range(4)}
+    cache = VisionCache(10**6, ssd_dir=tmp_path, codec=codec)
+    cache.put(key(0), rows[0], "alice")  # alice's own image
+    cache.put(key(1), rows[1], "alice")
+    assert torch.equal(cache.get(key(1), "bob"), rows[1])  # ...that bob sent too
+    cache.put(key(2), rows[2], "bob")
+    cache.put(key(3, "globex"), rows[3], "alice")  # another tenant's alice
+    files = list(tmp_path.rglob("*"))
+    assert not any(b"alice" in f.read_bytes() for f in files if f.is_file())
+    cache.check_integrity()
+    # a new process: the tags come from the files
+    again = VisionCache(10**6, ssd_dir=tmp_path, codec=codec)
+    assert again.forget_session("acme", "alice") == 1
+    assert again.get(key(0)) is None and torch.equal(again.get(key(1)), rows[1])
+    assert torch.equal(again.get(key(3, "globex")), rows[3])
+    # the RAM copy read back before the deletion goes too
+    assert torch.equal(again.get(key(2), "bob"), rows[2])
+    assert again.forget_session("acme", "bob", force=False) == 2  # key(1): alice's tag is gone
+    assert again.get(key(1)) is None and again.get(key(2)) is None
+    again.check_integrity()
+    # force removes shared entries; a tenant goes whole
+    cache = VisionCache(10**6, ssd_dir=tmp_path, codec=codec)
+    cache.put(key(0), rows[0], "alice")
+    cache.get(key(0), "bob")
+    assert cache.forget_session("acme", "alice") == 0 and cache.get(key(0)) is not None
+    assert cache.forget_session("acme", "alice", force=True) == 0  # alice's tag already went
+    cache.get(key(0), "carol")
+    assert cache.forget_session("acme", "carol", force=True) == 1
+    assert cache.get(key(0)) is None
+    assert cache.forget_tenant("globex") == 1 and cache.get(key(3, "globex")) is None
+    assert not (tmp_path / "vision-embeddings" / tenant_folder("globex")).exists()
+    cache.check_integrity()
 
 
 # -- miss diagnosis -----------------------------------------------------------------------------

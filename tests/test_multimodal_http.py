@@ -188,3 +188,30 @@ def test_url_images_are_fetched_only_when_allowed(tmp_path):
             openai_image(part, ImagePolicy())
     finally:
         httpd.shutdown()
+
+
+def test_deleting_a_session_removes_its_images_encoder_outputs(servers):
+    """A session's deletion (issue 18) reaches the vision-embedding cache: the next request with
+    the same image runs the encoder again, and replies stay equal to the cache-off server's."""
+    on, off = servers
+    url = data_url(pixels(7))
+
+    def ask(srv, session):
+        client = oa(srv).with_options(default_headers={"x-promptcache-session": session})
+        return client.chat.completions.create(
+            model="m", max_tokens=6, temperature=0,
+            messages=[{"role": "user", "content": [
+                {"type": "text", "text": "Name the colours: "},
+                {"type": "image_url", "image_url": {"url": url}}]}],
+        )  # fmt: skip
+
+    first = ask(on, "pat")
+    runs = on.stats()["vision"]["encoder_runs"]
+    out = httpx.delete(on.url + "/v1/cache/sessions/pat").json()
+    assert out["forgotten"]["image_embeddings"] == 1, out
+    assert out["removed_blocks"] > 0, out
+    again = ask(on, "sam")
+    assert on.stats()["vision"]["encoder_runs"] == runs + 1
+    assert again.usage.prompt_tokens_details.cached_tokens < again.usage.prompt_tokens - 64
+    want = ask(off, "pat").choices[0].message.content
+    assert first.choices[0].message.content == again.choices[0].message.content == want

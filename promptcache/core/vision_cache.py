@@ -5,7 +5,9 @@ settings that shaped the pixels the encoder saw (size, normalisation, feature la
 pixel digest and the tenant (as prompt blocks: a tenant's TTFT never tells whether another
 tenant sent an image). Payloads are opaque library arrays, sized from shape x dtype. A RAM tier with a
 byte budget (least recently used first out) and, optionally, an SSD folder of safetensors files
-(one per entry, checksummed; a bad file is deleted and counted, never served). Thread-safe.
+(one per entry, checksummed; a bad file is deleted and counted, never served), in one folder
+per tenant, with the sessions that used each entry (``vision_tags``): deleting a session or a
+tenant removes its images' encoder outputs too. Thread-safe.
 """
 
 from __future__ import annotations
@@ -24,6 +26,17 @@ from promptcache.core.block_file import write_atomic
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.private_fs import make_private_dirs
+from promptcache.core.vision_tags import (
+    append_tag,
+    forget_on_disk,
+    is_removable,
+    read_tags,
+    remove_entry,
+    remove_tenant_folder,
+    session_tag,
+    tenant_folder,
+    write_tags,
+)
 
 log = logging.getLogger("promptcache")
 
@@ -62,6 +75,8 @@ class VisionCache:
         self.ssd_budget_bytes = ssd_budget_bytes
         self._lock = threading.Lock()
         self._ram: OrderedDict[str, tuple[Any, int]] = OrderedDict()  # name -> (payload, bytes)
+        self._owner: dict[str, str] = {}  # name -> tenant, for every RAM entry
+        self._tags: dict[str, set[str]] = {}  # name -> session tags, for every RAM entry
         self.used_bytes = 0
         self.num_hits = self.num_ssd_hits = self.num_misses = 0
         self.num_puts = self.num_evictions = self.num_too_large = 0
@@ -71,64 +86,122 @@ class VisionCache:
 
     # -- use ------------------------------------------------------------------------------------
 
-    def get(self, key: VisionKey) -> Any | None:
-        """The cached encoder output for ``key`` (RAM, then SSD), or None (a miss, counted)."""
+    def get(self, key: VisionKey, session: str = "") -> Any | None:
+        """The cached encoder output for ``key`` (RAM, then SSD), or None (a miss, counted);
+        a hit tags the entry with ``session``."""
         name = key.name
         with self._lock:
             entry = self._ram.get(name)
             if entry is not None:
                 self._ram.move_to_end(name)
                 self.num_hits += 1
+                self._tag(key, name, session)
                 return entry[0]
-        payload = self._read(name)
+        payload = self._read(key)
         with self._lock:
             if payload is None:
                 self.num_misses += 1
                 return None
             self.num_ssd_hits += 1
-            self._insert(name, payload)
+            tags = read_tags(self._path(key)) if self.folder is not None else set()
+            self._insert(name, payload, key.tenant, tags)
+            self._tag(key, name, session)
         return payload
 
-    def put(self, key: VisionKey, payload: Any) -> None:
-        """Keep ``payload`` (an owning array or tree of arrays) for ``key``; written to the SSD
-        folder too when there is one (synchronously: an encoder run just cost far more)."""
+    def put(self, key: VisionKey, payload: Any, session: str = "") -> None:
+        """Keep ``payload`` (an owning array or tree of arrays) for ``key``, used by ``session``;
+        written to the SSD folder too when there is one (synchronously: an encoder run just cost
+        far more)."""
         name = key.name
+        tag = session_tag(key.tenant, session)
         with self._lock:
             self.num_puts += 1
-            self._insert(name, payload)
-        self._write(name, payload)
+            self._insert(name, payload, key.tenant, {tag} - {""})
+        self._write(key, payload, {tag} - {""})
 
-    def _insert(self, name: str, payload: Any) -> None:
+    def _insert(self, name: str, payload: Any, tenant: str, tags: set[str]) -> None:
         nbytes = payload_nbytes(payload)
-        old = self._ram.pop(name, None)
-        if old is not None:
-            self.used_bytes -= old[1]
+        self._drop(name)
         if nbytes > self.budget_bytes:
             self.num_too_large += 1
             return
         while self._ram and self.used_bytes + nbytes > self.budget_bytes:
-            _, (_, freed) = self._ram.popitem(last=False)
-            self.used_bytes -= freed
+            self._drop(next(iter(self._ram)))
             self.num_evictions += 1
         self._ram[name] = (payload, nbytes)
+        self._owner[name], self._tags[name] = tenant, tags
         self.used_bytes += nbytes
+
+    def _drop(self, name: str) -> None:
+        old = self._ram.pop(name, None)
+        if old is not None:
+            self.used_bytes -= old[1]
+            del self._owner[name], self._tags[name]
+
+    def _tag(self, key: VisionKey, name: str, session: str) -> None:
+        """Note a session's use of a RAM entry (and beside its file); caller holds the lock."""
+        tag = session_tag(key.tenant, session)
+        tags = self._tags.get(name)
+        if not tag or tags is None or tag in tags:
+            return
+        tags.add(tag)
+        if self.folder is not None and self._path(key).exists():
+            try:
+                append_tag(self._path(key), tag)
+            except OSError as exc:
+                log.warning("vision cache: cannot tag %s: %s", name, exc)
+
+    # -- sessions and tenants (issue 18) --------------------------------------------------------
+
+    def forget_session(self, tenant: str, session: str, force: bool = False) -> int:
+        """Remove the entries only ``session`` of ``tenant`` used (every one it used with
+        ``force``), in RAM and on disk; untag the rest. Returns the number of entries removed."""
+        tag = session_tag(tenant, session)
+        if not tag:
+            return 0
+        with self._lock:
+            names = [n for n, t in self._owner.items() if t == tenant and tag in self._tags[n]]
+            gone = {n for n in names if is_removable(self._tags[n], tag, force)}
+            for n in names:
+                if n in gone:
+                    self._drop(n)
+                else:
+                    self._tags[n].discard(tag)
+            on_disk = 0
+            if self.folder is not None:
+                on_disk = forget_on_disk(self.folder / tenant_folder(tenant), tag, force)
+        return max(len(gone), on_disk)
+
+    def forget_tenant(self, tenant: str) -> int:
+        """Remove every entry of ``tenant``, in RAM and on disk; the number removed."""
+        with self._lock:
+            names = [n for n, t in self._owner.items() if t == tenant]
+            for n in names:
+                self._drop(n)
+            on_disk = 0
+            if self.folder is not None:
+                on_disk = remove_tenant_folder(self.folder / tenant_folder(tenant))
+        return max(len(names), on_disk)
 
     # -- disk -----------------------------------------------------------------------------------
 
-    def _path(self, name: str) -> Path:
+    def _path(self, key: VisionKey) -> Path:
         assert self.folder is not None
-        return self.folder / f"{name}.safetensors"
+        return self.folder / tenant_folder(key.tenant) / f"{key.name}.safetensors"
 
-    def _write(self, name: str, payload: Any) -> None:
+    def _write(self, key: VisionKey, payload: Any, tags: set[str]) -> None:
         if self.folder is None or self.codec is None:
             return
         from safetensors.numpy import save
 
+        name, path = key.name, self._path(key)
         try:
             arrays, structure = self.codec.to_arrays(payload, None)
             meta = {"format": FORMAT, "key": name, "structure": structure}
             meta["checksum"] = _checksum(meta, arrays)
-            write_atomic(self._path(name), save(arrays, metadata=meta))
+            make_private_dirs(path.parent)
+            write_tags(path, tags)
+            write_atomic(path, save(arrays, metadata=meta))
             self._trim_ssd()
         except (OSError, TypeError, ValueError) as exc:
             with self._lock:
@@ -138,10 +211,10 @@ class VisionCache:
         with self._lock:
             self.num_ssd_writes += 1
 
-    def _read(self, name: str) -> Any | None:
+    def _read(self, key: VisionKey) -> Any | None:
         if self.folder is None or self.codec is None:
             return None
-        path = self._path(name)
+        name, path = key.name, self._path(key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -157,7 +230,7 @@ class VisionCache:
             with self._lock:
                 self.num_bad_files += 1
             log.warning("vision cache: %s is damaged (%s): removed", path.name, exc)
-            path.unlink(missing_ok=True)
+            remove_entry(path)
             return None
         path.touch(exist_ok=True)  # its mtime orders the SSD trim (least recently used first)
         return payload
@@ -165,13 +238,13 @@ class VisionCache:
     def _trim_ssd(self) -> None:
         assert self.folder is not None
         files = [
-            (p.stat().st_mtime, p.stat().st_size, p) for p in self.folder.glob("*.safetensors")
+            (p.stat().st_mtime, p.stat().st_size, p) for p in self.folder.glob("*/*.safetensors")
         ]
         total = sum(size for _, size, _ in files)
         for _, size, path in sorted(files, key=lambda f: f[0]):
             if total <= self.ssd_budget_bytes:
                 break
-            path.unlink(missing_ok=True)
+            remove_entry(path)
             total -= size
 
     # -- report ---------------------------------------------------------------------------------
@@ -199,13 +272,14 @@ class VisionCache:
         """Raise AssertionError unless the RAM accounting holds and every SSD file verifies."""
         with self._lock:
             held = sum(n for _, n in self._ram.values())
+            assert self._owner.keys() == self._tags.keys() == self._ram.keys(), "stray tags"
             assert held == self.used_bytes, f"accounted {self.used_bytes} != held {held}"
             assert self.used_bytes <= self.budget_bytes, "over budget"
             for payload, nbytes in self._ram.values():
                 assert nbytes == payload_nbytes(payload)
         if self.folder is None:
             return
-        for path in self.folder.glob("*.safetensors"):
+        for path in self.folder.glob("*/*.safetensors"):
             arrays, meta = _load(path.read_bytes())
             assert meta.get("key") == path.stem, f"{path.name}: key mismatch"
             assert meta.get("checksum") == _checksum(meta, arrays), f"{path.name}: bad checksum"

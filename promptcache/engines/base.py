@@ -148,5 +148,10 @@ class Engine(Protocol):
     def cache_stats(self) -> dict[str, Any]:
         """The prompt cache's counters as JSON-ready values (empty when the cache is off)."""
 
+    def forget_images(self, tenant: str, session: str | None, force: bool = False) -> int:
+        """Remove the cached encoder outputs of a deleted session's images (``session`` None: a
+        whole tenant's), like its blocks: shared ones stay unless ``force``. Returns how many
+        went (0 for a text-only model); safe to call twice."""
+
     def close(self) -> None:
         """Flush and release the cache tiers; safe to call twice."""

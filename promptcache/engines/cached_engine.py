@@ -245,6 +245,9 @@ class CachedEngine:
             self._ll_tokenizer = build_ll_tokenizer(self.tokenizer, self.eos_ids)
         return GrammarConstraint(self._ll_tokenizer, grammar)
 
+    def forget_images(self, tenant: str, session: str | None, force: bool = False) -> int:
+        return self.feeder.forget(tenant, session, force) if self.feeder is not None else 0
+
     def cache_stats(self) -> dict[str, Any]:
         if self.cache is None:
             return {}

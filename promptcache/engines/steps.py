@@ -134,7 +134,7 @@ class Steps:
             if self.feeder is None:
                 raise RequestError("this server's model takes no image input")
             logits = self.feeder.forward_chunk(
-                req.state, ids, req.pos, req.images, req.features, req.tenant
+                req.state, ids, req.pos, req.images, req.features, req.tenant, req.params.session
             )
         if logits is None:  # no image token in this chunk: the plain text forward
             logits = self.runner.forward([req.state], [ids])[0]

@@ -62,17 +62,17 @@ class VisionFeeder:
         self.num_encoder_runs = 0
         self.num_images_fed = 0  # images whose rows went into a prefill chunk
 
-    def features(self, image: ImageInput, tenant: str = "") -> Any:
+    def features(self, image: ImageInput, tenant: str = "", session: str = "") -> Any:
         key = VisionKey(self.fingerprint, self.vision.settings_key, image.digest, tenant)
         if self.cache is not None:
-            rows = self.cache.get(key)
+            rows = self.cache.get(key, session)
             if rows is not None:
                 return rows
         rows = self.vision.encode(image)
         with self._lock:
             self.num_encoder_runs += 1
         if self.cache is not None:
-            self.cache.put(key, rows)
+            self.cache.put(key, rows, session)
         return rows
 
     def forward_chunk(
@@ -83,9 +83,11 @@ class VisionFeeder:
         spans: Sequence[ImageSpan],
         held: dict[int, Any],
         tenant: str = "",
+        session: str = "",
     ) -> Any:
         """Prefill prompt positions [start, start + len(ids)). ``held``: the request's feature
-        rows by span index (kept while an image spans several chunks); cached per ``tenant``."""
+        rows by span index (kept while an image spans several chunks); cached per ``tenant``,
+        tagged with ``session``."""
         end = start + len(ids)
         pieces: list[tuple[int, Any]] = []
         for i, span in enumerate(spans):
@@ -94,7 +96,7 @@ class VisionFeeder:
                 continue
             rows = held.get(i)
             if rows is None:
-                rows = held[i] = self.features(span.image, tenant)
+                rows = held[i] = self.features(span.image, tenant, session)
                 with self._lock:
                     self.num_images_fed += 1
             if int(rows.shape[0]) != span.length:
@@ -107,6 +109,14 @@ class VisionFeeder:
         if not pieces:
             return None
         return self.vision.forward(state, ids, pieces)
+
+    def forget(self, tenant: str, session: str | None, force: bool = False) -> int:
+        """Encoder outputs of a deleted session (None: of a whole tenant); how many went."""
+        if self.cache is None:
+            return 0
+        if session is None:
+            return self.cache.forget_tenant(tenant)
+        return self.cache.forget_session(tenant, session, force)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

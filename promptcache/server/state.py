@@ -303,11 +303,13 @@ class ServerState:
     def forget(self, tenant: str, session: str | None, force: bool = False) -> dict[str, int]:
         """What the server remembers of a deleted session (None: of a whole tenant) besides
         cached blocks: prompts kept for miss diagnosis, replies kept for continuity, request
-        records (their miss details quote the prompt's text). Returns the counts removed."""
+        records (their miss details quote the prompt's text), its images' encoder outputs.
+        Returns the counts removed."""
         return {
             "prompts": self.prompts.forget(tenant, session),
             "replies": self.formatter.replies.forget(tenant, session, force),
             "records": self.records.forget(tenant, session),
+            "image_embeddings": self.engine.forget_images(tenant, session, force),
         }
 
     def cache_stats(self) -> dict[str, Any]:
