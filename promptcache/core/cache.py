@@ -294,7 +294,7 @@ class PromptCache:
             return
         now = self.clock()
         for tier in self.ram.stores:
-            tier.tag(new, use, now)
+            tier.tag(new, use, now, seq.root)
 
     def _maybe_expire(self) -> None:
         """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds

@@ -31,7 +31,6 @@ one at read (its entry dropped then); under ``noeviction`` a full server answers
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import queue
 import threading
@@ -52,9 +51,6 @@ from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tier import BlockRecord, ReadResult, StoredBlock, register_tier
 from promptcache.core.valkey_index import (
-    DELETE_LUA,
-    LOOKUP_LUA,
-    PUT_LUA,
     FoundIndex,
     Keys,
     SharedEntry,
@@ -65,8 +61,9 @@ from promptcache.core.valkey_index import (
     walk,
 )
 from promptcache.core.valkey_link import ValkeyLink
+from promptcache.core.valkey_scripts import DELETE_LUA, LOOKUP_LUA, SHAS
 from promptcache.core.valkey_sessions import SharedSessions
-from promptcache.core.valkey_write import SharedWrites, Touch, run_script
+from promptcache.core.valkey_write import SharedWrites, Tag, Touch, run_script
 
 log = logging.getLogger("promptcache.shared")
 DEFAULT_TTL_S = 24 * 3600.0
@@ -112,15 +109,14 @@ class ValkeyStore(SharedWrites, SharedSessions):
         self.link = ValkeyLink(url, timeout_s=timeout_s, retry_s=retry_s)
         self.evictions = evictions
         self.stats = self.link.stats
-        self._sha = {
-            s: hashlib.sha1(s.encode()).hexdigest() for s in (PUT_LUA, DELETE_LUA, LOOKUP_LUA)
-        }
         self._lock = threading.Lock()
         self._roots: OrderedDict[BlockHash, BlockHash] = OrderedDict()
         self._tenants: dict[BlockHash, str] = {}
         self._server: dict[str, Any] = {}
         self._server_at = 0.0
-        self._queue: queue.Queue[BlockRecord | Touch | None] = queue.Queue(maxsize=queue_blocks)
+        self._queue: queue.Queue[BlockRecord | Touch | Tag | None] = queue.Queue(
+            maxsize=queue_blocks
+        )
         self._closed = False
         if self.link.probe():
             self._check_server()
@@ -144,7 +140,7 @@ class ValkeyStore(SharedWrites, SharedSessions):
                 self._roots.popitem(last=False)
 
     def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
-        return run_script(client, src, self._sha[src], keys, args)
+        return run_script(client, src, SHAS[src], keys, args)
 
     # -- lookups and reads (request path: bounded by the socket timeout, never raise) --------
 
@@ -226,7 +222,7 @@ class ValkeyStore(SharedWrites, SharedSessions):
             for x in metas:
                 p.zadd(self.keys.index(x.root)[2], {x.block_hash: now}, xx=True)
             for root in {x.root for x in metas}:
-                for k in self.keys.index(root):
+                for k in dict.fromkeys(self.keys.namespace(root)):
                     p.pexpire(k, self.ttl_ms)
             return p.execute()[: len(metas)]
 
@@ -290,7 +286,7 @@ class ValkeyStore(SharedWrites, SharedSessions):
 
         def run(cl: Any) -> None:
             for root, hs in by_root.items():
-                self._eval(cl, DELETE_LUA, list(self.keys.index(root)), hs)
+                self._eval(cl, DELETE_LUA, self.keys.namespace(root), hs)
             if data:
                 for x in metas:  # one key per call: cluster-safe (no cross-slot DEL)
                     cl.delete(self.keys.data(x.block_hash))
