@@ -372,7 +372,7 @@ class PromptCache:
         (``promotion.insert_warm``). Not counted as hits. Returns the number inserted."""
         loaded = tier.read(blocks)
         with self._lock:
-            return promotion.insert_warm(self.ram, blocks, loaded)
+            return promotion.insert_warm(self.ram, blocks, loaded, tier)
 
     def check_integrity(self) -> None:
         with self._lock:
