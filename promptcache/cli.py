@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     replay.set_defaults(func=cmd_replay)
 
     cache = sub.add_parser(
-        "cache", help="inspect or maintain the SSD tier: stats | ls | verify | clear | delete"
+        "cache",
+        help="inspect or maintain the SSD or shared tier: stats | ls | verify | clear | delete",
     )
     cache.add_argument("action", choices=("stats", "ls", "verify", "clear", "delete"))
     cache.add_argument(
@@ -319,6 +320,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cache.add_argument(
         "--limit", type=int, default=50, help="ls: at most this many blocks per model"
+    )
+    cache.add_argument(
+        "--shared-tier",
+        default=None,
+        metavar="URL",
+        help="act on this shared tier (valkey://host:port/db) instead of the SSD folder",
     )
     cache.set_defaults(func=cmd_cache)
     return parser

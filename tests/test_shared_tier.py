@@ -193,3 +193,63 @@ def test_corrupted_value_detected_and_recomputed_never_served(server, reference,
     c = server("c", "--warmup-seconds", "0")
     text, usage = reply(c.url, messages)
     assert usage.prompt_tokens_details.cached_tokens >= 0.95 * history
+
+
+def turn(url, messages, tenant, session):
+    """One request of ``session`` (of ``tenant``): (reply, cached tokens)."""
+    r = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": "m", "messages": messages, "max_tokens": 8, "temperature": 0},
+        headers={TENANT: tenant, "x-promptcache-session": session},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    return body["choices"][0]["message"]["content"], body["usage"]["prompt_tokens_details"][
+        "cached_tokens"
+    ]
+
+
+def test_session_deleted_through_a_server_that_never_saw_it(server, reference):
+    """Server A tags two sessions sharing a system prompt (and a namesake in another tenant);
+    server B, fresh, deletes one: its own blocks leave the shared tier, the shared prompt stays
+    for the other session (unless forced), the other tenant keeps everything; replies always
+    equal the uncached server's."""
+    a = server("a", "--warmup-seconds", "0")
+    system = {"role": "system", "content": SYSTEM}
+    alice = [system, {"role": "user", "content": "Move my flight to Friday, keep my seat."}]
+    bob = [system, {"role": "user", "content": "What is the baggage allowance today?"}]
+    for msgs, tenant, session in ((alice, "acme", "s1"), (bob, "acme", "s2"),
+                                  (alice, "globex", "s1")):  # fmt: skip
+        text, _ = turn(a.url, msgs, tenant, session)
+        assert text == reply(reference.url, msgs)[0]
+    assert flushed(a)
+    a.stop()
+
+    b = server("b", "--warmup-seconds", "0")  # its RAM and SSD never saw these sessions
+    r = httpx.delete(b.url + "/v1/cache/sessions/s1", headers={TENANT: "acme"}, timeout=60)
+    assert r.status_code == 200, r.text
+    report = r.json()
+    assert report["removed"]["shared"]["blocks"] >= 1 and report["shared_blocks_kept"] >= 1
+    c = server("c", "--warmup-seconds", "0")  # fresh again: what it reuses is the shared tier's
+    expected = {id(m): reply(reference.url, m)[0] for m in (alice, bob)}
+    text, alice_cached = turn(c.url, alice, "acme", "s1")
+    assert text == expected[id(alice)]
+    text, bob_cached = turn(c.url, bob, "acme", "s2")
+    assert text == expected[id(bob)]
+    text, globex_cached = turn(c.url, alice, "globex", "s1")
+    assert text == expected[id(alice)]
+    # alice reuses only the system prompt she shared with bob; bob and globex all they had
+    assert 0 < alice_cached < globex_cached and bob_cached > alice_cached
+    assert globex_cached >= bob_cached - 16
+
+    # forced: bob's blocks go, the shared prompt with them (and what hangs below it)
+    assert flushed(c)
+    url = b.url + "/v1/cache/sessions/s2?force=true"
+    r = httpx.delete(url, headers={TENANT: "acme"}, timeout=60)
+    assert r.status_code == 200 and r.json()["removed"]["shared"]["blocks"] >= 1
+    d = server("d", "--warmup-seconds", "0")
+    text, cached = turn(d.url, bob, "acme", "s2")
+    assert text == expected[id(bob)] and cached == 0
+    text, cached = turn(d.url, alice, "globex", "s1")
+    assert text == expected[id(alice)] and cached == globex_cached

@@ -250,11 +250,16 @@ def read_open_file(f: io.FileIO) -> np.ndarray:
 
 
 def read_header(data: Buffer) -> dict[str, str]:
-    header, _ = _split_header(data)
+    return _metadata_of(_split_header(data)[0])
+
+
+def _metadata_of(header: dict[str, Any]) -> dict[str, str]:
     try:
         meta = header["__metadata__"]
     except KeyError:
         raise CorruptBlockError("unreadable header: no metadata") from None
+    if not isinstance(meta, dict):
+        raise CorruptBlockError("unreadable header: metadata is not a map")
     if meta.get("format") != FORMAT:
         raise CorruptBlockError("not a promptcache block file")
     if meta.get("version") in OLD_FORMAT_VERSIONS:
@@ -282,9 +287,9 @@ def parse_meta(meta: dict[str, str]) -> BlockFileInfo:
 def _load_checked(
     data: Buffer,
 ) -> tuple[dict[str, str], BlockFileInfo, dict[str, np.ndarray]]:
-    meta = read_header(data)
+    header, start = _split_header(data)  # parsed once: the JSON is a good part of a block's cost
+    meta = _metadata_of(header)
     info = parse_meta(meta)
-    header, start = _split_header(data)
     arrays = load_arrays(data, header, start)
     if checksum_block(meta, arrays) != meta.get("checksum"):
         raise CorruptBlockError("checksum mismatch")

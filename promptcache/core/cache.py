@@ -294,7 +294,7 @@ class PromptCache:
             return
         now = self.clock()
         for tier in self.ram.stores:
-            tier.tag(new, use, now)
+            tier.tag(new, use, now, seq.root)
 
     def _maybe_expire(self) -> None:
         """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds
@@ -372,7 +372,7 @@ class PromptCache:
         (``promotion.insert_warm``). Not counted as hits. Returns the number inserted."""
         loaded = tier.read(blocks)
         with self._lock:
-            return promotion.insert_warm(self.ram, blocks, loaded)
+            return promotion.insert_warm(self.ram, blocks, loaded, tier)
 
     def check_integrity(self) -> None:
         with self._lock:

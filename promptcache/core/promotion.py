@@ -91,7 +91,9 @@ def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> P
             break
         payload, checkpoint = result
         # another request may have saved or promoted it meanwhile
-        blk = ram.get(b.block_hash) or ram.insert(parent, b.meta, payload, checkpoint=checkpoint)
+        blk = ram.get(b.block_hash) or ram.insert(
+            parent, b.meta, payload, checkpoint=checkpoint, source=p.tier
+        )
         if blk is None:
             break
         blk.is_seq_end = blk.is_seq_end or b.is_seq_end
@@ -103,7 +105,12 @@ def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> P
     return Promoted(len(promoted), num_damaged)
 
 
-def insert_warm(ram: RamTier, blocks: list[StoredBlock], loaded: list[ReadResult]) -> int:
+def insert_warm(
+    ram: RamTier,
+    blocks: list[StoredBlock],
+    loaded: list[ReadResult],
+    source: LowerTier | None = None,
+) -> int:
     """Under the cache's lock: insert warm-up blocks read from a lower tier (parent before
     child) whose parent is resident, never past the RAM budget; an unusable block is skipped
     with its descendants. Returns the number inserted."""
@@ -122,7 +129,7 @@ def insert_warm(ram: RamTier, blocks: list[StoredBlock], loaded: list[ReadResult
             continue  # its parent was unusable
         payload, checkpoint = result
         try:
-            blk = ram.insert(parent, m, payload, checkpoint=checkpoint)
+            blk = ram.insert(parent, m, payload, checkpoint=checkpoint, source=source)
         except CacheBudgetError:
             blk = None
         if blk is None:

@@ -115,10 +115,14 @@ class RamTier:
         *,
         checkpoint: Any = None,
         use: BlockUse = NO_USE,
+        source: LowerTier | None = None,
     ) -> Block | None:
         """Make a new block resident under ``parent`` (``meta`` chains to it); None when no
         room can be made. Raises CacheBudgetError, changing nothing, when the block alone
-        exceeds the budget.
+        exceeds the budget. ``source``: the lower tier it was read from; it is then written
+        through only to the tiers below that one (which may lack it): the tiers above get it
+        when RAM evicts it, so a promotion never writes a whole history to the SSD while the
+        request it serves is running.
         """
         assert meta.parent_hash == parent.block_hash
         nbytes = payload_nbytes(payload) + payload_nbytes(checkpoint)
@@ -142,7 +146,7 @@ class RamTier:
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
         tag_blocks((block,), use, self.wall_clock())
-        self._write_through_put(block)
+        self._write_through_put(block, source)
         return block
 
     def attach_checkpoint(self, block: Block, checkpoint: Any) -> bool:
@@ -161,10 +165,14 @@ class RamTier:
         self._write_through_put(block)
         return True
 
-    def _write_through_put(self, block: Block) -> None:
-        if self._write_through:
+    def _write_through_put(self, block: Block, source: LowerTier | None = None) -> None:
+        tiers = self._write_through
+        if source is not None and source in self.lower_tiers:
+            below = self.lower_tiers[self.lower_tiers.index(source) + 1 :]
+            tiers = [t for t in tiers if t in below]
+        if tiers:
             record = BlockRecord.from_block(block)
-            for tier in self._write_through:
+            for tier in tiers:
                 tier.put(record)
 
     def reserve(self, nbytes: int, protect: Block) -> bool:

@@ -41,7 +41,9 @@ class SsdSessions:
 
     flush: Callable[[], bool]  # from SsdWrites
 
-    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
+    def tag(
+        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
+    ) -> None:
         index = self.index
         if index is None or not hashes:
             return

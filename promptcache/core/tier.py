@@ -95,11 +95,14 @@ class LowerTier(Protocol):
 
     # -- sessions, deletion, expiry (a shared tier implements these the same way) ----------------
 
-    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
+    def tag(
+        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
+    ) -> None:
         """A request used these blocks (a hit, or a save): record ``use.session`` (unless empty)
         and the TTL hint (the longer one wins) on those this tier holds, and count ``now`` as
         their last use. Blocks it does not hold (yet) are ignored: a block still being written
-        carries its tags in its ``BlockRecord``. Must be cheap: called on the request path."""
+        carries its tags in its ``BlockRecord``. ``root`` is their namespace (all share it), for
+        tiers keyed by namespace. Must be cheap: called on the request path."""
 
     def session_blocks(self, session: str) -> dict[BlockHash, bool]:
         """Blocks this tier holds tagged with ``session`` -> whether another session uses it
@@ -163,7 +166,9 @@ class NullTier:
     def note_miss(self, failed: bool) -> None:
         pass
 
-    def tag(self, hashes: list[BlockHash], use: BlockUse, now: float) -> None:
+    def tag(
+        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
+    ) -> None:
         pass
 
     def session_blocks(self, session: str) -> dict[BlockHash, bool]:

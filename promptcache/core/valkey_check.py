@@ -50,6 +50,10 @@ def namespace_index(
     return entries, kids, {h: s for h, s in got[1]}
 
 
+def _hgetall(key: str) -> Callable[[Any], Any]:
+    return lambda cl: cl.hgetall(key)
+
+
 def _getter(key: str) -> Callable[[Any], Any]:
     return lambda cl: cl.get(key)
 
@@ -77,6 +81,10 @@ def check_store(store: ValkeyStore) -> None:
                 assert kid_field(meta.meta.parent_hash, meta.meta.first_token) == f, (
                     "child under a wrong parent"
                 )
+        tagged = store.link.call(_hgetall(store.keys.tags(root))) or {}
+        for h, ids in tagged.items():  # session tags only on indexed blocks
+            assert h in entries, f"session tags on {h.hex()}, not indexed"
+            assert ids and len(ids) % 16 == 0, f"bad session tags on {h.hex()}"
         metas = [m for m in entries.values() if m is not None]
         for meta in metas:
             value = store.link.call(_getter(store.keys.data(meta.block_hash)))

@@ -7,14 +7,17 @@ Layout, for model fingerprint ``M`` (first 16 hex) and namespace root ``R`` (hex
   share one key so that the server's LRU evicts a namespace's index whole or not at all (never
   child lists naming entries that are gone)
 - ``pc:{M:R}:z`` ZSET  block hash -> last use (ms): recency for warm-up and the stale sweep
+- ``pc:{M:R}:t`` HASH  block hash -> the ids of the sessions that used it (16 bytes each)
 - ``pc:{M:H}:d`` STRING the block's verified bytes (``block_file.encode_block``), ``H`` its hash
+- ``pc:{M:S}:s`` SET   session ``S`` (``session_id``: tenant + id, digested) -> root + block
+  hash of every block it used (32 bytes each): how a server that never saw the session finds it
 
 A namespace's index keys share one hash tag, so in cluster mode they live in one slot and a Lua
 script may touch all three; block data is tagged by its own hash, so data spreads over the
 cluster (the index is ~1% of the bytes). The index is a hint, never trusted: reads verify the
 data (checksum, chained hash, model, root) and compare it with the entry.
 
-Lookups gather candidates in one round trip (``LOOKUP_LUA``: walk the expected hashes
+The scripts are in ``valkey_scripts``. Lookups gather candidates in one round trip (``LOOKUP_LUA``: walk the expected hashes
 server-side while each entry's parent is the previous hash, then fetch the children of the last
 match under the next first token) or in two (pipelined: every expected entry and every possible
 child list, then the lists the walk asks for). Either way the choice (tokens, extra keys, longest
@@ -24,6 +27,7 @@ over the fetched entries (``FoundIndex``): the same rules as RAM and SSD by cons
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
@@ -83,6 +87,11 @@ def unpack_meta(block_hash: bytes, root: BlockHash, data: bytes) -> SharedEntry 
     return SharedEntry(meta, pbytes, bool(flags & _CKPT), bool(flags & _SEQ_END), dbytes)
 
 
+def session_id(session: str) -> bytes:
+    """A session key (``sessions.session_key``: tenant and id) as 16 bytes in keys and tags."""
+    return hashlib.sha256(session.encode()).digest()[:16]
+
+
 def kid_field(parent: bytes, first_token: int) -> bytes:
     return parent + first_token.to_bytes(TOKEN_BYTES, "little")
 
@@ -103,6 +112,20 @@ class Keys:
     def data(self, block_hash: bytes) -> str:
         return f"{self.prefix}{block_hash.hex()}}}:d"
 
+    def namespace(self, root: bytes) -> list[str]:
+        """Every key of a namespace's index (entries = child lists, recency, tags)."""
+        m, _, z = self.index(root)
+        return [m, m, z, self.tags(root)]
+
+    def tags(self, root: bytes) -> str:
+        """A namespace's session tags: block hash -> session ids (``session_id``), 16 bytes
+        each; in the namespace's slot, so the put script writes a block's tags with it."""
+        return f"{self.prefix}{root.hex()}}}:t"
+
+    def session(self, sid: bytes) -> str:
+        """One session's blocks: a SET of namespace root + block hash (32 bytes each)."""
+        return f"{self.prefix}{sid.hex()}}}:s"
+
     def index_pattern(self) -> str:
         """SCAN pattern of every namespace's entries hash of this model."""
         return self.prefix.replace("{", "\\{") + "*}:m"
@@ -110,110 +133,6 @@ class Keys:
     def root_of(self, entries_key: str | bytes) -> BlockHash:
         k = entries_key.decode() if isinstance(entries_key, bytes) else entries_key
         return BlockHash(bytes.fromhex(k[len(self.prefix) : k.index("}")]))
-
-
-# KEYS: entries, child lists, recency[, value]. ARGV: hash, packed entry, now (ms), ttl (ms),
-# sweep limit[, value]. With a value (standalone servers only: its key lies in another cluster
-# slot) the value and its entry are written in one atomic step and one round trip; in cluster
-# mode the writer SETs the value first. A new entry is added to its parent's child list. Then
-# stale entries (unused for a ttl: their values have expired too) are swept, a few per put, and
-# the index keys' TTL refreshed: an abandoned namespace's index expires with its values.
-PUT_LUA = """
-local m, c, z = KEYS[1], KEYS[2], KEYS[3]
-local h, meta, now, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-if KEYS[4] then redis.call('SET', KEYS[4], ARGV[6], 'PX', ttl) end
-local function unlink(x, entry)
-  local f = string.sub(entry, 1, 20)
-  local kids = redis.call('HGET', c, f)
-  if kids then
-    local keep = {}
-    for i = 1, #kids, 16 do
-      local k = string.sub(kids, i, i + 15)
-      if k ~= x then keep[#keep + 1] = k end
-    end
-    if #keep == 0 then redis.call('HDEL', c, f) else redis.call('HSET', c, f, table.concat(keep)) end
-  end
-end
-local old = redis.call('HGET', m, h)
-if old and string.sub(old, 1, 20) ~= string.sub(meta, 1, 20) then unlink(h, old); old = false end
-redis.call('HSET', m, h, meta)
-if not old then
-  local f = string.sub(meta, 1, 20)
-  local kids = redis.call('HGET', c, f) or ''
-  local found = false
-  for i = 1, #kids, 16 do
-    if string.sub(kids, i, i + 15) == h then found = true; break end
-  end
-  if not found then redis.call('HSET', c, f, kids .. h) end
-end
-redis.call('ZADD', z, now, h)
-local swept = 0
-local stale = redis.call('ZRANGEBYSCORE', z, '-inf', now - ttl, 'LIMIT', 0, tonumber(ARGV[5]))
-for _, x in ipairs(stale) do
-  local e = redis.call('HGET', m, x)
-  if e then unlink(x, e); redis.call('HDEL', m, x) end
-  redis.call('ZREM', z, x)
-  swept = swept + 1
-end
-redis.call('PEXPIRE', m, ttl); redis.call('PEXPIRE', c, ttl); redis.call('PEXPIRE', z, ttl)
-return swept
-"""
-
-# KEYS: entries, child lists, recency. ARGV: hashes. Removes entries (and their child links).
-DELETE_LUA = """
-local m, c, z = KEYS[1], KEYS[2], KEYS[3]
-local n = 0
-for _, h in ipairs(ARGV) do
-  local e = redis.call('HGET', m, h)
-  if e then
-    local f = string.sub(e, 1, 20)
-    local kids = redis.call('HGET', c, f)
-    if kids then
-      local keep = {}
-      for i = 1, #kids, 16 do
-        local k = string.sub(kids, i, i + 15)
-        if k ~= h then keep[#keep + 1] = k end
-      end
-      if #keep == 0 then redis.call('HDEL', c, f) else redis.call('HSET', c, f, table.concat(keep)) end
-    end
-    redis.call('HDEL', m, h)
-    n = n + 1
-  end
-  redis.call('ZREM', z, h)
-end
-return n
-"""
-
-# KEYS: entries, child lists. ARGV: parent, expected hashes (16 bytes each, concatenated), the
-# first token (4 bytes each) at each block boundary from the start on. Returns
-# {matched, h1, e1, ..., hk, ek, child1, centry1, ...}: the whole blocks whose entry names the
-# previous hash as parent, then the children of the last under the next first token.
-LOOKUP_LUA = """
-local m, c = KEYS[1], KEYS[2]
-local parent, hs, toks = ARGV[1], ARGV[2], ARGV[3]
-local out = {0}
-local i = 0
-while i * 16 < #hs do
-  local h = string.sub(hs, i * 16 + 1, i * 16 + 16)
-  local e = redis.call('HGET', m, h)
-  if not e or string.sub(e, 1, 16) ~= parent then break end
-  out[#out + 1] = h; out[#out + 1] = e
-  parent = h; i = i + 1
-end
-out[1] = i
-local tok = string.sub(toks, i * 4 + 1, i * 4 + 4)
-if #tok == 4 then
-  local kids = redis.call('HGET', c, parent .. tok)
-  if kids then
-    for j = 1, #kids, 16 do
-      local k = string.sub(kids, j, j + 15)
-      local e = redis.call('HGET', m, k)
-      if e then out[#out + 1] = k; out[#out + 1] = e end
-    end
-  end
-end
-return out
-"""
 
 
 def lookup_args(seq: TokenSeq, start: int, parent: BlockHash) -> tuple[bytes, bytes]:

@@ -58,6 +58,7 @@ class SharedStats:
     bytes_written: int = 0
     dropped_writes: int = 0  # queue full, or the link down: never blocks a request
     skipped_writes: int = 0  # already stored
+    dropped_touches: int = 0  # touches and session tags dropped on a full queue
     oom_errors: int = 0  # the server refused a write (maxmemory under noeviction)
     errors: int = 0  # connection errors, timeouts, other error replies
     num_corrupt: int = 0  # entries whose data failed verification: deleted, never served

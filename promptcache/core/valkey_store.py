@@ -10,9 +10,9 @@ A ``LowerTier`` (``core.tier``), registered as ``"shared"``:
 - ``lookup(seq, start, parent, requires_checkpoint) -> list[StoredBlock]``: the core's one walk
   (``chain``) over entries fetched in one round trip (Lua) or two (pipelined); [] when down,
   slow or empty. Never raises.
-- ``read(blocks) -> list[(payload, checkpoint) | CorruptBlockError]``: one pipelined round trip;
-  each value verified (checksum, chained hash recomputed, model, root, the entry itself). A bad
-  value is deleted with its entry and counted (``num_corrupt``; ``is_damage`` True); an expired
+- ``read(blocks) -> list[(payload, checkpoint) | CorruptBlockError]`` (``valkey_read``):
+  one round trip, each value verified as it arrives (checksum, chained hash recomputed, model,
+  root, the entry itself). A bad value is deleted with its entry and counted (``num_corrupt``; ``is_damage`` True); an expired
   or evicted one is a ``SharedBlockMissingError`` (``is_damage`` False), its entry dropped and
   the eviction noted in the ``EvictionLog``. Never raises.
 - ``put(record) -> bool``: queued for the writer thread (bounded; full or down: dropped, counted).
@@ -31,7 +31,6 @@ one at read (its entry dropped then); under ``noeviction`` a full server answers
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import queue
 import threading
@@ -41,20 +40,12 @@ from collections.abc import Iterable
 from typing import Any
 
 from promptcache.core.block import BlockMeta
-from promptcache.core.block_file import (
-    CorruptBlockError,
-    decode_block,
-    verify_identity,
-)
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import BlockRecord, ReadResult, StoredBlock, register_tier
+from promptcache.core.tier import BlockRecord, StoredBlock, register_tier
 from promptcache.core.valkey_index import (
-    DELETE_LUA,
-    LOOKUP_LUA,
-    PUT_LUA,
     FoundIndex,
     Keys,
     SharedEntry,
@@ -65,25 +56,21 @@ from promptcache.core.valkey_index import (
     walk,
 )
 from promptcache.core.valkey_link import ValkeyLink
+from promptcache.core.valkey_read import (
+    SharedBlockMissingError,
+    SharedBlockRaceError,
+    SharedReads,
+)
+from promptcache.core.valkey_scripts import DELETE_LUA, LOOKUP_LUA, SHAS
 from promptcache.core.valkey_sessions import SharedSessions
-from promptcache.core.valkey_write import SharedWrites, Touch, run_script
+from promptcache.core.valkey_write import SharedWrites, Tag, Touch, run_script
 
 log = logging.getLogger("promptcache.shared")
 DEFAULT_TTL_S = 24 * 3600.0
 MAX_ROOTS = 65536  # block hash -> namespace root, for touches by hash only; bounded
 
 
-class SharedBlockMissingError(CorruptBlockError):
-    """The value expired, was evicted or the server is unreachable: the hit ends; not damage."""
-
-    is_damage = False
-
-
-class SharedBlockRaceError(SharedBlockMissingError):
-    """The right block, but rewritten (a checkpoint added) since the lookup: the hit ends."""
-
-
-class ValkeyStore(SharedWrites, SharedSessions):
+class ValkeyStore(SharedReads, SharedWrites, SharedSessions):
     name = "shared"
     write_through = True
 
@@ -112,15 +99,14 @@ class ValkeyStore(SharedWrites, SharedSessions):
         self.link = ValkeyLink(url, timeout_s=timeout_s, retry_s=retry_s)
         self.evictions = evictions
         self.stats = self.link.stats
-        self._sha = {
-            s: hashlib.sha1(s.encode()).hexdigest() for s in (PUT_LUA, DELETE_LUA, LOOKUP_LUA)
-        }
         self._lock = threading.Lock()
         self._roots: OrderedDict[BlockHash, BlockHash] = OrderedDict()
         self._tenants: dict[BlockHash, str] = {}
         self._server: dict[str, Any] = {}
         self._server_at = 0.0
-        self._queue: queue.Queue[BlockRecord | Touch | None] = queue.Queue(maxsize=queue_blocks)
+        self._queue: queue.Queue[BlockRecord | Touch | Tag | None] = queue.Queue(
+            maxsize=queue_blocks
+        )
         self._closed = False
         if self.link.probe():
             self._check_server()
@@ -144,7 +130,7 @@ class ValkeyStore(SharedWrites, SharedSessions):
                 self._roots.popitem(last=False)
 
     def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
-        return run_script(client, src, self._sha[src], keys, args)
+        return run_script(client, src, SHAS[src], keys, args)
 
     # -- lookups and reads (request path: bounded by the socket timeout, never raise) --------
 
@@ -213,74 +199,8 @@ class ValkeyStore(SharedWrites, SharedSessions):
 
         return walk(FoundIndex(chain, more), seq, start, parent, rc)
 
-    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
-        if not blocks:
-            return []
-        now = int(time.time() * 1000)
-        metas = [b.meta for b in blocks]
-
-        def fetch(cl: Any) -> Any:
-            p = cl.pipeline(transaction=False)
-            for x in metas:
-                p.getex(self.keys.data(x.block_hash), px=self.ttl_ms)
-            for x in metas:
-                p.zadd(self.keys.index(x.root)[2], {x.block_hash: now}, xx=True)
-            for root in {x.root for x in metas}:
-                for k in self.keys.index(root):
-                    p.pexpire(k, self.ttl_ms)
-            return p.execute()[: len(metas)]
-
-        t0 = time.perf_counter()
-        values = self.link.call(fetch) if self.link.is_up and not self._closed else None
-        if values is None:
-            return [SharedBlockMissingError("shared tier unreachable")] * len(blocks)
-        out: list[ReadResult] = []
-        bad: list[BlockMeta] = []
-        missing: list[BlockMeta] = []
-        nbytes = races = 0
-        for b, v in zip(blocks, values, strict=True):
-            x = b.meta
-            if v is None:
-                missing.append(x)
-                out.append(SharedBlockMissingError(f"{x.block_hash.hex()} expired or evicted"))
-                continue
-            try:
-                out.append(self._verify(b, v))
-                nbytes += len(v)
-            except SharedBlockRaceError as exc:
-                races += 1
-                out.append(exc)
-            except CorruptBlockError as exc:
-                log.warning("shared tier: bad value %s deleted: %s", x.block_hash.hex(), exc)
-                bad.append(x)
-                out.append(exc)
-        self.stats.observe_read(time.perf_counter() - t0, nbytes)
-        self.stats.add(num_blocks_read=len(metas) - len(bad) - len(missing) - races,
-                       num_corrupt=len(bad), num_missing=len(missing),
-                       num_read_races=races)  # fmt: skip
-        if self.evictions is not None:
-            for x in missing:  # the server evicted or expired it: a miss can say so
-                self.evictions.note(x.block_hash, x.parent_hash, self.name)
-        if bad or missing:
-            self.delete(bad + missing, data=bool(bad))
-        return out
-
     def note_miss(self, failed: bool) -> None:
         self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})
-
-    def _verify(self, block: StoredBlock, value: bytes) -> tuple[Any, Any]:
-        # no copy: the value is a fresh bytes object owned by this read alone, so tensors may
-        # view it (numpy marks such views read-only; codecs keep them as they are)
-        info, payload, checkpoint = decode_block(value, self.codec)
-        verify_identity(info, block.meta.block_hash.hex())
-        if info.model != self.model or info.meta.root != block.meta.root:
-            raise CorruptBlockError("value of another model or namespace")
-        if info.meta != block.meta:
-            raise CorruptBlockError("value does not match its index entry")
-        if (info.has_checkpoint, info.payload_nbytes) != (block.has_checkpoint, block.nbytes):
-            # the right block, rewritten since the lookup (a checkpoint added): not damage
-            raise SharedBlockRaceError("value rewritten since the lookup")
-        return payload, checkpoint
 
     def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
         """Entries (and their values when ``data``) removed; best effort."""
@@ -290,7 +210,7 @@ class ValkeyStore(SharedWrites, SharedSessions):
 
         def run(cl: Any) -> None:
             for root, hs in by_root.items():
-                self._eval(cl, DELETE_LUA, list(self.keys.index(root)), hs)
+                self._eval(cl, DELETE_LUA, self.keys.namespace(root), hs)
             if data:
                 for x in metas:  # one key per call: cluster-safe (no cross-slot DEL)
                     cl.delete(self.keys.data(x.block_hash))
@@ -359,3 +279,5 @@ class ValkeyStore(SharedWrites, SharedSessions):
 
 
 register_tier("shared", ValkeyStore)
+
+__all__ = ["SharedBlockMissingError", "SharedBlockRaceError", "ValkeyStore"]

@@ -20,10 +20,13 @@ from valkey.exceptions import NoScriptError
 from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import encode_block
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
+from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
 from promptcache.core.tier import BlockRecord
-from promptcache.core.valkey_index import PUT_LUA, Keys, SharedEntry, pack_meta, unpack_meta
+from promptcache.core.valkey_index import Keys, SharedEntry, pack_meta, session_id, unpack_meta
 from promptcache.core.valkey_link import SharedStats, ValkeyLink
+from promptcache.core.valkey_scripts import PUT_LUA, TAG_LUA
 
 SWEEP_PER_PUT = 16  # stale entries removed per put, at most (bounded script time)
 
@@ -31,6 +34,14 @@ SWEEP_PER_PUT = 16  # stale entries removed per put, at most (bounded script tim
 class Touch(NamedTuple):
     root: BlockHash
     hashes: list[BlockHash]
+
+
+class Tag(NamedTuple):
+    """Session ids (``valkey_index.session_id``) to record on blocks of one namespace."""
+
+    root: BlockHash
+    hashes: list[BlockHash]
+    sids: list[bytes]
 
 
 def run_script(client: Any, src: str, sha: str, keys: list[str], args: list[Any]) -> Any:
@@ -49,10 +60,12 @@ class SharedWrites:
     link: ValkeyLink
     stats: SharedStats
     ttl_ms: int
+    name: str
+    evictions: EvictionLog | None
     _closed: bool
     _lock: threading.Lock
     _roots: OrderedDict[BlockHash, BlockHash]
-    _queue: queue.Queue[BlockRecord | Touch | None]
+    _queue: queue.Queue[BlockRecord | Touch | Tag | None]
 
     def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
         raise NotImplementedError
@@ -94,10 +107,13 @@ class SharedWrites:
                 if r is not None:
                     groups.setdefault(r, []).append(h)
         for r, g in groups.items():
-            try:
-                self._queue.put_nowait(Touch(r, g))
-            except queue.Full:
-                break
+            self._enqueue(Touch(r, g))
+
+    def _enqueue(self, item: Touch | Tag) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:  # bookkeeping only: a full queue drops it (counted)
+            self.stats.add(dropped_touches=1)
 
     def _loop(self) -> None:
         while True:
@@ -112,6 +128,8 @@ class SharedWrites:
                     break
                 if isinstance(item, Touch):
                     self._touch_now(item.root, item.hashes)
+                elif isinstance(item, Tag):
+                    self._tag_now(item)
                 elif not self.link.is_up:
                     self.stats.add(dropped_writes=1)
                 else:
@@ -130,7 +148,8 @@ class SharedWrites:
             p.zadd(z, dict.fromkeys(hashes, now), xx=True)
             for h in hashes:
                 p.pexpire(self.keys.data(h), self.ttl_ms)
-            for k in self.keys.index(root):  # the namespace's index lives as long as its blocks
+            # the namespace's index lives as long as its blocks
+            for k in dict.fromkeys(self.keys.namespace(root)):
                 p.pexpire(k, self.ttl_ms)
             p.execute()
 
@@ -139,21 +158,25 @@ class SharedWrites:
     def _write(self, record: BlockRecord) -> None:
         meta = record.meta
         root, h = meta.root, meta.block_hash
-        m, c, z = self.keys.index(root)
-        old = self.link.call(lambda cl: cl.hget(m, h))
+        keys = self.keys.namespace(root)
+        sids = sorted(session_id(s) for s in record.sessions)
+        old = self.link.call(lambda cl: cl.hget(keys[0], h))
         entry = unpack_meta(h, root, old) if old else None
         if entry is not None and (entry.has_checkpoint or record.checkpoint is None):
             self.stats.add(skipped_writes=1)
             self._touch_now(root, [h])
+            if sids:
+                self._tag_now(Tag(root, [h], sids))
             return
         data = encode_block(record, self.model, self.codec)
         entry = SharedEntry(meta, record.nbytes, record.checkpoint is not None, record.is_seq_end,
                             len(data))  # fmt: skip
         now = int(time.time() * 1000)
-        keys, args = [m, c, z], [h, pack_meta(entry), now, self.ttl_ms, SWEEP_PER_PUT]
-        if not self.link.cluster:  # value and entry together, atomically (see PUT_LUA)
-            keys.append(self.keys.data(h))
-            args.append(data)
+        args = [h, pack_meta(entry), now, self.ttl_ms, SWEEP_PER_PUT, 0, b"", root,
+                MAX_SESSIONS_PER_BLOCK, *sids]  # fmt: skip
+        if not self.link.cluster:  # value, entry and tags together, atomically (see PUT_LUA)
+            keys += [self.keys.data(h), *(self.keys.session(s) for s in sids)]
+            args[5:7] = [1, data]
         # cluster: the value before its entry, so an entry never names a value not yet written
         elif self.link.call(lambda cl: cl.set(self.keys.data(h), data, px=self.ttl_ms)) is None:
             self.stats.add(dropped_writes=1)
@@ -162,8 +185,33 @@ class SharedWrites:
         if swept is None:  # the value alone is unreachable; it expires with its TTL
             self.stats.add(dropped_writes=1)
             return
-        self.stats.add(num_writes=1, bytes_written=len(data), num_swept=int(swept))
+        if self.link.cluster and sids:
+            self._add_to_sessions(root, [h], sids)
+        self.stats.add(num_writes=1, bytes_written=len(data), num_swept=len(swept))
+        if self.evictions is not None:  # unused for a TTL: a later miss can say "evicted"
+            for x in swept:
+                self.evictions.note(BlockHash(x[:16]), BlockHash(x[16:32]), self.name)
         self._note_roots([meta])
+
+    def _tag_now(self, tag: Tag) -> None:
+        m, _, _, t = self.keys.namespace(tag.root)
+        sets = [] if self.link.cluster else [self.keys.session(s) for s in tag.sids]
+        args = [self.ttl_ms, tag.root, MAX_SESSIONS_PER_BLOCK, len(tag.sids), *tag.sids,
+                *tag.hashes]  # fmt: skip
+        done = self.link.call(lambda cl: self._eval(cl, TAG_LUA, [m, t, *sets], args))
+        if done and self.link.cluster:
+            self._add_to_sessions(tag.root, [BlockHash(x) for x in done], tag.sids)
+
+    def _add_to_sessions(self, root: BlockHash, hashes: list[BlockHash], sids: list[bytes]) -> None:
+        """Cluster mode: the session sets lie in other slots than the namespace's tags."""
+
+        def run(cl: Any) -> None:
+            for s in sids:
+                k = self.keys.session(s)
+                cl.sadd(k, *(root + h for h in hashes))
+                cl.pexpire(k, self.ttl_ms)
+
+        self.link.call(run)
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until every queued write and touch is done; False on timeout."""
