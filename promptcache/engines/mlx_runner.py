@@ -19,21 +19,16 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
-from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx_batch import batched_decode, can_batch
-from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
-    crop_positional,
+    MlxCacheSteps,
     describe_cache,
-    restore_cache,
-    slice_positional,
-    take_checkpoint,
 )
 
 KV_BITS = (2, 3, 4, 5, 6, 8)
@@ -105,7 +100,7 @@ def _config_of(model: Any) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
 
 
-class MlxRunner:
+class MlxRunner(MlxCacheSteps):
     """An mlx-lm model (see ``ModelRunner`` for the contract). ``kv_bits``: a quantized KV
     cache (part of the fingerprint: its blocks differ from full-precision ones).
     ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint too)."""
@@ -208,21 +203,3 @@ class MlxRunner:
         logits = self.model(mx.array([ids[-1:]]), cache=state)[0, -1]
         mx.eval(logits, [c.state for c in state])
         return logits
-
-    def slice_block(self, state: list[Any], start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end, self.packer)
-
-    def take_checkpoint(self, state: list[Any]) -> Any:
-        return take_checkpoint(state, self.layout)
-
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.packer)
-
-    def crop(self, state: list[Any], length: int) -> None:
-        crop_positional(state, self.layout, length)
-
-    def to_numpy(self, logits: mx.array) -> np.ndarray:
-        return np.asarray(logits.astype(mx.float32))
-
-    def codec(self) -> PayloadCodec:
-        return MlxCodec()

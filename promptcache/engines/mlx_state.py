@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -24,8 +25,10 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
+from promptcache.core.codec import PayloadCodec
 from promptcache.engines.block_scheme import BlockPacker
 from promptcache.engines.layers import AdapterRegistry, Layout
+from promptcache.engines.mlx_codec import MlxCodec
 
 
 class Slot(NamedTuple):
@@ -191,3 +194,33 @@ def crop_positional(cache: list[Any], layout: Layout, length: int) -> None:
     for slot in layout.positional:
         c = get_slot(cache, slot)
         LAYERS.lookup(c).crop(c, length)
+
+
+class MlxCacheSteps:
+    """The runner steps every MLX runner takes the same way on its list of layer caches
+    (``ModelRunner``'s slice/checkpoint/restore/crop, logits to numpy, the codec); the runner
+    provides ``layout``, ``packer`` and ``new_state``."""
+
+    layout: Layout
+    packer: BlockPacker | None
+
+    def new_state(self) -> list[Any]:
+        raise NotImplementedError
+
+    def slice_block(self, state: list[Any], start: int, end: int) -> Any:
+        return slice_positional(state, self.layout, start, end, self.packer)
+
+    def take_checkpoint(self, state: list[Any]) -> Any:
+        return take_checkpoint(state, self.layout)
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
+        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.packer)
+
+    def crop(self, state: list[Any], length: int) -> None:
+        crop_positional(state, self.layout, length)
+
+    def to_numpy(self, logits: mx.array) -> np.ndarray:
+        return np.asarray(logits.astype(mx.float32))
+
+    def codec(self) -> PayloadCodec:
+        return MlxCodec()

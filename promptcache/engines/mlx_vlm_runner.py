@@ -22,7 +22,6 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_vlm.models.cache import make_prompt_cache
 
-from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.block_scheme import BlockScheme
@@ -30,17 +29,14 @@ from promptcache.engines.errors import RequestError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx_batch import batched_decode
-from promptcache.engines.mlx_codec import MlxCodec
 from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
-    crop_positional,
+    MlxCacheSteps,
     describe_cache,
-    restore_cache,
-    slice_positional,
-    take_checkpoint,
 )
 from promptcache.engines.mlx_vlm_load import model_package
 from promptcache.engines.mlx_vlm_state import check_layers
+from promptcache.engines.vision import expand_images
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -111,33 +107,10 @@ class MlxVision:
         tools: list[dict[str, Any]] | None,
         images: Sequence[ImageInput],
     ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                chat_template=self.template,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        marks = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(marks) != len(images):
-            raise RequestError(
-                f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
-                "(the text may not contain the model's image token)"
-            )
-        out: list[int] = []
-        spans: list[ImageSpan] = []
-        prev = 0
-        for mark, image in zip(marks, images, strict=True):
-            out += ids[prev:mark]
-            n = self.num_tokens(image)
-            spans.append(ImageSpan(len(out), n, image))
-            out += [self.image_token_id] * n
-            prev = mark + 1
-        return out + ids[prev:], spans
+        return expand_images(
+            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
+            self.num_tokens,
+        )  # fmt: skip
 
     def encode(self, image: ImageInput) -> mx.array:
         """One image's projected features (num_tokens, hidden), evaluated: the model's public
@@ -158,7 +131,7 @@ class MlxVision:
         return _last_logits(self.model.language_model, state, ids, embeds[None])
 
 
-class MlxVlmRunner:
+class MlxVlmRunner(MlxCacheSteps):
     """An mlx-vlm model and its processor (see ``ModelRunner``; ``vision`` takes images).
     ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint)."""
 
@@ -212,21 +185,3 @@ class MlxVlmRunner:
 
     def _batch_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
         return self.language(tokens, cache=cache).logits
-
-    def slice_block(self, state: list[Any], start: int, end: int) -> Any:
-        return slice_positional(state, self.layout, start, end, self.packer)
-
-    def take_checkpoint(self, state: list[Any]) -> Any:
-        return take_checkpoint(state, self.layout)
-
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.packer)
-
-    def crop(self, state: list[Any], length: int) -> None:
-        crop_positional(state, self.layout, length)
-
-    def to_numpy(self, logits: mx.array) -> np.ndarray:
-        return np.asarray(logits.astype(mx.float32))
-
-    def codec(self) -> PayloadCodec:
-        return MlxCodec()

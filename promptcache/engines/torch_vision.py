@@ -22,6 +22,7 @@ import torch
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
+from promptcache.engines.vision import expand_images
 
 SUPPORTED = ("llava",)  # model_type values whose image tokens are plain causal positions
 
@@ -74,34 +75,10 @@ class TorchVision:
         tools: list[dict[str, Any]] | None,
         images: Sequence[ImageInput],
     ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                chat_template=self.template,
-                add_generation_prompt=True,
-                tokenize=False,
-            )
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
-        marks = [i for i, t in enumerate(ids) if t == self.image_token_id]
-        if len(marks) != len(images):
-            raise RequestError(
-                f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
-                "(the text may not contain the model's image token)"
-            )
-        out: list[int] = []
-        spans: list[ImageSpan] = []
-        prev = 0
-        for mark, image in zip(marks, images, strict=True):
-            out += ids[prev:mark]
-            n = self.num_tokens(image)
-            spans.append(ImageSpan(len(out), n, image))
-            out += [self.image_token_id] * n
-            prev = mark + 1
-        out += ids[prev:]
-        return out, spans
+        return expand_images(
+            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
+            self.num_tokens,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:

@@ -14,11 +14,12 @@ chunk that holds image tokens gets its feature rows from the vision-embedding ca
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.vision_cache import VisionCache, VisionKey
+from promptcache.engines.errors import RequestError
 
 
 class VisionModel(Protocol):
@@ -128,6 +129,46 @@ class VisionFeeder:
         if self.cache is not None:  # flat: /metrics renders these as promptcache_vision_cache_*
             out.update({f"cache_{k}": v for k, v in self.cache.stats().items()})
         return out
+
+
+def expand_images(
+    tokenizer: Any,
+    template: str | None,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    images: Sequence[ImageInput],
+    image_token_id: int,
+    num_tokens: Callable[[ImageInput], int],
+) -> tuple[list[int], list[ImageSpan]]:
+    """``VisionModel.render`` for models with one placeholder token per image in the template's
+    text: render, tokenize, then expand the k-th placeholder to ``num_tokens(images[k])`` copies."""
+    try:
+        text = tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=False,
+        )
+    except Exception as exc:  # template errors are the client's (bad roles, bad parts)
+        raise RequestError(f"cannot apply the chat template: {exc}") from exc
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    marks = [i for i, t in enumerate(ids) if t == image_token_id]
+    if len(marks) != len(images):
+        raise RequestError(
+            f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
+            "(the text may not contain the model's image token)"
+        )
+    out: list[int] = []
+    spans: list[ImageSpan] = []
+    prev = 0
+    for mark, image in zip(marks, images, strict=True):
+        out += ids[prev:mark]
+        n = num_tokens(image)
+        spans.append(ImageSpan(len(out), n, image))
+        out += [image_token_id] * n
+        prev = mark + 1
+    return out + ids[prev:], spans
 
 
 def overlaps(spans: Sequence[ImageSpan], start: int, end: int) -> bool:
