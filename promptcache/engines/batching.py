@@ -58,12 +58,14 @@ class Batcher:
         self.max_batch_rows = 0
         self.num_inflight_waits = 0  # requests that waited for another's prefill
         self.inflight_dedup_tokens = 0  # prompt tokens they then restored instead of computing
+        # called when a step left events before its end (the scheduler wakes their consumers)
+        self.on_events: Callable[[], None] = _no_op
 
     # -- the scheduler's Work ---------------------------------------------------------------
 
     def advance_batch(self, reqs: Sequence[Request]) -> None:
         steps = self.steps
-        one: list[Request] = []  # decode steps and final saves: one token each
+        one: list[Request] = []  # decode steps and final saves: one token each, in step order
         new: list[Request] = []
         prefill: list[Request] = []
         for req in reqs:
@@ -79,13 +81,22 @@ class Batcher:
                 new.append(req)
             elif req.phase is Phase.PREFILL:
                 prefill.append(req)
-        self._one_token_steps(one)
+        budget = self.step_tokens - len(one)
+        saves = [r for r in one if r.phase is Phase.SAVE]
+        if new and saves:  # saved before any lookup: a new turn hits the reply it follows
+            self._one_token_steps(saves)
+            one = [r for r in one if r.phase is Phase.DECODE]  # the same order: a kept batch
         for req in new:
             if self._wait_for_inflight(req, prefill):
                 continue
             if _guard(req, self._begin):
                 prefill.append(req)
-        self._prefill_chunks(prefill, self.step_tokens - len(one))
+        # prefill before the decode forward: a prompt completing here sends its first token
+        # now, and its consumer (woken) streams it while the forward runs
+        self._prefill_chunks(prefill, budget)
+        if any(r.outbox for r in reqs):
+            self.on_events()
+        self._one_token_steps(one)
         with self._lock:
             self.num_steps += 1
 
@@ -173,6 +184,10 @@ class Batcher:
             budget -= end - req.pos
             delivered = delivered or finishes
             _guard(req, partial(self.steps.prefill_step, end=end))
+
+
+def _no_op() -> None:
+    pass
 
 
 def _guard(req: Request, action: Callable[[Request], None]) -> bool:

@@ -80,6 +80,10 @@ class Scheduler:
                     req.release()
         return True
 
+    def wake(self) -> None:
+        """A step left events before its end: their consumers stop waiting for a turn."""
+        self.turns.wake()
+
     @property
     def num_active(self) -> int:
         with self._cond:
@@ -116,9 +120,12 @@ class Scheduler:
                 self._active.append(req)
         # the final save has no deadline: the reply is out, the save only helps the next turn
         timeout = None if req.phase is Phase.SAVE else req.time_left()
+        # a step running now may leave this request events mid-way (its first token comes out
+        # before that step's decode forward): then the consumer leaves the line to read them
+        ready = lambda: bool(req.outbox) or req.phase is Phase.DONE  # noqa: E731
         try:
-            with self.turns.step(None if timeout is None else max(timeout, 0.0)):
-                if not req.outbox and req.phase is not Phase.DONE:  # else a step did ours
+            with self.turns.step(None if timeout is None else max(timeout, 0.0), ready) as held:
+                if held and not ready():  # else a step did ours
                     self.step()
         except StepTimeout:
             self._settle(req, self.work.time_out)
