@@ -86,13 +86,18 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
-async def qa(url: str, sessions: int, rounds: int, max_tokens: int) -> dict:
+async def qa(url: str, sessions: int, rounds: int, max_tokens: int, qps: float = 0.0) -> dict:
     import httpx
+
+    t_start = time.perf_counter()
 
     async def session(client: Any, s: int) -> list[dict]:
         history = [{"role": "system", "content": SYSTEM}]
         out = []
         for r in range(rounds):
+            if qps > 0:  # fixed rate: request r*S+s is due then (or when its history is ready)
+                due = t_start + (r * sessions + s) / qps
+                await asyncio.sleep(max(0.0, due - time.perf_counter()))
             topic = TOPICS[(s + r) % len(TOPICS)]
             history.append({"role": "user", "content": f"Customer {s}, question {r}: {topic}?"})
             rec = await chat(client, url, history, max_tokens)
@@ -108,6 +113,7 @@ async def qa(url: str, sessions: int, rounds: int, max_tokens: int) -> dict:
     ttfts = [r["ttft"] for r in recs]
     return {
         "sessions": sessions,
+        "qps": qps,
         "requests": len(recs),
         "output_tok_s": sum(r["completion_tokens"] for r in recs) / wall,
         "ttft_p50": statistics.median(ttfts),
@@ -165,6 +171,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument(
+        "--qps",
+        type=float,
+        nargs="+",
+        default=[0.0],
+        help="qa request rates (all sessions together, LMCache's --qps; a turn also waits for "
+        "its history); 0: closed loop, every session starting at once",
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="runs of every row; medians reported")
     ap.add_argument("--decode-tokens", type=int, default=48)
     ap.add_argument("--long-tokens", type=int, default=8000)
     ap.add_argument("--probe-delay", type=float, default=3.0)
@@ -176,10 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--threads",
         type=int,
-        default=1,
-        help="OMP_NUM_THREADS for the server (0: torch's default). 1 by default: on a small "
-        "shared machine, torch's per-op thread pool stalls whenever one core is taken by another "
-        "process, which makes one-stream numbers erratic",
+        default=0,
+        help="OMP_NUM_THREADS for the server (0: not set, torch's default: one per core)",
     )
     ap.add_argument("--out", default="batch_bench_out")
     args = ap.parse_args(argv)
@@ -200,27 +213,28 @@ def main(argv: list[str] | None = None) -> int:
             args.threads,
         )
         try:
-            asyncio.run(qa(srv.url, 1, 1, 4))  # warm-up (first forward), another system prompt
-            for s in args.sessions:
-                row = asyncio.run(qa(srv.url, s, args.rounds, args.max_tokens))
-                results.setdefault("qa", []).append({"cache": mode, **row})
-                print(json.dumps(results["qa"][-1]), flush=True)
+            asyncio.run(qa(srv.url, 1, 1, 4))  # warm-up (first forward, the system prompt)
+            for rep in range(args.repeats):
+                for qps in args.qps:
+                    for s in args.sessions:
+                        row = asyncio.run(qa(srv.url, s, args.rounds, args.max_tokens, qps))
+                        results.setdefault("qa", []).append({"cache": mode, "repeat": rep, **row})
+                        print(json.dumps(results["qa"][-1]), flush=True)
         finally:
             srv.stop()
     if {"decode", "long"} & set(args.scenarios):
         srv = server(args.src, extra, out / "server.log", args.threads)
         try:
             asyncio.run(decode(srv.url, 1, 4))  # warm-up
-            for s in args.sessions if "decode" in args.scenarios else []:
-                results.setdefault("decode", []).append(
-                    asyncio.run(decode(srv.url, s, args.decode_tokens))
-                )
-                print(json.dumps(results["decode"][-1]), flush=True)
-            if "long" in args.scenarios:
-                results["long"] = asyncio.run(
-                    long_prompt(srv.url, args.long_tokens, args.probe_delay)
-                )
-                print(json.dumps(results["long"]), flush=True)
+            for rep in range(args.repeats if "decode" in args.scenarios else 0):
+                for s in args.sessions:
+                    row = asyncio.run(decode(srv.url, s, args.decode_tokens))
+                    results.setdefault("decode", []).append({"repeat": rep, **row})
+                    print(json.dumps(results["decode"][-1]), flush=True)
+            for _ in range(args.repeats if "long" in args.scenarios else 0):
+                row = asyncio.run(long_prompt(srv.url, args.long_tokens, args.probe_delay))
+                results.setdefault("long", []).append(row)
+                print(json.dumps(row), flush=True)
         finally:
             srv.stop()
     (out / f"batch_bench_{args.label}.json").write_text(json.dumps(results, indent=2))
@@ -228,32 +242,53 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def medians(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict[str, float]]:
+    """The median of every numeric field over the rows sharing ``keys``, in first-seen order."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in keys), []).append(row)
+    return {
+        key: {
+            f: statistics.median(r[f] for r in rs)
+            for f, v in rs[0].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        | {"n": len(rs)}
+        for key, rs in groups.items()
+    }
+
+
 def report(r: dict[str, Any]) -> None:
-    print(f"\n## {r['label']}")
-    print("| cache | sessions | output tok/s | TTFT p50 s | TTFT p95 s | cached |")
-    print("|---|---|---|---|---|---|")
-    for row in r.get("qa", []):
+    print(f"\n## {r['label']} (medians of repeats)")
+    print("| cache | qps | sessions | output tok/s | TTFT p50 s | TTFT p95 s | cached | runs |")
+    print("|---|---|---|---|---|---|---|---|")
+    qa_rows = medians(r.get("qa", []), ("cache", "qps", "sessions"))
+    for (cache, qps, sessions), m in qa_rows.items():
         print(
-            f"| {row['cache']} | {row['sessions']} | {row['output_tok_s']:.1f} | "
-            f"{row['ttft_p50']:.2f} | {row['ttft_p95']:.2f} | {row['cached_ratio']:.0%} |"
+            f"| {cache} | {qps or 'closed'} | {sessions} | {m['output_tok_s']:.1f} | "
+            f"{m['ttft_p50']:.2f} | {m['ttft_p95']:.2f} | {m['cached_ratio']:.0%} | {m['n']} |"
         )
-    dec = {row["streams"]: row["decode_tok_s"] for row in r.get("decode", [])}
+    dec = {k[0]: m["decode_tok_s"] for k, m in medians(r.get("decode", []), ("streams",)).items()}
     if dec:
         print("\n| streams | decode tok/s | x one stream |\n|---|---|---|")
         for n, v in dec.items():
             print(f"| {n} | {v:.1f} | {v / dec.get(1, v):.2f} |")
     if 1 in dec and 8 in dec:
         print(f"target decode x8 >= 3x one: {dec[8] / dec[1]:.2f}x")
-    if "long" in r:
-        lg = r["long"]
+    if r.get("long"):
+        shorts = [x["short_ttft"] for x in r["long"]]
         print(
-            f"target short TTFT during a {lg['long_prompt_tokens']}-token prefill <= 2 s: "
-            f"{lg['short_ttft']:.2f} s (the long prompt's TTFT {lg['long_ttft']:.1f} s)"
+            f"target short TTFT during a {r['long'][0]['long_prompt_tokens']}-token prefill <= 2 s: "
+            f"{statistics.median(shorts):.2f} s median of {len(shorts)} "
+            f"(the long prompt's TTFT {statistics.median(x['long_ttft'] for x in r['long']):.1f} s)"
         )
-    on = {row["sessions"]: row for row in r.get("qa", []) if row["cache"] == "on"}
-    if 1 in on and 8 in on:
-        ratio = on[8]["ttft_p95"] / on[1]["ttft_p50"]
-        print(f"target qa p95 TTFT x8 sessions <= 3x single-session: {ratio:.2f}x")
+    for qps in sorted({k[1] for k in qa_rows}):
+        one, eight = qa_rows.get(("on", qps, 1)), qa_rows.get(("on", qps, 8))
+        if one and eight:
+            print(
+                f"target qa p95 TTFT x8 sessions <= 3x single-session (qps {qps or 'closed'}): "
+                f"{eight['ttft_p95'] / one['ttft_p50']:.2f}x"
+            )
 
 
 if __name__ == "__main__":
