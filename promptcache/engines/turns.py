@@ -8,7 +8,7 @@ length: with N requests active each gets about 1/N of the engine.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 
@@ -29,40 +29,26 @@ class FairTurns:
         self.num_waiting = 0
 
     @contextmanager
-    def step(
-        self, timeout: float | None = None, ready: Callable[[], bool] | None = None
-    ) -> Iterator[bool]:
-        """Hold the engine for one step: yields True. Raises StepTimeout if the turn does not
-        come within ``timeout`` seconds. With ``ready``, a waiter whose ``ready()`` turns true
-        (a step running now left it something to read; ``wake`` re-checks) leaves the line and
-        yields False without the engine. A ticket left unused is skipped, so nobody waits for it."""
+    def step(self, timeout: float | None = None) -> Iterator[None]:
+        """Hold the engine for one step. Raises StepTimeout if the turn does not come within
+        ``timeout`` seconds; the ticket is then skipped, so nobody behind it waits for it."""
         with self._cond:
             ticket = self._next
             self._next += 1
             self.num_waiting += 1
             try:
-                ok = self._cond.wait_for(
-                    lambda: self._serving == ticket or (ready is not None and ready()), timeout
-                )
+                ok = self._cond.wait_for(lambda: self._serving == ticket, timeout)
             finally:
                 self.num_waiting -= 1
-            held = self._serving == ticket
-            if not held:
+            if not ok:
                 self._abandoned.add(ticket)
                 self._advance(0)
-                if not ok:
-                    raise StepTimeout
+                raise StepTimeout
         try:
-            yield held
+            yield
         finally:
-            if held:
-                with self._cond:
-                    self._advance(1)
-
-    def wake(self) -> None:
-        """Make waiters re-check their ``ready`` (called by a step that left events mid-way)."""
-        with self._cond:
-            self._cond.notify_all()
+            with self._cond:
+                self._advance(1)
 
     def _advance(self, by: int) -> None:
         self._serving += by
