@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         "--threads",
         type=int,
         default=0,
-        help="OMP_NUM_THREADS for the server (0: not set, torch's default: one per core)",
+        help="OMP_NUM_THREADS for the server (0: not set: the server picks, see `--threads`)",
     )
     ap.add_argument("--out", default="batch_bench_out")
     args = ap.parse_args(argv)

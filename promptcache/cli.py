@@ -49,6 +49,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_kv_group=args.cache_kv_group,
         cache_kv_min_tokens=args.cache_kv_min_tokens,
         cache_dtype=args.cache_dtype,
+        threads=args.threads,
     )
 
 

@@ -35,6 +35,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     add_flag(p, "engine", "auto", "auto | torch | mlx")
     add_flag(
         p,
+        "threads",
+        None,
+        "torch intra-op threads; 0: torch's default (one per core) (default: OMP_NUM_THREADS "
+        "if set, else the cores but one, left to the server's HTTP and streaming threads: 1 on "
+        "a 2-core machine)",
+        int,
+    )
+    add_flag(
+        p,
         "cache-dir",
         None,
         "where the SSD tier keeps block files (default: <user cache dir>/blocks)",

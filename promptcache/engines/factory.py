@@ -6,6 +6,7 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 from typing import Any
 
@@ -50,10 +51,13 @@ def build_engine(
     cache_kv_group: int = 64,
     cache_kv_min_tokens: int = 0,
     cache_dtype: str | None = None,
+    threads: int | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
     kind = pick_engine(engine)
+    if kind == "torch":
+        set_torch_threads(threads)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
     cls = engine_class(kind)
@@ -85,6 +89,23 @@ def build_engine(
         encrypt_key_file=encrypt_key_file,
         **extra,
     )
+
+
+def default_threads() -> int:
+    """One core left to the server's own threads: the HTTP loop, tokenizing and streaming run
+    while a forward holds the others. On a 2-core machine that is one: a thread pool spanning
+    every core stalls at each op's barrier whenever anything else takes a core."""
+    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2) - 1)
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """torch's intra-op threads: ``threads`` (0: torch's own default, one per core), else
+    ``OMP_NUM_THREADS`` when set, else ``default_threads()``."""
+    if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
+        return
+    import torch
+
+    torch.set_num_threads(threads or default_threads())
 
 
 def engine_class(kind: str) -> Any:
