@@ -29,7 +29,7 @@ from promptcache.server.launcher import ServerProcess
 
 def aiperf_args(args: argparse.Namespace, url: str, concurrency: int, out: Path) -> list[str]:
     """One cell's command line (printed, so it can be rerun by hand)."""
-    num_sessions = max(concurrency * 2, 4)  # every slot starts a new session when one ends
+    num_sessions = max(concurrency, 2)  # one multi-turn session per concurrency slot
     return [
         args.aiperf, "profile",
         "--model", "default",
@@ -54,6 +54,8 @@ def aiperf_args(args: argparse.Namespace, url: str, concurrency: int, out: Path)
         "--random-seed", "7",
         "--request-timeout-seconds", "1800",
         "--ui-type", "none",
+        "--workers-max", str(min(concurrency, 4)),  # aiperf's own processes share the cores
+        "--record-processors", "1",
         "--output-artifact-dir", str(out),
     ]  # fmt: skip
 
