@@ -153,10 +153,11 @@ class Scheduler:
                         self._cond.wait(POLL_S)
                 with self.turns.step():
                     self.step()
-        finally:
+        except BaseException:  # not step()'s (it keeps errors with their requests): restartable
             with self._cond:
-                self._is_stepping = False  # (also after an unexpected error: restarted on demand)
+                self._is_stepping = False
                 self._cond.notify_all()
+            raise
 
     def _can_step(self) -> bool:
         return any(
