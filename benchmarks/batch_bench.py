@@ -93,6 +93,7 @@ async def qa(url: str, sessions: int, rounds: int, max_tokens: int, qps: float =
     import httpx
 
     t_start = time.perf_counter()
+    run = f"{time.time_ns() % 10**9:09d}"  # fresh questions: no turn is cached by an earlier run
 
     async def session(client: Any, s: int) -> list[dict]:
         history = [{"role": "system", "content": SYSTEM}]
@@ -102,7 +103,9 @@ async def qa(url: str, sessions: int, rounds: int, max_tokens: int, qps: float =
                 due = t_start + (r * sessions + s) / qps
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
             topic = TOPICS[(s + r) % len(TOPICS)]
-            history.append({"role": "user", "content": f"Customer {s}, question {r}: {topic}?"})
+            history.append(
+                {"role": "user", "content": f"Customer {s}-{run}, question {r}: {topic}?"}
+            )
             rec = await chat(client, url, history, max_tokens)
             history.append({"role": "assistant", "content": rec["text"]})
             out.append(rec)
