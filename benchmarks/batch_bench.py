@@ -1,22 +1,30 @@
 """Concurrent serving benchmark: a real `promptcache serve` on the bundled default model
 (SmolLM2-135M), many clients at once, cache on vs off.
 
-Scenarios (closed loop: each session sends its next turn when the last reply ends):
+Scenarios:
 
 - ``qa``: the LMCache multi-round QA shape. S sessions share one system prompt; each has its
-  own history (its questions and the model's replies) and sends ``--rounds`` turns. Output
-  tokens/s (all completion tokens / wall time), TTFT p50/p95 over every turn.
-- ``decode``: S concurrent requests with short prompts, ``--max-tokens`` each: aggregate decode
-  tokens/s (tokens after the first / time from the first first-token to the last token).
+  own history (its questions and the model's replies) and sends ``--rounds`` turns: closed loop
+  (``--qps 0``: every session starts at once and sends its next turn when the last reply ends:
+  the worst case, bursts of S arrivals) or at a fixed request rate (``--qps Q``: request
+  ``r*S+s`` is due at ``(r*S+s)/Q`` s, or when its history is ready). Every run asks fresh
+  questions (only the system prompt and each session's own history can hit). Output tokens/s
+  (all completion tokens / wall time), TTFT p50/p95 over every turn.
+- ``decode``: S concurrent requests with short prompts, ``--decode-tokens`` each: aggregate
+  decode tokens/s over the whole span (tokens after the first / time from the first first-token
+  to the last token) and while all S decode (the chunks that arrived between the last first
+  token and the first stream's last chunk).
 - ``long``: one ~8K-token prompt starts prefilling; ``--probe-delay`` s later a short request
   arrives: its TTFT (the time it is stuck behind the long prompt) and the long one's.
 
 TTFT = seconds from sending the request to the first SSE chunk with content (streaming).
-Writes ``batch_bench.json`` to ``--out`` and prints a table. Targets checked at the end:
-decode tokens/s with 8 streams >= 3x one stream; the short request's TTFT during an 8K prefill
-<= 2 s; qa p95 TTFT with 8 sessions <= 3x the 1-session p50.
+Writes ``batch_bench_<label>.json`` to ``--out`` and prints a table of medians over
+``--repeats``. Targets checked at the end: decode tokens/s with 8 streams >= 3x one stream; the
+short request's TTFT during an 8K prefill <= 2 s; qa p95 TTFT with 8 sessions <= 3x the
+1-session p50 (per ``--qps``).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/batch_bench.py --sessions 1 4 8 16 --out /tmp/bb
+    PYTHONPATH=. .venv/bin/python benchmarks/batch_bench.py --sessions 1 4 8 16 --qps 0 1 \
+        --repeats 2 --out /tmp/bb
     # before/after: --src a folder holding another checkout's promptcache package
 """
 
