@@ -50,6 +50,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_kv_min_tokens=args.cache_kv_min_tokens,
         cache_dtype=args.cache_dtype,
         vision_cache_bytes=args.vision_cache_bytes,
+        threads=args.threads,
     )
 
 

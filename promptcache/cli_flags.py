@@ -35,6 +35,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     add_flag(p, "engine", "auto", "auto | torch | mlx")
     add_flag(
         p,
+        "threads",
+        None,
+        "torch intra-op threads; 0: torch's default (one per core) (default: OMP_NUM_THREADS "
+        "if set, else the cores but one, left to the server's HTTP and streaming threads: 1 on "
+        "a 2-core machine)",
+        int,
+    )
+    add_flag(
+        p,
         "cache-dir",
         None,
         "where the SSD tier keeps block files (default: <user cache dir>/blocks)",
@@ -94,8 +103,12 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "step-tokens",
         None,
-        "tokens per engine step: every decoding request's next token, then prefill in what is "
-        "left, shortest prompt first (default 128)",
+        "tokens per engine step (continuous batching). A step runs prefill first, shortest "
+        "prompt first, in what the decode tokens leave of the budget (a request arriving during "
+        "a step is looked up and prefilled in the next one, and its first token streams before "
+        "that step's decode forward), then every decoding request's next token in one forward; "
+        "a smaller budget means shorter steps (newcomers wait less, decoding streams pause less) "
+        "and slower long prefills (default 128)",
         int,
     )
     add_flag(

@@ -254,3 +254,47 @@ def test_torch_kept_batch_notices_a_member_changed_outside_it():
         for x, y in zip(got, want, strict=True):
             assert (x - y).abs().max().item() <= LOGIT_TOL
     assert [s.get_seq_length() for s in batched] == [s.get_seq_length() for s in lone]
+
+
+def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
+    """Prefill priority: in the step where a newly arrived prompt completes, its consumer is
+    woken (first token ready) before the batched decode forward of the requests already
+    decoding; and every reply is still the one it gives alone."""
+    engine, alone = torch_engine("llama"), torch_engine("llama")
+    short = [9, 8, 7, 6, 5]
+    params, short_params = SamplingParams(max_tokens=40), SamplingParams(max_tokens=4)
+    runs = [(p, reply(alone, p, params).completion_ids) for p in prompts(8, seed=29)]
+    longs, want = zip(*[(p, ids) for p, ids in runs if len(ids) == 40][:2], strict=True)
+    want_short = reply(alone, short, short_params).completion_ids
+    log: list[tuple] = []
+    forward, wake = engine.runner.forward, engine.batcher.on_events
+
+    def logged_forward(states, ids):
+        log.append(("forward", tuple(len(x) for x in ids)))
+        return forward(states, ids)
+
+    def logged_wake():
+        log.append(("wake",))
+        wake()
+
+    engine.runner.forward = logged_forward  # looked up per forward
+    engine.batcher.on_events = logged_wake
+    got: list = [None, None]
+    threads = [
+        threading.Thread(target=lambda i=i: got.__setitem__(i, reply(engine, longs[i], params)))
+        for i in range(2)
+    ]
+    for t in threads:
+        t.start()
+    while ("forward", (1, 1)) not in log:  # both are decoding, batched
+        threading.Event().wait(0.001)
+    short_reply = reply(engine, short, short_params)
+    for t in threads:
+        t.join(120)
+    assert [g.completion_ids for g in got] == list(want)
+    assert short_reply.completion_ids == want_short
+    at = log.index(("forward", (len(short),)))  # the newcomer's prefill (it fits the budget)
+    assert log[at + 1] == ("wake",), log[at - 2 : at + 3]
+    # then the step's one-token forward (the decode rows; a reply that ended adds its save)
+    assert log[at + 2][0] == "forward" and set(log[at + 2][1]) == {1}, log[at - 2 : at + 3]
+    check_clean(engine)

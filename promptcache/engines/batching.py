@@ -1,29 +1,36 @@
 """Continuous batching: how one engine step is composed from every request that can move.
 
-A step takes every active request whose consumer is keeping up (the scheduler picks them) and:
+A step takes every active request whose consumer is keeping up (the scheduler picks them) and,
+in this order (prefill priority: a newcomer's first token does not wait for the decode forward):
 
-1. **one forward for every one-token step**: the next token of every decoding request and the
-   last sampled token of every finished reply (its final save) go through the model together
-   (``ModelRunner.forward`` batches one-token steps: ``torch_batch``, ``mlx_batch``);
+1. **final saves, if a new request arrived**: the last sampled token of every finished reply is
+   fed and prompt + reply saved before any lookup, so a session's next turn hits the reply it
+   follows (without newcomers the saves ride in the decode forward of step 4);
 2. **new requests** look their prompt up and restore the cached prefix, unless another request
    in flight is prefilling a prefix they share right now: then they wait (``waited``) and look
    up once those tokens are saved (it saves at every chunk boundary): agents firing parallel
    calls with the same long prefix compute it once (``inflight_dedup_tokens`` in the stats);
 3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
-   tokens per step in all, the one-token steps counted first. Prefill goes to the prompts with
-   the fewest tokens left (a short request is not stuck behind a long prompt), and a step in
-   which some prompt completes takes no further partial pieces (its first token goes out a step
-   sooner); a request that did not get its share goes first next step (a long prompt is not
-   starved either). On attention-only models a chunk runs in budget-sized pieces, so the budget
-   bounds a step's length (how long a newcomer waits); with snapshot layers (sliding window,
-   SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least one piece
-   runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at multiples of
-   ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land where they
-   would for a request alone.
+   tokens per step in all, the one-token steps of step 4 counted first. Prefill goes to the
+   prompts with the fewest tokens left (a short request is not stuck behind a long prompt), and
+   a step in which some prompt completes takes no further partial pieces (its first token goes
+   out a step sooner); a request that did not get its share goes first next step (a long prompt
+   is not starved either). On attention-only models a chunk runs in budget-sized pieces, so the
+   budget bounds a step's length (how long a newcomer waits); with snapshot layers (sliding
+   window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least
+   one piece runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at
+   multiples of ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land
+   where they would for a request alone. A prompt completed here has its first token sampled
+   and its consumer woken (``on_events``): it streams while step 4 runs;
+4. **one forward for every one-token step**: the next token of every request that was decoding
+   when the step began (and any final save left) go through the model together
+   (``ModelRunner.forward`` batches one-token steps: ``torch_batch``, ``mlx_batch``).
 
 Requests join at any step (their lookup happens in the step they arrive) and leave when they
 finish: nothing waits for a batch to fill or drain. A decoding request's inter-token latency is
-one step: the batched forward plus at most ``step_tokens`` prefill tokens.
+one step: the batched forward plus at most ``step_tokens`` prefill tokens. A request's time to
+first token under load is what is left of the step running when it arrives, plus its own lookup
+and prefill (when its prompt fits the budget left by the decode tokens).
 """
 
 from __future__ import annotations
@@ -58,12 +65,14 @@ class Batcher:
         self.max_batch_rows = 0
         self.num_inflight_waits = 0  # requests that waited for another's prefill
         self.inflight_dedup_tokens = 0  # prompt tokens they then restored instead of computing
+        # called when a step left events before its end (the scheduler wakes their consumers)
+        self.on_events: Callable[[], None] = _no_op
 
     # -- the scheduler's Work ---------------------------------------------------------------
 
     def advance_batch(self, reqs: Sequence[Request]) -> None:
         steps = self.steps
-        one: list[Request] = []  # decode steps and final saves: one token each
+        one: list[Request] = []  # decode steps and final saves: one token each, in step order
         new: list[Request] = []
         prefill: list[Request] = []
         for req in reqs:
@@ -79,13 +88,22 @@ class Batcher:
                 new.append(req)
             elif req.phase is Phase.PREFILL:
                 prefill.append(req)
-        self._one_token_steps(one)
+        budget = self.step_tokens - len(one)
+        saves = [r for r in one if r.phase is Phase.SAVE]
+        if new and saves:  # saved before any lookup: a new turn hits the reply it follows
+            self._one_token_steps(saves)
+            one = [r for r in one if r.phase is Phase.DECODE]  # the same order: a kept batch
         for req in new:
             if self._wait_for_inflight(req, prefill):
                 continue
             if _guard(req, self._begin):
                 prefill.append(req)
-        self._prefill_chunks(prefill, self.step_tokens - len(one))
+        # prefill before the decode forward: a prompt completing here sends its first token
+        # now, and its consumer (woken) streams it while the forward runs
+        self._prefill_chunks(prefill, budget)
+        if any(r.outbox for r in reqs):
+            self.on_events()
+        self._one_token_steps(one)
         with self._lock:
             self.num_steps += 1
 
@@ -173,6 +191,10 @@ class Batcher:
             budget -= end - req.pos
             delivered = delivered or finishes
             _guard(req, partial(self.steps.prefill_step, end=end))
+
+
+def _no_op() -> None:
+    pass
 
 
 def _guard(req: Request, action: Callable[[Request], None]) -> bool:

@@ -87,6 +87,7 @@ class CachedEngine:
             self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
         )
         self.scheduler = Scheduler(self.batcher)
+        self.batcher.on_events = self.scheduler.wake  # first tokens out before the decode forward
         self._ll_tokenizer: Any = None  # built on the first constrained request
 
     # -- what the runner knows (read by the server, tests and benchmarks) -----------------------

@@ -6,6 +6,7 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import platform
 from typing import Any
 
@@ -51,10 +52,13 @@ def build_engine(
     cache_kv_min_tokens: int = 0,
     cache_dtype: str | None = None,
     vision_cache_bytes: str | int = "512MB",
+    threads: int | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
     kind = pick_engine(engine)
+    if kind == "torch":
+        set_torch_threads(threads)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
     engine_class(kind)  # an unusable engine is refused before any model is resolved
@@ -91,6 +95,25 @@ def build_engine(
         vision_cache_bytes=vision_cache_bytes,
         **extra,
     )
+
+
+def default_threads() -> int:
+    """One core left to the server's own threads: the HTTP loop, tokenizing and streaming run
+    while a forward holds the others. On a 2-core machine that is one: a thread pool spanning
+    every core stalls at each op's barrier whenever anything else takes a core."""
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
+        return max(1, len(os.sched_getaffinity(0)) - 1)
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def set_torch_threads(threads: int | None) -> None:
+    """torch's intra-op threads: ``threads`` (0: torch's own default, one per core), else
+    ``OMP_NUM_THREADS`` when set, else ``default_threads()``."""
+    if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
+        return
+    import torch
+
+    torch.set_num_threads(threads or default_threads())
 
 
 def engine_class(kind: str, path: Any = None) -> Any:

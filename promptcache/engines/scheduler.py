@@ -5,24 +5,27 @@ consumer keeps up (fewer than ``MAX_BACKLOG`` unread events: backpressure, as a 
 would be) moves in every step: requests join at the step after they arrive and leave when they
 finish; decoding requests share one forward, prefill chunks share a token budget.
 
-Nobody runs a loop of steps: the consumers drive. A consumer with no events to read registers
-its request, takes a turn on the engine (``FairTurns``: FIFO, with the request's deadline) and
-runs ``step()``, unless a step meanwhile left events for it; every request the step advanced
-finds its events in its outbox. A consumer that times out, is cancelled or walks away settles
-its own request without a turn, once no step is working on it (``in_flight``).
+One stepping thread per scheduler runs the steps, started when a request registers and gone
+when none is active; it holds the engine's ``FairTurns`` for each step (``CachedEngine.prefill``
+takes turns too). Consumers only wait for their request's events: a step that completes a
+prompt wakes its consumer right then (``wake``), so the first token streams while that step's
+decode forward runs. A consumer that times out, is cancelled or walks away settles its own
+request without the engine, once no step is working on it (``in_flight``).
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from promptcache.engines.base import Event
 from promptcache.engines.request import Phase, Request
-from promptcache.engines.turns import FairTurns, StepTimeout
+from promptcache.engines.turns import FairTurns
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
+POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by other threads)
 
 
 class Work(Protocol):
@@ -41,13 +44,14 @@ class Work(Protocol):
 
 
 class Scheduler:
-    __slots__ = ("work", "turns", "_cond", "_active")
+    __slots__ = ("work", "turns", "_cond", "_active", "_is_stepping")
 
     def __init__(self, work: Work) -> None:
         self.work = work
         self.turns = FairTurns()  # the engine: one step at a time, FIFO among waiting consumers
         self._cond = threading.Condition()  # guards _active and every request's in_flight
         self._active: list[Request] = []  # registered and not done, in arrival order
+        self._is_stepping = False  # the stepping thread runs (guarded by _cond)
 
     @property
     def num_waiting(self) -> int:
@@ -80,19 +84,23 @@ class Scheduler:
                     req.release()
         return True
 
+    def wake(self) -> None:
+        """A step left events before its end: their consumers read them now."""
+        with self._cond:
+            self._cond.notify_all()
+
     @property
     def num_active(self) -> int:
         with self._cond:
             return sum(r.phase is not Phase.DONE for r in self._active)
 
     def events(self, req: Request) -> Iterator[Event]:
-        """The consumer's side: ``req``'s events as steps produce them, driving steps while its
-        outbox is empty. Raises what a step raised for it. Closing the iterator early abandons
+        """The consumer's side: ``req``'s events as steps produce them (the stepping thread runs
+        them), waiting while its outbox is empty. Raises what a step raised for it. Closing the iterator early abandons
         the request (its lease is released before ``close()`` returns)."""
         try:
             while True:
-                # read before draining: another consumer's step may advance this request right
-                # now, and a step leaves its events before it marks the request done
+                # read before draining: a step may advance this request right now, and a step leaves its events before it marks the request done
                 done = req.phase is Phase.DONE
                 while req.outbox:
                     item = req.outbox.popleft()
@@ -111,17 +119,53 @@ class Scheduler:
     # -- consumers --------------------------------------------------------------------------
 
     def _wait_for_progress(self, req: Request) -> None:
+        """Register ``req`` and wait until a step leaves it events (or it is done); past its
+        deadline (the final save has none) it is settled as timed out."""
+        deadline = None if req.phase is Phase.SAVE else req.deadline
         with self._cond:
             if req not in self._active:
                 self._active.append(req)
-        # the final save has no deadline: the reply is out, the save only helps the next turn
-        timeout = None if req.phase is Phase.SAVE else req.time_left()
+            self._cond.notify_all()  # an idle stepping thread: a newcomer or a drained backlog
+            while not (req.outbox or req.phase is Phase.DONE or req.is_cancelled):
+                self._ensure_stepping()  # also after a stepping thread died of a bug
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._cond.wait(POLL_S if left is None else min(left, POLL_S))
+            else:
+                return
+        self._settle(req, self.work.time_out)
+
+    def _ensure_stepping(self) -> None:
+        """Start the stepping thread unless it runs (caller holds ``_cond``)."""
+        if not self._is_stepping:
+            self._is_stepping = True
+            threading.Thread(target=self._run_steps, name="promptcache-steps", daemon=True).start()
+
+    def _run_steps(self) -> None:
+        """The stepping thread: a step whenever some active request can move; it ends when
+        none is active (the next registration starts another)."""
         try:
-            with self.turns.step(None if timeout is None else max(timeout, 0.0)):
-                if not req.outbox and req.phase is not Phase.DONE:  # else a step did ours
+            while True:
+                with self._cond:
+                    while not self._can_step():
+                        if not any(r.phase is not Phase.DONE for r in self._active):
+                            self._is_stepping = False
+                            return
+                        self._cond.wait(POLL_S)
+                with self.turns.step():
                     self.step()
-        except StepTimeout:
-            self._settle(req, self.work.time_out)
+        except BaseException:  # not step()'s (it keeps errors with their requests): restartable
+            with self._cond:
+                self._is_stepping = False
+                self._cond.notify_all()
+            raise
+
+    def _can_step(self) -> bool:
+        return any(
+            r.phase is not Phase.DONE and not r.in_flight and len(r.outbox) < MAX_BACKLOG
+            for r in self._active
+        )
 
     def _settle(self, req: Request, action: Callable[[Request], None]) -> None:
         """Run a no-model ``action`` on ``req`` once no step works on it, and take it out of

@@ -86,7 +86,7 @@ class GrowingLayer(DynamicLayer):
 
 def _grow(buf: torch.Tensor, used: int, more: int) -> torch.Tensor:
     shape = (*buf.shape[:2], used + more, buf.shape[3])
-    out = buf.new_zeros(shape)
+    out = buf.new_empty(shape)  # past ``used``: written before it is read
     out[:, :, :used] = buf[:, :, :used]
     return out
 
@@ -100,9 +100,13 @@ def gather(model: Any, states: Sequence[DynamicCache]) -> DecodeBatch:
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
         room = longest + GrowingLayer.ROOM
-        keys = k0.new_zeros((rows, k0.shape[1], room, k0.shape[3]))
-        values = v0.new_zeros((rows, v0.shape[1], room, v0.shape[3]))
+        # uninitialised but the left padding: the room ahead is written before it is read,
+        # and padding must be finite (masked scores weigh it by 0, and 0 * NaN is NaN)
+        keys = k0.new_empty((rows, k0.shape[1], room, k0.shape[3]))
+        values = v0.new_empty((rows, v0.shape[1], room, v0.shape[3]))
         for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
+            keys[i, :, : longest - n].zero_()
+            values[i, :, : longest - n].zero_()
             keys[i, :, longest - n : longest] = part.keys[0]
             values[i, :, longest - n : longest] = part.values[0]
         layer = GrowingLayer()
