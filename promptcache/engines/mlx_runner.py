@@ -29,6 +29,7 @@ from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
     MlxCacheSteps,
     describe_cache,
+    evaluate_module,
 )
 
 KV_BITS = (2, 3, 4, 5, 6, 8)
@@ -127,6 +128,7 @@ class MlxRunner(MlxCacheSteps):
         if kv_bits is not None and head_dim and head_dim % kv_group_size:
             raise ConfigError(f"kv_group_size {kv_group_size} must divide the head size {head_dim}")
         self.model = model
+        evaluate_module(model)  # before any step runs on the stepping thread
         self.tokenizer = tokenizer
         # the YaRN settings load_mlx_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)

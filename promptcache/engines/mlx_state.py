@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 import numpy as np
+from mlx.utils import tree_flatten
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
@@ -194,6 +195,13 @@ def crop_positional(cache: list[Any], layout: Layout, length: int) -> None:
     for slot in layout.positional:
         c = get_slot(cache, slot)
         LAYERS.lookup(c).crop(c, length)
+
+
+def evaluate_module(module: Any) -> None:
+    """Evaluate every array a model holds, private ones too (YaRN's ``_freqs`` are outside
+    ``parameters()``): MLX evaluates an array on its creating thread's stream, and the steps run
+    on the scheduler's stepping thread, not the one that loaded the model."""
+    mx.eval([v for _, v in tree_flatten(module) if isinstance(v, mx.array)])
 
 
 class MlxCacheSteps:

@@ -33,6 +33,7 @@ from promptcache.engines.mlx_quant import MlxPacker
 from promptcache.engines.mlx_state import (
     MlxCacheSteps,
     describe_cache,
+    evaluate_module,
 )
 from promptcache.engines.mlx_vlm_load import model_package
 from promptcache.engines.mlx_vlm_state import check_layers
@@ -139,6 +140,7 @@ class MlxVlmRunner(MlxCacheSteps):
 
     def __init__(self, model: Any, processor: Any, block_scheme: BlockScheme | None = None) -> None:
         self.model = model
+        evaluate_module(model)  # before any step runs on the stepping thread
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.language = model.language_model
