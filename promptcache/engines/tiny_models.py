@@ -136,12 +136,13 @@ _CORPUS = [
 ]
 
 
-def save_tiny_tokenizer(folder: str) -> Any:
-    """A small trained byte-level BPE tokenizer with a ChatML template, saved to ``folder``."""
+def train_tiny_tokenizer(extra_specials: tuple[str, ...] = (), template: str | None = None) -> Any:
+    """A small trained byte-level BPE tokenizer with ChatML markers (plus ``extra_specials``,
+    e.g. an image token) and ``template`` (default: ChatML) as its chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", *extra_specials]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -154,7 +155,13 @@ def save_tiny_tokenizer(folder: str) -> Any:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>"
     )
-    fast.chat_template = CHATML_TEMPLATE
+    fast.chat_template = template or CHATML_TEMPLATE
+    return fast
+
+
+def save_tiny_tokenizer(folder: str) -> Any:
+    """``train_tiny_tokenizer``'s ChatML tokenizer, saved to ``folder``."""
+    fast = train_tiny_tokenizer()
     fast.save_pretrained(folder)
     return fast
 

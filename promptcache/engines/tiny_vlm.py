@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.engines.tiny_models import _CORPUS
+from promptcache.engines.tiny_models import train_tiny_tokenizer
 
 IMAGE_TOKEN = "<image>"
 # content may be a string or a list of parts ({"type": "text", "text"} / {"type": "image"})
@@ -31,24 +31,7 @@ SIZES: dict[str, dict[str, int]] = {
 
 def tiny_vlm_tokenizer() -> Any:
     """A byte-level BPE tokenizer with ChatML markers and one ``<image>`` token."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", IMAGE_TOKEN]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=320,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(_CORPUS * 4, trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="<|im_end|>"
-    )
-    fast.chat_template = VLM_TEMPLATE
-    return fast
+    return train_tiny_tokenizer((IMAGE_TOKEN,), VLM_TEMPLATE)
 
 
 def tiny_llava(size: str = "tiny", seed: int = 0) -> tuple[Any, Any]:
