@@ -263,7 +263,7 @@ def save_mlx_family(name: str, folder: str | Path, seed: int = 0) -> Path:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    from promptcache.engines.mlx_config import mlx_model_config
+    from promptcache.engines.mlx.config import mlx_model_config
 
     folder = save_family(name, folder, seed)
     config = json.loads((folder / "config.json").read_text())
