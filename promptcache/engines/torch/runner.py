@@ -77,7 +77,10 @@ def check_forward(model: Any, path: str | Path) -> None:
     (ConfigError, the reason) instead of failing every request."""
     try:
         ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
-        model(input_ids=ids, past_key_values=DynamicCache(config=model.config), use_cache=True)
+        arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+        model(input_ids=ids, use_cache=True, **{arg: DynamicCache(config=model.config)})
     except Exception as exc:  # whatever the library raises: it is the reason given
         reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
         raise ConfigError(
