@@ -5,6 +5,7 @@ allow. Checkpoints are built once per session; engines are in-process (a real se
 vision-tower checkpoint layout in test_architectures_server.py)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -79,7 +80,7 @@ def test_checkpoint_layout_nests_the_decoder(checkpoints):
     from safetensors import safe_open
 
     folder = checkpoints("qwen3_5_moe-vl")
-    config = json.loads(open(f"{folder}/config.json").read())
+    config = json.loads(Path(folder, "config.json").read_text())
     assert "text_config" in config and "vision_config" in config
     assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
     with safe_open(f"{folder}/model.safetensors", "np") as f:

@@ -47,7 +47,8 @@ def run_conversation(
     )
     prev_end = 0  # previous prompt + reply: saved by the final save, so the next turn hits it
     turns: list[Turn] = []
-    prompt = reply = []
+    prompt: list[int] = []
+    reply: list[int] = []
     for turn in range(num_turns + 1):
         is_edited = turn == num_turns
         low, high = prev_end, len(history) - 1

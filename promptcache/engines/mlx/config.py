@@ -39,8 +39,8 @@ def _rope_keys(config: dict[str, Any]) -> dict[str, Any]:
 
     out = legacy_rope_keys(config)
     rope = config.get("rope_parameters")
-    in_rope = isinstance(rope, dict) and "partial_rotary_factor" in rope
-    if in_rope and "partial_rotary_factor" not in config:
+    rope = rope if isinstance(rope, dict) else {}
+    if "partial_rotary_factor" in rope and "partial_rotary_factor" not in config:
         out["partial_rotary_factor"] = rope["partial_rotary_factor"]
     return out
 
