@@ -117,20 +117,21 @@ def hf_cached(repo: str, revision: str | None) -> Path | None:
     """The cached snapshot of ``repo`` at ``revision`` (a ref such as main, or a commit), or None.
     A snapshot the cache knows to be partial counts as missing, except offline (then: an error)."""
     from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
+    from huggingface_hub import errors as hf
 
+    incomplete = getattr(hf, "IncompleteSnapshotError", ())  # huggingface_hub >= 2 tells
     try:
         path = snapshot_download(
             repo, revision=revision, local_files_only=True, allow_patterns=_HF_FILES
         )
-    except LocalEntryNotFoundError:
-        return None
-    except IncompleteSnapshotError as exc:
-        if constants.is_offline_mode():
+    except incomplete as exc:
+        if constants.HF_HUB_OFFLINE:
             raise ModelNotFoundError(
                 f"{repo}: the HF cache holds a partial download ({exc}); "
                 "unset HF_HUB_OFFLINE once to finish it"
             ) from None
+        return None
+    except hf.LocalEntryNotFoundError:
         return None
     return Path(path)
 
@@ -142,7 +143,7 @@ def hf_download(repo: str, revision: str | None, file: str | None) -> Path:
     from huggingface_hub import errors as hf
 
     where = f"{repo}" + (f" (revision {revision})" if revision else "")
-    if constants.is_offline_mode():
+    if constants.HF_HUB_OFFLINE:
         raise ModelNotFoundError(
             f"{where} is not in the HF cache ({hub_cache_dir()}) nor in LM Studio's models "
             f"({', '.join(map(str, lmstudio_dirs())) or 'none found'}), and HF_HUB_OFFLINE is "
@@ -164,11 +165,11 @@ def hf_download(repo: str, revision: str | None, file: str | None) -> Path:
         ) from None
     except hf.RevisionNotFoundError:
         raise ModelNotFoundError(f"{repo} has no revision {revision!r}") from None
-    except (hf.LocalEntryNotFoundError, hf.HfHubHTTPError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 (the network edge: no hub, DNS, proxy, timeouts)
         raise ModelNotFoundError(
             f"{where} is not in the HF cache ({hub_cache_dir()}) and the hub could not be "
             f"reached ({type(exc).__name__}: {str(exc).splitlines()[0]}); retry with network, "
-            "or set HF_HUB_OFFLINE=1 and pass a local folder"
+            "or pass --model a local folder or .gguf file (HF_HUB_OFFLINE=1 skips the hub)"
         ) from None
 
 
