@@ -1,4 +1,4 @@
-"""Command line: ``promptcache serve | bench | replay | cache``.
+"""Command line: ``promptcache serve | bench | replay | cache | models``.
 
 Every serve flag has an environment variable: --ram-budget is PROMPTCACHE_RAM_BUDGET, and so on.
 """
@@ -28,6 +28,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return build_engine(
         args.engine,
         args.model,
+        revision=args.revision,
         cache_enabled=not args.no_cache,
         block_size=args.block_size,
         ram_budget=args.ram_budget,
@@ -329,7 +330,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="act on this shared tier (valkey://host:port/db) instead of the SSD folder",
     )
     cache.set_defaults(func=cmd_cache)
+
+    models = sub.add_parser(
+        "models",
+        help="list the models found locally (HF cache, LM Studio, bundled): size, engine, "
+        "whether they can be served",
+    )
+    models.add_argument("--json", action="store_true", help="print a JSON list")
+    models.set_defaults(func=cmd_models)
     return parser
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from promptcache.models_cli import run_models_command
+
+    return run_models_command(args)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
