@@ -138,5 +138,7 @@ def test_context_extension_of_a_nested_decoder_is_refused_clearly(engine, checkp
         from promptcache.engines.mlx.runner import load_mlx_weights as load
     else:
         from promptcache.engines.torch.runner import load_torch_weights as load
-    with pytest.raises(ContextExtensionError, match="native context of 4096 tokens and cannot be reached"):
+    with pytest.raises(
+        ContextExtensionError, match="native context of 4096 tokens and cannot be reached"
+    ):
         load(checkpoints("qwen3_5-vl"), max_context=8192)
