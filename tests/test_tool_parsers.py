@@ -13,7 +13,6 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from promptcache.tools.registry import ALIASES
 from promptcache.tools import (
     ParsedReply,
     ToolCall,
@@ -22,6 +21,7 @@ from promptcache.tools import (
     make_parser,
     parser_names,
 )
+from promptcache.tools.registry import ALIASES
 
 QWEN25_TEMPLATE = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -588,7 +588,13 @@ def test_round_trip(fmt, content, calls):
     p = make_parser(fmt)
     tools = None
     if fmt in TEXT_VALUED:  # values are text: typed back by a schema, keys are tag names
-        assume(all(re.fullmatch(r"[A-Za-z_][\w.\-]*", k) for c in calls for k in json.loads(c.arguments)))
+        assume(
+            all(
+                re.fullmatch(r"[A-Za-z_][\w.\-]*", k)
+                for c in calls
+                for k in json.loads(c.arguments)
+            )
+        )
         tools = tools_for(calls)
     assert p.parse(p.render(content, calls), tools) == ParsedReply(content, calls)
 
