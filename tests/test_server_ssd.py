@@ -89,9 +89,7 @@ def test_restart_is_warm_and_replies_equal_uncached(tiny_llama_dir, tmp_path, re
             and stats["tiers"]["ssd"]["num_quarantined"] == 0
         )
         metrics = httpx.get(srv.url + "/metrics").text
-        assert f"promptcache_cache_ssd_num_hits {ssd_hits + 1}" in metrics, [
-            l for l in metrics.splitlines() if "ssd" in l
-        ]
+        assert f"promptcache_cache_ssd_num_hits {ssd_hits + 1}" in metrics
     finally:
         srv.stop()
 
