@@ -55,6 +55,7 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
             return FoundModel(path, "gguf", path.stem)
         if path.is_dir():
             return FoundModel(model_in_folder(path, model), "folder", path.name)
+        raise ModelNotFoundError(f"--model {model!r} is a file but not a .gguf")
     match = _HUB_ID.match(model)
     if match is None:
         raise ModelNotFoundError(

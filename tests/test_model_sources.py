@@ -233,3 +233,18 @@ def test_a_partial_download_is_not_served_offline(hub_cache, tmp_path):
     (snap / "model.safetensors").unlink()  # as an interrupted download leaves it
     got = locate([(REPO, None)], {**offline(hub_cache), "HF_HOME": str(home)})
     assert got[0][:2] == ["error", "ModelNotFoundError"] and "partial download" in got[0][2]
+
+
+@pytest.mark.server
+@pytest.mark.mlx
+def test_serve_an_lmstudio_mlx_model_on_mlx(studio_home, hub_cache, server_factory):
+    """``--engine auto`` puts mlx-lm's (4-bit) weights on the mlx engine, even on Linux."""
+    import httpx
+
+    srv = server_factory("--model", "mlx-community/tiny-4bit", "--no-ssd",
+                         env=offline(hub_cache, HOME=str(studio_home)))  # fmt: skip
+    reply = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0})  # fmt: skip
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
+    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "mlx-community/tiny-4bit"
+    assert "(mlx) on http" in srv.log.read_text()
