@@ -57,7 +57,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from promptcache.core.ssd_lock import CacheDirLockedError
+    from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
     from promptcache.server.script import ReplyScript
@@ -116,7 +116,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
     """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
     bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables)."""
     from promptcache.core.budget import parse_size
-    from promptcache.core.valkey_check import warm_up
+    from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
     shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)

@@ -120,7 +120,7 @@ def engine_class(kind: str, path: Any = None) -> Any:
     """The engine class for ``torch`` or ``mlx`` (for the model folder ``path``: mlx-vlm's engine
     for a vision-language model on mlx); ConfigError with what to do when it can't."""
     if kind == "torch":
-        from promptcache.engines.torch_engine import TorchEngine
+        from promptcache.engines.torch.engine import TorchEngine
 
         return TorchEngine
     if kind == "mlx":
@@ -128,7 +128,7 @@ def engine_class(kind: str, path: Any = None) -> Any:
             raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
-        from promptcache.engines.mlx_vlm_load import is_vlm_folder
+        from promptcache.engines.mlx.vlm_load import is_vlm_folder
 
         if path is not None and is_vlm_folder(path):
             if not importlib.util.find_spec("mlx_vlm"):
@@ -136,10 +136,10 @@ def engine_class(kind: str, path: Any = None) -> Any:
                     "a vision-language model on the mlx engine needs mlx-vlm: "
                     'pip install "promptcache[vlm]" && pip install --no-deps mlx-vlm==0.7.10'
                 )
-            from promptcache.engines.mlx_vlm_engine import MlxVlmEngine
+            from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
 
             return MlxVlmEngine
-        from promptcache.engines.mlx_engine import MlxEngine
+        from promptcache.engines.mlx.engine import MlxEngine
 
         return MlxEngine
     raise ConfigError(f"unknown engine {kind!r}: use auto, torch or mlx")

@@ -38,7 +38,7 @@ def build_llava(config: dict[str, Any], seed: int = 0) -> Any:
     random weights from ``seed``."""
     import mlx.core as mx
 
-    from promptcache.engines.mlx_vlm_load import model_package
+    from promptcache.engines.mlx.vlm_load import model_package
 
     llava = model_package("llava")
     model_config = llava.ModelConfig.from_dict(config)
@@ -53,7 +53,7 @@ def build_llava(config: dict[str, Any], seed: int = 0) -> Any:
 def tiny_vlm_processor(folder: str | None = None, size: str = "tiny") -> Any:
     """mlx-vlm's ``LlavaProcessor`` over a CLIP image processor (no torchvision) and the tiny
     tokenizer (also saved to ``folder`` when given)."""
-    from promptcache.engines.mlx_vlm_load import processor_class
+    from promptcache.engines.mlx.vlm_load import processor_class
 
     try:  # transformers 5: the PIL/numpy backend (the default one needs torchvision)
         from transformers import CLIPImageProcessorPil as CLIPImageProcessor

@@ -24,10 +24,10 @@ from promptcache.core.block_file import (
     verify_identity,
 )
 from promptcache.core.cipher import BlockCipher
-from promptcache.core.ssd_index import Row, SsdIndex
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
 
 if TYPE_CHECKING:
-    from promptcache.core.ssd_tier import SsdTier
+    from promptcache.core.tiers.ssd.tier import SsdTier
 
 log = logging.getLogger("promptcache.ssd")
 

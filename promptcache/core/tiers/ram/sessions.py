@@ -17,7 +17,7 @@ from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK, BlockUse, longer_ttl
 
 if TYPE_CHECKING:
-    from promptcache.core.ram_tier import RamTier
+    from promptcache.core.tiers.ram.tier import RamTier
 
 
 def tag_blocks(blocks: Iterable[Block], use: BlockUse, now: float) -> None:

@@ -10,11 +10,11 @@ from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nby
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
-from promptcache.core.ram_sessions import tag_blocks
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
-from promptcache.core.tier import BlockRecord, LowerTier, NullTier
+from promptcache.core.tiers.base import BlockRecord, LowerTier, NullTier
+from promptcache.core.tiers.ram.sessions import tag_blocks
 from promptcache.core.tree import Match, PrefixTree
 
 

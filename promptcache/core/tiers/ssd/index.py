@@ -19,7 +19,7 @@ from promptcache.core.cipher import BlockCipher, CipherError
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE, open_private, tighten
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
-from promptcache.core.ssd_index_sessions import TAG_SQL, TTL_SQL, IndexSessions
+from promptcache.core.tiers.ssd.index_sessions import TAG_SQL, TTL_SQL, IndexSessions
 
 # 2: rows of block format 2 only. An index of another version is dropped at open, so start-up
 # re-checks every file (old-format files among them are never served)

@@ -23,10 +23,10 @@ from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import CorruptBlockError, decode_block, verify_identity
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
-from promptcache.core.tier import ReadResult, StoredBlock
-from promptcache.core.valkey_index import Keys
-from promptcache.core.valkey_link import SharedStats, ValkeyLink
-from promptcache.core.valkey_stream import RespStream
+from promptcache.core.tiers.base import ReadResult, StoredBlock
+from promptcache.core.tiers.shared.index import Keys
+from promptcache.core.tiers.shared.link import SharedStats, ValkeyLink
+from promptcache.core.tiers.shared.stream import RespStream
 
 log = logging.getLogger("promptcache.shared")
 

@@ -29,7 +29,7 @@ from mlx_lm.models.cache import (
 from promptcache.core.codec import PayloadCodec
 from promptcache.engines.block_scheme import BlockPacker
 from promptcache.engines.layers import AdapterRegistry, Layout
-from promptcache.engines.mlx_codec import MlxCodec
+from promptcache.engines.mlx.codec import MlxCodec
 
 
 class Slot(NamedTuple):

@@ -29,10 +29,10 @@ from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_reconcile import matches_row
-from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tier import ReadResult, StoredBlock
+from promptcache.core.tiers.base import ReadResult, StoredBlock
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
+from promptcache.core.tiers.ssd.reconcile import matches_row
+from promptcache.core.tiers.ssd.stats import SsdStats
 
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 

@@ -23,10 +23,16 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
-from promptcache.core.tier import BlockRecord
-from promptcache.core.valkey_index import Keys, SharedEntry, pack_meta, session_id, unpack_meta
-from promptcache.core.valkey_link import SharedStats, ValkeyLink
-from promptcache.core.valkey_scripts import PUT_LUA, TAG_LUA
+from promptcache.core.tiers.base import BlockRecord
+from promptcache.core.tiers.shared.index import (
+    Keys,
+    SharedEntry,
+    pack_meta,
+    session_id,
+    unpack_meta,
+)
+from promptcache.core.tiers.shared.link import SharedStats, ValkeyLink
+from promptcache.core.tiers.shared.scripts import PUT_LUA, TAG_LUA
 
 SWEEP_PER_PUT = 16  # stale entries removed per put, at most (bounded script time)
 

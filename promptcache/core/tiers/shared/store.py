@@ -5,7 +5,7 @@ from server A to server B still hits. Blocks are stored as the exact bytes of a 
 (``block_file.encode_block``: metadata + tensors + checksum); ``valkey_index`` has the key layout
 and the chain lookup. Contract (what a tier adapter relies on):
 
-A ``LowerTier`` (``core.tier``), registered as ``"shared"``:
+A ``LowerTier`` (``core.tiers.base``), registered as ``"shared"``:
 
 - ``lookup(seq, start, parent, requires_checkpoint) -> list[StoredBlock]``: the core's one walk
   (``chain``) over entries fetched in one round trip (Lua) or two (pipelined); [] when down,
@@ -44,8 +44,8 @@ from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import BlockRecord, StoredBlock, register_tier
-from promptcache.core.valkey_index import (
+from promptcache.core.tiers.base import BlockRecord, StoredBlock, register_tier
+from promptcache.core.tiers.shared.index import (
     FoundIndex,
     Keys,
     SharedEntry,
@@ -55,15 +55,15 @@ from promptcache.core.valkey_index import (
     unpack_meta,
     walk,
 )
-from promptcache.core.valkey_link import ValkeyLink
-from promptcache.core.valkey_read import (
+from promptcache.core.tiers.shared.link import ValkeyLink
+from promptcache.core.tiers.shared.read import (
     SharedBlockMissingError,
     SharedBlockRaceError,
     SharedReads,
 )
-from promptcache.core.valkey_scripts import DELETE_LUA, LOOKUP_LUA, SHAS
-from promptcache.core.valkey_sessions import SharedSessions
-from promptcache.core.valkey_write import SharedWrites, Tag, Touch, run_script
+from promptcache.core.tiers.shared.scripts import DELETE_LUA, LOOKUP_LUA, SHAS
+from promptcache.core.tiers.shared.sessions import SharedSessions
+from promptcache.core.tiers.shared.write import SharedWrites, Tag, Touch, run_script
 
 log = logging.getLogger("promptcache.shared")
 DEFAULT_TTL_S = 24 * 3600.0
@@ -251,7 +251,7 @@ class ValkeyStore(SharedReads, SharedWrites, SharedSessions):
         the lists name only entries), and its value, where still present, verifies and matches
         it; the server's memory stays within maxmemory (give or take one value). Nothing to
         check while down."""
-        from promptcache.core.valkey_check import check_store
+        from promptcache.core.tiers.shared.check import check_store
 
         self.flush()
         check_store(self)

@@ -14,7 +14,7 @@ from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK
 
 if TYPE_CHECKING:
-    from promptcache.core.ssd_index import Row
+    from promptcache.core.tiers.ssd.index import Row
 
 # a session tag or TTL only for a block the index holds; at most MAX_SESSIONS_PER_BLOCK tags
 TAG_SQL = (

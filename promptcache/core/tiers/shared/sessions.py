@@ -23,10 +23,10 @@ from typing import Any
 from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import HASH_BYTES, BlockHash
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK, BlockUse
-from promptcache.core.valkey_index import Keys, session_id
-from promptcache.core.valkey_link import ValkeyLink
-from promptcache.core.valkey_scripts import UNTAG_LUA
-from promptcache.core.valkey_write import Tag
+from promptcache.core.tiers.shared.index import Keys, session_id
+from promptcache.core.tiers.shared.link import ValkeyLink
+from promptcache.core.tiers.shared.scripts import UNTAG_LUA
+from promptcache.core.tiers.shared.write import Tag
 
 
 class SharedSessions:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import BlockUse
-from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_stats import SsdStats
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
+from promptcache.core.tiers.ssd.stats import SsdStats
 
 
 def remove_rows(root_dir: Path, index: SsdIndex, rows: list[Row]) -> int:

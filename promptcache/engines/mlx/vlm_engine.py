@@ -8,8 +8,8 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.mlx_vlm_load import load_mlx_vlm
-from promptcache.engines.mlx_vlm_runner import MlxVlmRunner
+from promptcache.engines.mlx.vlm_load import load_mlx_vlm
+from promptcache.engines.mlx.vlm_runner import MlxVlmRunner
 
 
 class MlxVlmEngine(CachedEngine):

@@ -9,11 +9,11 @@ from promptcache.core.budget import parse_size
 from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
-from promptcache.core.ssd_tier import DEFAULT_SSD_BUDGET, SsdTier
-from promptcache.core.tier import LowerTier, make_tier
+from promptcache.core.tiers.base import LowerTier, make_tier
+from promptcache.core.tiers.ssd.tier import DEFAULT_SSD_BUDGET, SsdTier
 
 if TYPE_CHECKING:
-    from promptcache.core.valkey_store import ValkeyStore
+    from promptcache.core.tiers.shared.store import ValkeyStore
 
 
 def make_lower_tiers(
@@ -48,7 +48,7 @@ def make_lower_tiers(
             )
         )
     if shared_url:
-        import promptcache.core.valkey_store  # noqa: F401  (registers "shared"; needs valkey-py)
+        import promptcache.core.tiers.shared.store  # noqa: F401  (registers "shared"; needs valkey-py)
 
         kw: dict[str, Any] = {} if shared_ttl is None else {"ttl_s": float(shared_ttl)}
         if shared_ttl is not None and shared_ttl <= 0:

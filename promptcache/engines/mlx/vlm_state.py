@@ -16,7 +16,7 @@ import mlx.core as mx
 from mlx_vlm.models.cache import KVCache as VlmKVCache
 
 from promptcache.engines.errors import ConfigError
-from promptcache.engines.mlx_state import LAYERS, MlxLayer
+from promptcache.engines.mlx.state import LAYERS, MlxLayer
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,7 @@ from promptcache.core.block import BlockMeta
 from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.hashing import HASH_BYTES, TOKEN_BYTES, BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import StoredBlock
+from promptcache.core.tiers.base import StoredBlock
 
 # parent | first token | depth | flags | data bytes | payload bytes | extra length; extra; tokens.
 # The parent + first token lead, so a Lua script reads an entry's child-list field as sub(1, 20).

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import BlockHash
-from promptcache.core.valkey_index import KID_FIELD_BYTES, SharedEntry, kid_field, unpack_meta
+from promptcache.core.tiers.shared.index import KID_FIELD_BYTES, SharedEntry, kid_field, unpack_meta
 
 if TYPE_CHECKING:
     from promptcache.core.cache import PromptCache
-    from promptcache.core.valkey_store import ValkeyStore
+    from promptcache.core.tiers.shared.store import ValkeyStore
 
 WARM_BATCH = 32  # blocks per read round trip during warm-up
 

@@ -28,15 +28,15 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import RequestError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
-from promptcache.engines.mlx_batch import batched_decode
-from promptcache.engines.mlx_quant import MlxPacker
-from promptcache.engines.mlx_state import (
+from promptcache.engines.mlx.batch import batched_decode
+from promptcache.engines.mlx.quant import MlxPacker
+from promptcache.engines.mlx.state import (
     MlxCacheSteps,
     describe_cache,
     evaluate_module,
 )
-from promptcache.engines.mlx_vlm_load import model_package
-from promptcache.engines.mlx_vlm_state import check_layers
+from promptcache.engines.mlx.vlm_load import model_package
+from promptcache.engines.mlx.vlm_state import check_layers
 from promptcache.engines.vision import expand_images
 
 

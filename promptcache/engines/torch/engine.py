@@ -7,7 +7,7 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.torch_runner import TorchRunner, load_torch_processor, load_torch_weights
+from promptcache.engines.torch.runner import TorchRunner, load_torch_processor, load_torch_weights
 
 
 class TorchEngine(CachedEngine):

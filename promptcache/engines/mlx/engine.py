@@ -7,7 +7,7 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.mlx_runner import MlxRunner, load_mlx_weights
+from promptcache.engines.mlx.runner import MlxRunner, load_mlx_weights
 
 
 class MlxEngine(CachedEngine):

@@ -24,9 +24,9 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
-from promptcache.engines.mlx_batch import batched_decode, can_batch
-from promptcache.engines.mlx_quant import MlxPacker
-from promptcache.engines.mlx_state import (
+from promptcache.engines.mlx.batch import batched_decode, can_batch
+from promptcache.engines.mlx.quant import MlxPacker
+from promptcache.engines.mlx.state import (
     MlxCacheSteps,
     describe_cache,
     evaluate_module,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from promptcache.core.ssd_index import Row, SsdIndex
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
 
 if TYPE_CHECKING:
-    from promptcache.core.ssd_tier import SsdTier
+    from promptcache.core.tiers.ssd.tier import SsdTier
 
 
 def enforce_capacity(tier: SsdTier, index: SsdIndex) -> None:

@@ -18,17 +18,17 @@ from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
-from promptcache.engines.torch_batch import DecodeBatch, batched_decode, can_batch
-from promptcache.engines.torch_codec import TorchCodec
-from promptcache.engines.torch_quant import TorchPacker
-from promptcache.engines.torch_state import (
+from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
+from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.quant import TorchPacker
+from promptcache.engines.torch.state import (
     crop_positional,
     describe_layers,
     restore_cache,
     slice_positional,
     take_checkpoint,
 )
-from promptcache.engines.torch_vision import TorchVision
+from promptcache.engines.torch.vision import TorchVision
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")

@@ -34,16 +34,16 @@ from promptcache.core.private_fs import (
     tighten_tree,
 )
 from promptcache.core.sessions import BlockUse
-from promptcache.core.ssd_capacity import enforce_capacity
-from promptcache.core.ssd_health import WriteHealth
-from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_lock import LOCK_NAME, CacheDirLock
-from promptcache.core.ssd_read import SsdReads
-from promptcache.core.ssd_reconcile import reconcile_dir
-from promptcache.core.ssd_sessions import SsdSessions
-from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.ssd_write import SsdWrites
-from promptcache.core.tier import BlockRecord, register_tier
+from promptcache.core.tiers.base import BlockRecord, register_tier
+from promptcache.core.tiers.ssd.capacity import enforce_capacity
+from promptcache.core.tiers.ssd.health import WriteHealth
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
+from promptcache.core.tiers.ssd.lock import LOCK_NAME, CacheDirLock
+from promptcache.core.tiers.ssd.read import SsdReads
+from promptcache.core.tiers.ssd.reconcile import reconcile_dir
+from promptcache.core.tiers.ssd.sessions import SsdSessions
+from promptcache.core.tiers.ssd.stats import SsdStats
+from promptcache.core.tiers.ssd.write import SsdWrites
 
 log = logging.getLogger("promptcache.ssd")
 DEFAULT_SSD_BUDGET = 10 * 10**9

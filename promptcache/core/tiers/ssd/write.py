@@ -22,11 +22,11 @@ from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sessions import BlockUse
-from promptcache.core.ssd_health import WriteHealth
-from promptcache.core.ssd_index import Row, SsdIndex
-from promptcache.core.ssd_lock import CacheDirLockedError
-from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tiers.base import BlockRecord
+from promptcache.core.tiers.ssd.health import WriteHealth
+from promptcache.core.tiers.ssd.index import Row, SsdIndex
+from promptcache.core.tiers.ssd.lock import CacheDirLockedError
+from promptcache.core.tiers.ssd.stats import SsdStats
 
 log = logging.getLogger("promptcache.ssd")
 
