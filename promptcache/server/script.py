@@ -61,8 +61,8 @@ class ReplyScript:
             return cls([_reply(r) for r in data["replies"]], str(path))
         except (KeyError, TypeError, ValueError, re.error) as exc:
             raise ConfigError(
-                f"--scripted-replies {path}: expected {{\"replies\": [{{\"turn\", \"match\", \"content\", "
-                f"\"tool_calls\": [{{\"name\", \"arguments\"}}]}}]}}: {exc!r}"
+                f'--scripted-replies {path}: expected {{"replies": [{{"turn", "match", "content", '
+                f'"tool_calls": [{{"name", "arguments"}}]}}]}}: {exc!r}'
             ) from None
 
     def pick(self, messages: list[dict[str, Any]], tool_names: set[str]) -> ScriptedReply:
