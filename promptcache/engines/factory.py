@@ -6,11 +6,23 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 from promptcache.engines.errors import ConfigError
+
+log = logging.getLogger("promptcache")
+
+
+def model_type(path: Any) -> str:
+    try:
+        return str(json.loads((Path(path) / "config.json").read_text()).get("model_type", "?"))
+    except (OSError, ValueError):
+        return "?"
 
 
 def pick_engine(name: str, found: Any = None) -> str:
@@ -150,9 +162,17 @@ def engine_class(kind: str, path: Any = None) -> Any:
             raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
-        from promptcache.engines.mlx.vlm_load import is_vlm_folder
+        from promptcache.engines.mlx.vlm_load import SUPPORTED as VLM_SUPPORTED
+        from promptcache.engines.mlx.vlm_load import has_image_path, is_vlm_folder
 
-        if path is not None and is_vlm_folder(path):
+        if path is not None and is_vlm_folder(path) and not has_image_path(path):
+            # text chat through mlx-lm, which reads the decoder out of the checkpoint
+            log.warning(
+                "%s: images are not supported for %s on the mlx engine (supported: %s); serving "
+                "text only (image parts get a 400)",
+                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+            )  # fmt: skip
+        elif path is not None and is_vlm_folder(path):
             if not importlib.util.find_spec("mlx_vlm"):
                 raise ConfigError(
                     "a vision-language model on the mlx engine needs mlx-vlm: "

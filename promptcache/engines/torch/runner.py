@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
+from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
@@ -28,6 +29,7 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
 from promptcache.engines.torch.vision import TorchVision
 from promptcache.models import context_extension_note, rope_scaling_for
 
@@ -57,6 +59,7 @@ def load_torch_weights(
         auto = AutoModelForImageTextToText
     model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
     model = model.to(device).eval()
+    check_forward(model, path)
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
@@ -68,9 +71,37 @@ def is_vision_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+@torch.inference_mode()
+def check_forward(model: Any, path: str | Path) -> None:
+    """One token through a fresh cache, so a model that cannot serve is refused at start-up
+    (ConfigError, the reason) instead of failing every request."""
+    try:
+        ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+        arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+        model(input_ids=ids, use_cache=True, **{arg: DynamicCache(config=model.config)})
+    except Exception as exc:  # whatever the library raises: it is the reason given
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{path} cannot serve on torch ({type(exc).__name__}: {reason}); try --engine mlx, "
+            "or another --dtype"
+        ) from None
+
+
 def load_torch_processor(path: str | Path) -> Any:
-    """The processor of a vision-language model folder, or None for a text-only model."""
-    if not is_vision_config(AutoConfig.from_pretrained(path)):
+    """The processor of a vision-language model folder whose image path we support, or None:
+    a text-only model, or a family whose images are not supported (said in the log: text chat
+    is served, image parts get a 400)."""
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_config(config):
+        return None
+    if config.model_type not in VISION_SUPPORTED:
+        log.warning(
+            "%s: images are not supported for %s on the torch engine (supported: %s); serving "
+            "text only (image parts get a 400)",
+            Path(path).name, config.model_type, ", ".join(VISION_SUPPORTED),
+        )  # fmt: skip
         return None
     from transformers import AutoProcessor
 
