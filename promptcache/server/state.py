@@ -28,6 +28,7 @@ from promptcache.server.guard import KeyGrant
 from promptcache.server.image_parts import ImagePolicy, check_count
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
+from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
@@ -88,10 +89,12 @@ class ServerState:
         limits: Limits | None = None,
         hit_rate_alert: float = 0.8,
         hit_rate_window: int = 50,
+        script: ReplyScript | None = None,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
     ) -> None:
         self.engine = engine
+        self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
@@ -142,6 +145,8 @@ class ServerState:
         check_count([s.image for s in images], self.image_policy)
         self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
+        if self.script is not None:
+            params.forced_ids = self.script.forced_ids(chat, self.formatter.parser, self.engine)
         is_capped = self.cap_output(params)
         self.check_params(params)
         self.formatter.check_continuity(chat, tenant, prompt, params.session)
