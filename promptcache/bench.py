@@ -239,8 +239,15 @@ def run_bench(args: argparse.Namespace) -> int:
     kind = pick_engine(args.engine)
     engine_cls = engine_class(kind)
     path = resolve_model(args.model)
+    quant = {}
+    if args.weights not in (None, "model"):
+        from promptcache.engines.errors import ConfigError
+
+        if kind != "torch":
+            raise ConfigError(f"--weights {args.weights} needs --engine torch")
+        quant["weights"] = args.weights  # checked by load_weights
     model, tokenizer = engine_cls.load_weights(
-        path, dtype=args.dtype, device=args.device, max_context=args.max_context
+        path, dtype=args.dtype, device=args.device, max_context=args.max_context, **quant
     )
     if args.conversation:
         conv, source = (

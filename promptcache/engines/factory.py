@@ -6,7 +6,6 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import platform
 from typing import Any
 
@@ -53,20 +52,29 @@ def build_engine(
     cache_dtype: str | None = None,
     vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
+    weights: str | None = None,
 ) -> Any:
     from promptcache.models import resolve_model
 
     kind = pick_engine(engine)
-    if kind == "torch":
-        set_torch_threads(threads)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
+    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
+    if kind == "torch":
+        from promptcache.engines.threads import make_thread_tuner
+        from promptcache.engines.torch_weights import check_weights_mode
+
+        extra["weights"] = check_weights_mode(weights, device)
+        extra["threads"] = tuner = make_thread_tuner(threads)
+        if tuner is not None:
+            tuner.apply()  # the loading thread too (weights conversion, warm-up)
+    elif weights not in (None, "model"):
+        raise ConfigError(f"--weights {weights} needs --engine torch (mlx models carry their own)")
     engine_class(kind)  # an unusable engine is refused before any model is resolved
     path = resolve_model(model)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
         raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
-    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
@@ -95,25 +103,6 @@ def build_engine(
         vision_cache_bytes=vision_cache_bytes,
         **extra,
     )
-
-
-def default_threads() -> int:
-    """One core left to the server's own threads: the HTTP loop, tokenizing and streaming run
-    while a forward holds the others. On a 2-core machine that is one: a thread pool spanning
-    every core stalls at each op's barrier whenever anything else takes a core."""
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
-        return max(1, len(os.sched_getaffinity(0)) - 1)
-    return max(1, (os.cpu_count() or 2) - 1)
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """torch's intra-op threads: ``threads`` (0: torch's own default, one per core), else
-    ``OMP_NUM_THREADS`` when set, else ``default_threads()``."""
-    if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
-        return
-    import torch
-
-    torch.set_num_threads(threads or default_threads())
 
 
 def engine_class(kind: str, path: Any = None) -> Any:
