@@ -30,7 +30,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "model",
         None,
-        "HF-format model folder or .gguf file (default: bundled SmolLM2-135M-Instruct)",
+        "an HF hub id (org/name: from the HF cache, else LM Studio's models folder, else "
+        "downloaded), an HF-format folder or a .gguf file (default: bundled "
+        "SmolLM2-135M-Instruct); `promptcache models` lists what this machine has",
+    )
+    add_flag(
+        p,
+        "revision",
+        None,
+        "with a hub id: the branch, tag or commit to serve (default: main)",
     )
     add_flag(p, "engine", "auto", "auto | torch | mlx")
     add_flag(

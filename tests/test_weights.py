@@ -1,4 +1,4 @@
-"""--weights int8|int4 (torch_weights), the in-place one-row decode and the threads default."""
+"""--weights int8|int4 (engines.torch.weights), the in-place one-row decode and the threads default."""
 
 import copy
 import os
@@ -14,12 +14,12 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
-from promptcache.engines.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
-from promptcache.engines.torch_batch import GrowingLayer  # noqa: E402
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
-from promptcache.engines.torch_runner import TorchRunner  # noqa: E402
-from promptcache.engines.torch_weights import (  # noqa: E402
+from promptcache.engines.torch.batch import GrowingLayer  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
+from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402
+from promptcache.engines.torch.weights import (  # noqa: E402
     Int4Linear,
     Int8Linear,
     quantize_linears,
