@@ -28,6 +28,7 @@ from promptcache.server.guard import KeyGrant
 from promptcache.server.image_parts import ImagePolicy, check_count
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
+from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
@@ -73,6 +74,7 @@ class Prepared(NamedTuple):
 class Reply(NamedTuple):
     content: str
     calls: list[tuple[str, ToolCall]]  # (call id, call)
+    reasoning: str = ""  # never part of content
 
 
 class ServerState:
@@ -87,14 +89,18 @@ class ServerState:
         limits: Limits | None = None,
         hit_rate_alert: float = 0.8,
         hit_rate_window: int = 50,
+        script: ReplyScript | None = None,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.engine = engine
+        self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
         self.keep_billing_header = keep_billing_header
         self.metrics = ServerMetrics()
-        self.formatter = ChatFormatter(engine)
+        self.formatter = ChatFormatter(engine, tool_parser, reasoning_parser)
         self.limits = limits or Limits()
         self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
         self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
@@ -139,6 +145,8 @@ class ServerState:
         check_count([s.image for s in images], self.image_policy)
         self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
+        if self.script is not None:
+            params.forced_ids = self.script.forced_ids(chat, self.formatter.parser, self.engine)
         is_capped = self.cap_output(params)
         self.check_params(params)
         self.formatter.check_continuity(chat, tenant, prompt, params.session)
@@ -175,7 +183,8 @@ class ServerState:
                 prep.prompt + list(fin.completion_ids),
                 prep.params.session,
             )
-        return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
+        calls = [(c.id or new_call_id(id_prefix), c) for c in parsed.calls]
+        return Reply(parsed.content, calls, parsed.reasoning)
 
     async def events(
         self,
