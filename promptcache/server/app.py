@@ -168,14 +168,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def responses(request: Request, body: ResponsesRequest) -> Any:
         return await responses_api.create(state, request, body)
 
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(request: Request, response_id: str) -> Any:
-        """A stored response (``store`` was not false) of the caller's tenant."""
+    # one route for both methods, so a 405 names both in Allow
+    @app.api_route(
+        "/v1/responses/{response_id}",
+        methods=["GET", "DELETE"],
+        responses={404: {"description": "No such stored response for this tenant"}},
+    )
+    async def stored_response(request: Request, response_id: str) -> Any:
+        """A stored response (``store`` was not false) of the caller's tenant: GET returns it,
+        DELETE removes it."""
+        if request.method == "DELETE":
+            return await responses_api.delete(state, request, response_id)
         return await responses_api.get(state, request, response_id)
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(request: Request, response_id: str) -> Any:
-        return await responses_api.delete(state, request, response_id)
 
     @app.get("/v1/models")
     async def models() -> Any:
