@@ -23,8 +23,8 @@ import numpy as np
 from promptcache.core.cipher import BlockCipher
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.ssd_tier import SsdTier
-from promptcache.core.tier import BlockRecord, StoredBlock
+from promptcache.core.tiers.base import BlockRecord, StoredBlock
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK_TOKENS = 64
 

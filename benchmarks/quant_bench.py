@@ -165,7 +165,7 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
 
-    from promptcache.engines.torch_engine import TorchEngine
+    from promptcache.engines.torch.engine import TorchEngine
     from promptcache.models import resolve_model
 
     path = resolve_model(args.model)

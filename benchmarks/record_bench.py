@@ -16,7 +16,7 @@ import statistics
 import time
 
 from promptcache.engines.base import Finished, PrefillDone, SamplingParams
-from promptcache.engines.torch_engine import TorchEngine
+from promptcache.engines.torch.engine import TorchEngine
 from promptcache.models import resolve_model
 from promptcache.server.chat import Chat
 from promptcache.server.state import ServerState

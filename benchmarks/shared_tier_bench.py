@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ssd_bench import drop_page_cache, ttft  # noqa: E402
 from valkey_helpers import ValkeyProcess  # noqa: E402
 
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.models import resolve_model  # noqa: E402
 
 

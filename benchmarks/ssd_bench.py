@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from promptcache.engines.base import Finished, PrefillDone, SamplingParams
-from promptcache.engines.torch_engine import TorchEngine
+from promptcache.engines.torch.engine import TorchEngine
 from promptcache.models import resolve_model
 
 

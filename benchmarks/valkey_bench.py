@@ -25,8 +25,8 @@ from valkey_helpers import ValkeyProcess  # noqa: E402
 
 from promptcache.core.hashing import Namespace  # noqa: E402
 from promptcache.core.sequence import TokenSeq  # noqa: E402
-from promptcache.core.tier import BlockRecord  # noqa: E402
-from promptcache.core.valkey_store import ValkeyStore  # noqa: E402
+from promptcache.core.tiers.base import BlockRecord  # noqa: E402
+from promptcache.core.tiers.shared.store import ValkeyStore  # noqa: E402
 
 MODEL = "b" * 32
 LAYERS, HEADS, HEAD_DIM, BLOCK = 30, 3, 64, 64

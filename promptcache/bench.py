@@ -233,12 +233,15 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from promptcache.engines.base import SamplingParams
-    from promptcache.engines.factory import engine_class, pick_engine
-    from promptcache.models import resolve_model
+    from promptcache.engines.factory import check_engine_reads, engine_class, pick_engine
+    from promptcache.model_sources import locate_model
+    from promptcache.models import prepare_model
 
-    kind = pick_engine(args.engine)
+    found = locate_model(args.model, args.revision)
+    kind = args.engine = pick_engine(args.engine, found)  # run_once builds the same engine
     engine_cls = engine_class(kind)
-    path = resolve_model(args.model)
+    check_engine_reads(kind, found)
+    path = prepare_model(found)
     model, tokenizer = engine_cls.load_weights(
         path, dtype=args.dtype, device=args.device, max_context=args.max_context
     )

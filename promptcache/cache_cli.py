@@ -20,10 +20,10 @@ from promptcache.core.block_file import CorruptBlockError, EncryptedBlockError, 
 from promptcache.core.cipher import BlockCipher, make_cipher
 from promptcache.core.private_fs import make_private_dirs
 from promptcache.core.sessions import session_key
-from promptcache.core.ssd_index import SsdIndex
-from promptcache.core.ssd_lock import CacheDirLock, CacheDirLockedError
-from promptcache.core.ssd_reconcile import check_file, matches_row
-from promptcache.core.ssd_sessions import remove_rows
+from promptcache.core.tiers.ssd.index import SsdIndex
+from promptcache.core.tiers.ssd.lock import CacheDirLock, CacheDirLockedError
+from promptcache.core.tiers.ssd.reconcile import check_file, matches_row
+from promptcache.core.tiers.ssd.sessions import remove_rows
 
 
 class KeyMismatchError(Exception):

@@ -1,4 +1,4 @@
-"""Command line: ``promptcache serve | bench | replay | cache``.
+"""Command line: ``promptcache serve | bench | replay | cache | models``.
 
 Every serve flag has an environment variable: --ram-budget is PROMPTCACHE_RAM_BUDGET, and so on.
 """
@@ -12,7 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from promptcache.cli_flags import add_engine_flags, add_flag, env_value
+from promptcache.cli_flags import (
+    add_engine_flags,
+    add_flag,
+    add_format_flags,
+    check_format_flags,
+    env_value,
+)
 
 
 def default_cache_dir() -> str:
@@ -28,6 +34,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return build_engine(
         args.engine,
         args.model,
+        revision=args.revision,
         cache_enabled=not args.no_cache,
         block_size=args.block_size,
         ram_budget=args.ram_budget,
@@ -57,19 +64,22 @@ def engine_from_args(args: argparse.Namespace) -> Any:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from promptcache.core.ssd_lock import CacheDirLockedError
+    from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
     from promptcache.server.state import ServerState
 
     if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
+    check_format_flags(args)
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
         raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
         strict_max_tokens=args.strict_max_tokens,
         keep_billing_header=args.keep_billing_header,
@@ -114,7 +124,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
     """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
     bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables)."""
     from promptcache.core.budget import parse_size
-    from promptcache.core.valkey_check import warm_up
+    from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
     shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)
@@ -217,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         float,
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
+    add_format_flags(serve)
     keep = str(env_value("keep-billing-header", "")).lower() in ("1", "true", "yes")
     serve.add_argument(
         "--keep-billing-header",
@@ -339,7 +350,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="act on this shared tier (valkey://host:port/db) instead of the SSD folder",
     )
     cache.set_defaults(func=cmd_cache)
+
+    models = sub.add_parser(
+        "models",
+        help="list the models found locally (HF cache, LM Studio, bundled): size, engine, "
+        "whether they can be served",
+    )
+    models.add_argument("--json", action="store_true", help="print a JSON list")
+    models.set_defaults(func=cmd_models)
     return parser
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from promptcache.models_cli import run_models_command
+
+    return run_models_command(args)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

@@ -21,9 +21,9 @@ from promptcache.core.block_file import (
 )
 from promptcache.core.hashing import Namespace
 from promptcache.core.sessions import session_key
-from promptcache.core.valkey_check import namespace_index, roots
-from promptcache.core.valkey_link import ValkeyLink
-from promptcache.core.valkey_store import ValkeyStore
+from promptcache.core.tiers.shared.check import namespace_index, roots
+from promptcache.core.tiers.shared.link import ValkeyLink
+from promptcache.core.tiers.shared.store import ValkeyStore
 
 
 def find_models(url: str) -> list[str]:

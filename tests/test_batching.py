@@ -26,7 +26,7 @@ TORCH_BATCHED = {"llama"}  # the other layouts decode one sequence per forward (
 def torch_engine(kind, **options):
     pytest.importorskip("torch")
     from promptcache.engines.tiny_models import tiny_model
-    from promptcache.engines.torch_engine import TorchEngine
+    from promptcache.engines.torch.engine import TorchEngine
 
     return TorchEngine(
         tiny_model(kind), ByteTokenizer(), block_size=BLOCK, ram_budget=10**8,
@@ -36,7 +36,7 @@ def torch_engine(kind, **options):
 
 def mlx_engine(kind, **options):
     pytest.importorskip("mlx_lm")
-    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.mlx.engine import MlxEngine
     from promptcache.engines.tiny_models import mlx_tiny_model
 
     return MlxEngine(

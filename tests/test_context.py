@@ -15,7 +15,7 @@ from engine_checks import token_ids  # noqa: E402
 from promptcache.engines.base import Finished, PromptTooLongError, SamplingParams  # noqa: E402
 from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.tiny_models import save_tiny_model  # noqa: E402
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.models import ContextExtensionError, rope_scaling_for  # noqa: E402
 
 NATIVE = 4096  # the tiny models' max_position_embeddings
@@ -161,7 +161,7 @@ def test_cli_serve_exits_with_the_reason(folders, tmp_path):
 @pytest.mark.mlx
 def test_mlx_scaled_llama_serves_past_its_native_context(tmp_path):
     pytest.importorskip("mlx_lm")
-    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.mlx.engine import MlxEngine
     from promptcache.engines.tiny_models import save_mlx_tiny_model
 
     path = save_mlx_tiny_model("llama", str(tmp_path / "llama"))
@@ -191,7 +191,7 @@ def test_mlx_scaled_llama_serves_past_its_native_context(tmp_path):
 @pytest.mark.mlx
 def test_mlx_model_without_rope_scaling_is_refused(tmp_path):
     pytest.importorskip("mlx_lm")
-    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.mlx.engine import MlxEngine
     from promptcache.engines.tiny_models import save_mlx_tiny_model
 
     path = save_mlx_tiny_model("mamba2", str(tmp_path / "mamba2"))

@@ -12,8 +12,8 @@ from promptcache.core.budget import parse_size
 from promptcache.core.cache import PromptCache
 from promptcache.core.hashing import HASHERS, Namespace, hash_block, tokens_to_bytes
 from promptcache.core.policy import make_policy, policy_names
-from promptcache.core.ram_tier import CacheBudgetError
-from promptcache.core.tier import BlockRecord, NullTier
+from promptcache.core.tiers.base import BlockRecord, NullTier
+from promptcache.core.tiers.ram.tier import CacheBudgetError
 
 HASH_SCRIPT = """
 from promptcache.core.cache import PromptCache

@@ -9,7 +9,7 @@ from core_helpers import assert_restores, make_slicer
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.cipher import BlockCipher, load_key_file
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK = 4
 TOKENS = [0x5A17_0000 + 7919 * i for i in range(30)]  # ids whose bytes stand out in a grep

@@ -13,7 +13,7 @@ from promptcache.engines.base import (  # noqa: E402
     SamplingParams,
 )
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 
 
 def test_error_families():
@@ -37,7 +37,7 @@ def test_layer_registry_classifies_and_unknown_kinds_are_snapshots():
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
     from promptcache.engines.layers import AdapterRegistry
-    from promptcache.engines.torch_state import FULL_ATTENTION, LAYERS, SNAPSHOT, TorchLayer
+    from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS, SNAPSHOT, TorchLayer
 
     assert LAYERS.lookup(DynamicLayer()) is FULL_ATTENTION
     assert LAYERS.lookup(DynamicSlidingWindowLayer(sliding_window=4)) is SNAPSHOT
@@ -128,7 +128,7 @@ def test_mlx_layer_registry():
     pytest.importorskip("mlx_lm")
     from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache
 
-    from promptcache.engines.mlx_state import LAYERS, SNAPSHOT, describe_cache
+    from promptcache.engines.mlx.state import LAYERS, SNAPSHOT, describe_cache
 
     assert LAYERS.lookup(KVCache()).num_arrays == 2 and LAYERS.lookup(KVCache()).positional
     assert LAYERS.lookup(ArraysCache(2)) is SNAPSHOT

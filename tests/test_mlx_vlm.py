@@ -11,8 +11,8 @@ pytest.importorskip("mlx_vlm")
 
 from promptcache.core.images import decode_image, image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.mlx_tiny_vlm import mlx_tiny_vlm, save_mlx_tiny_vlm  # noqa: E402
-from promptcache.engines.mlx_vlm_engine import MlxVlmEngine  # noqa: E402
+from promptcache.engines.mlx.tiny_vlm import mlx_tiny_vlm, save_mlx_tiny_vlm  # noqa: E402
+from promptcache.engines.mlx.vlm_engine import MlxVlmEngine  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 BLOCK, CHUNK = 8, 16
@@ -183,7 +183,7 @@ def test_importing_mlx_vlm_leaves_transformers_auto_processor_alone(tiny):
     # get mlx-vlm's processor for its own llava folder
     from transformers import AutoProcessor
 
-    from promptcache.engines.mlx_vlm_load import model_package, transformers_as_is
+    from promptcache.engines.mlx.vlm_load import model_package, transformers_as_is
 
     model_package("llava")
     before = AutoProcessor.__dict__["from_pretrained"]
@@ -197,7 +197,7 @@ def test_unusable_folders_are_config_errors(tmp_path):
     import json
 
     from promptcache.engines.errors import ConfigError
-    from promptcache.engines.mlx_vlm_load import load_mlx_vlm
+    from promptcache.engines.mlx.vlm_load import load_mlx_vlm
 
     folder = tmp_path / "no-weights"
     folder.mkdir()

@@ -22,8 +22,8 @@ from promptcache.core.vision_cache import VisionCache, VisionKey  # noqa: E402
 from promptcache.core.vision_tags import tenant_folder  # noqa: E402
 from promptcache.engines.base import RequestError, SamplingParams  # noqa: E402
 from promptcache.engines.tiny_vlm import tiny_llava  # noqa: E402
-from promptcache.engines.torch_codec import TorchCodec  # noqa: E402
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.codec import TorchCodec  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.server.diagnosis import PromptMemory, diagnose  # noqa: E402
 
 pytestmark = pytest.mark.torch

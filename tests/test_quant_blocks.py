@@ -16,8 +16,8 @@ from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
 from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
-from promptcache.engines.torch_engine import TorchEngine  # noqa: E402
-from promptcache.engines.torch_quant import TorchPacker, dequantize, quantize  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.quant import TorchPacker, dequantize, quantize  # noqa: E402
 from promptcache.server.metrics import render_cache_stats  # noqa: E402
 
 CHUNK, BLOCK = 16, 8
@@ -219,7 +219,7 @@ def test_ssd_restart_on_quantized_blocks_hits_and_replies_equal(scheme, tmp_path
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_mlx_hits_on_packed_blocks_match_uncached(scheme):
     pytest.importorskip("mlx_lm")
-    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.mlx.engine import MlxEngine
     from promptcache.engines.tiny_models import mlx_tiny_model
 
     model = mlx_tiny_model("llama", head_dim=32)  # mx.quantize's smallest group is 32
@@ -237,7 +237,7 @@ def test_mlx_hits_on_packed_blocks_match_uncached(scheme):
 @pytest.mark.mlx
 def test_mlx_ssd_restart_on_quantized_blocks(tmp_path):
     pytest.importorskip("mlx_lm")
-    from promptcache.engines.mlx_engine import MlxEngine
+    from promptcache.engines.mlx.engine import MlxEngine
     from promptcache.engines.tiny_models import mlx_tiny_model
 
     model = mlx_tiny_model("llama", head_dim=32)
@@ -264,7 +264,7 @@ def test_mlx_round_trip_error_bounds(bits):
     pytest.importorskip("mlx_lm")
     import mlx.core as mx
 
-    from promptcache.engines.mlx_quant import MlxPacker
+    from promptcache.engines.mlx.quant import MlxPacker
 
     x = mx.random.normal(REAL_SHAPE, key=mx.random.key(0)) * 2
     packer = MlxPacker(BlockScheme(bits=bits))

@@ -5,7 +5,7 @@ import sqlite3
 from core_helpers import assert_restores, make_slicer
 
 from promptcache.core.cache import PromptCache
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK = 4
 BLOCK_BYTES = BLOCK * 2 * 8

@@ -14,7 +14,7 @@ from promptcache.cli import main
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import session_key
-from promptcache.core.valkey_store import ValkeyStore
+from promptcache.core.tiers.shared.store import ValkeyStore
 
 pytestmark = [
     pytest.mark.valkey,

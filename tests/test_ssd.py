@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from core_helpers import assert_restores, make_slicer
 
-import promptcache.core.ssd_write as ssd_writes
+import promptcache.core.tiers.ssd.write as ssd_writes
 from promptcache.core.cache import PromptCache
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK = 4
 BLOCK_BYTES = BLOCK * 2 * 8  # make_slicer rows: (token, position) int64

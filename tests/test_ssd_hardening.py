@@ -20,10 +20,10 @@ from safetensors.numpy import save as st_save
 from test_ssd import BLOCK, block_file_at, files, make_cache, save, tmpfs
 
 import promptcache.core.block_file as bf
-import promptcache.core.ssd_tier as ssd_module
+import promptcache.core.tiers.ssd.tier as ssd_module
 from promptcache.core.cache import PromptCache
-from promptcache.core.ssd_stats import SsdStats
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.stats import SsdStats
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -191,7 +191,7 @@ def test_existing_open_folder_is_tightened_at_start_up(tmp_path):
 
 HOLDER = """
 import sys, time
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.tier import SsdTier
 tier = SsdTier(sys.argv[1], "model-a")
 print("READY", flush=True)
 time.sleep(60)
@@ -354,7 +354,7 @@ def test_block_evicted_between_lookup_and_read_is_not_quarantined(tmp_path):
 
 
 def records(cache, seq):
-    from promptcache.core.tier import BlockRecord
+    from promptcache.core.tiers.base import BlockRecord
 
     return [BlockRecord.from_block(b) for b in cache.ram.tree.full_path(seq, seq.num_full_blocks)]
 
@@ -443,9 +443,9 @@ WRITER = """
 import sys, threading, time
 sys.path.insert(0, sys.argv[3])
 from core_helpers import conversation, make_slicer
-import promptcache.core.ssd_write as ssd_write
+import promptcache.core.tiers.ssd.write as ssd_write
 from promptcache.core.cache import PromptCache
-from promptcache.core.ssd_tier import SsdTier
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 real_commit = ssd_write.commit_temp
 lock = threading.Lock()

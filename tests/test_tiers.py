@@ -10,8 +10,8 @@ from core_helpers import make_slicer
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.chain import checkpoint_path, match_chain
-from promptcache.core.tier import BlockRecord, NullTier, StoredBlock
-from promptcache.core.tiers import make_lower_tiers
+from promptcache.core.tiers.base import BlockRecord, NullTier, StoredBlock
+from promptcache.core.tiers.factory import make_lower_tiers
 
 BLOCK = 4
 BLOCK_BYTES = BLOCK * 2 * 8  # make_slicer: two int64 per token

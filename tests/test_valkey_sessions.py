@@ -13,8 +13,8 @@ from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, session_key
-from promptcache.core.valkey_index import session_id
-from promptcache.core.valkey_store import ValkeyStore
+from promptcache.core.tiers.shared.index import session_id
+from promptcache.core.tiers.shared.store import ValkeyStore
 
 pytestmark = [
     pytest.mark.valkey,

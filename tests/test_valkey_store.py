@@ -11,8 +11,8 @@ from valkey_helpers import ValkeyCluster, ValkeyProcess, records, server_binary
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.valkey_check import hottest_prefixes
-from promptcache.core.valkey_store import (
+from promptcache.core.tiers.shared.check import hottest_prefixes
+from promptcache.core.tiers.shared.store import (
     SharedBlockMissingError,
     SharedBlockRaceError,
     ValkeyStore,
@@ -461,7 +461,7 @@ def test_lookup_is_the_core_walk_over_the_same_blocks(server, mode):
                         if r.meta.parent_hash == p and r.meta.first_token == t]  # fmt: skip
 
         def store_entry(r):
-            from promptcache.core.tier import StoredBlock
+            from promptcache.core.tiers.base import StoredBlock
 
             return StoredBlock(r.meta, r.nbytes, r.checkpoint is not None, r.is_seq_end)
 

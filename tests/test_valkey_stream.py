@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from valkey_helpers import ValkeyProcess, server_binary
 
-from promptcache.core.valkey_stream import RespError, RespStream
+from promptcache.core.tiers.shared.stream import RespError, RespStream
 
 pytestmark = [
     pytest.mark.valkey,

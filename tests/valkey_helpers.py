@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tiers.base import BlockRecord
 
 
 def server_binary() -> str | None:

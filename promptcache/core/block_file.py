@@ -25,7 +25,7 @@ from promptcache.core.cipher import MAGIC, BlockCipher, CipherError
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import TOKEN_BYTES, hash_block
 from promptcache.core.private_fs import make_private_dirs, open_private
-from promptcache.core.tier import BlockRecord
+from promptcache.core.tiers.base import BlockRecord
 
 FORMAT = "promptcache-block"
 # "1": checksum over tensors only (metadata could be rewritten unnoticed): never served

@@ -23,12 +23,12 @@ from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.lease import Lease, SaveResult
 from promptcache.core.policy import EvictionPolicy
-from promptcache.core.ram_sessions import tag_blocks
-from promptcache.core.ram_tier import RamTier
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, session_key
 from promptcache.core.stats import CacheStats, Counters, LookupReport
-from promptcache.core.tier import LowerTier, StoredBlock
+from promptcache.core.tiers.base import LowerTier, StoredBlock
+from promptcache.core.tiers.ram.sessions import tag_blocks
+from promptcache.core.tiers.ram.tier import RamTier
 from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from promptcache.core import ram_sessions
 from promptcache.core.hashing import BlockHash, Namespace
 from promptcache.core.sessions import DeleteReport, merge_session_blocks, session_key
+from promptcache.core.tiers.ram import sessions as ram_sessions
 
 if TYPE_CHECKING:
     from promptcache.core.cache import PromptCache

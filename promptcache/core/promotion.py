@@ -16,9 +16,9 @@ from promptcache.core.block import Block
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
-from promptcache.core.ram_tier import CacheBudgetError, RamTier
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tier import LowerTier, ReadResult, StoredBlock
+from promptcache.core.tiers.base import LowerTier, ReadResult, StoredBlock
+from promptcache.core.tiers.ram.tier import CacheBudgetError, RamTier
 from promptcache.core.tree import Match
 
 

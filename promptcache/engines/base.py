@@ -105,9 +105,13 @@ class Engine(Protocol):
     tokenizer: Any  # an HF-style tokenizer (chat template, encode, decode)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
     ) -> list[int]:
-        """Prompt token ids for a chat via the model's chat template (generation prompt added)."""
+        """Prompt token ids for a chat via the model's chat template (generation prompt added);
+        ``template_kwargs`` (``enable_thinking``...) go to the template as variables."""
 
     @property
     def supports_images(self) -> bool:

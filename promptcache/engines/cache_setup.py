@@ -1,5 +1,5 @@
 """Building the prompt cache an engine serves from: its options, the RAM tier, and the lower
-tiers the core's factory (``core.tiers.make_lower_tiers``) builds from the settings."""
+tiers the core's factory (``core.tiers.factory.make_lower_tiers``) builds from the settings."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
-from promptcache.core.tier import LowerTier
-from promptcache.core.tiers import make_lower_tiers
+from promptcache.core.tiers.base import LowerTier
+from promptcache.core.tiers.factory import make_lower_tiers
 from promptcache.core.vision_cache import VisionCache
 from promptcache.engines.errors import ConfigError
 

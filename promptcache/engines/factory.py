@@ -6,30 +6,57 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import logging
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 from promptcache.engines.errors import ConfigError
 
+log = logging.getLogger("promptcache")
 
-def pick_engine(name: str) -> str:
-    """auto: mlx on Apple Silicon when mlx-lm is installed, else torch."""
+
+def model_type(path: Any) -> str:
+    try:
+        return str(json.loads((Path(path) / "config.json").read_text()).get("model_type", "?"))
+    except (OSError, ValueError):
+        return "?"
+
+
+def pick_engine(name: str, found: Any = None) -> str:
+    """auto: mlx for a model saved by mlx-lm (``found``: a ``model_sources.FoundModel``) when
+    mlx-lm is installed, and on Apple Silicon when it is; else torch."""
     if name != "auto":
         return name
-    if (
-        platform.system() == "Darwin"
-        and platform.machine() == "arm64"
-        and importlib.util.find_spec("mlx_lm")
-    ):
+    has_mlx = importlib.util.find_spec("mlx_lm") is not None
+    if has_mlx and found is not None and found.path.is_dir():
+        from promptcache.model_sources import is_mlx_folder
+
+        if is_mlx_folder(found.path):
+            return "mlx"
+    if platform.system() == "Darwin" and platform.machine() == "arm64" and has_mlx:
         return "mlx"
     return "torch"
+
+
+def check_engine_reads(kind: str, found: Any) -> None:
+    """ConfigError when the engine cannot read the model's weights format at all."""
+    from promptcache.model_sources import is_mlx_quantized
+
+    if kind == "torch" and found.path.is_dir() and is_mlx_quantized(found.path):
+        raise ConfigError(
+            f"{found.name} holds mlx-lm quantized weights, which only the mlx engine reads: "
+            'use --engine mlx (pip install "promptcache[mlx]"), or a non-MLX build of the model'
+        )
 
 
 def build_engine(
     engine: str = "auto",
     model: str | None = None,
     *,
+    revision: str | None = None,
     cache_enabled: bool = True,
     block_size: int = 64,
     ram_budget: str | int | None = None,
@@ -54,15 +81,21 @@ def build_engine(
     vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
 ) -> Any:
-    from promptcache.models import resolve_model
+    from promptcache.model_sources import locate_model
+    from promptcache.models import prepare_model
 
-    kind = pick_engine(engine)
-    if kind == "torch":
-        set_torch_threads(threads)
+    if engine != "auto":
+        engine_class(engine)  # an unusable engine is refused before any model is resolved
+        if kv_bits and engine != "mlx":
+            raise ConfigError("--kv-bits needs --engine mlx")
+    found = locate_model(model, revision)
+    kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
-    engine_class(kind)  # an unusable engine is refused before any model is resolved
-    path = resolve_model(model)
+    check_engine_reads(kind, found)
+    if kind == "torch":
+        set_torch_threads(threads)
+    path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
         raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
@@ -93,6 +126,7 @@ def build_engine(
         ram_ttl=ram_ttl,
         encrypt_key_file=encrypt_key_file,
         vision_cache_bytes=vision_cache_bytes,
+        model_id=found.name,
         **extra,
     )
 
@@ -120,7 +154,7 @@ def engine_class(kind: str, path: Any = None) -> Any:
     """The engine class for ``torch`` or ``mlx`` (for the model folder ``path``: mlx-vlm's engine
     for a vision-language model on mlx); ConfigError with what to do when it can't."""
     if kind == "torch":
-        from promptcache.engines.torch_engine import TorchEngine
+        from promptcache.engines.torch.engine import TorchEngine
 
         return TorchEngine
     if kind == "mlx":
@@ -128,18 +162,26 @@ def engine_class(kind: str, path: Any = None) -> Any:
             raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
-        from promptcache.engines.mlx_vlm_load import is_vlm_folder
+        from promptcache.engines.mlx.vlm_load import SUPPORTED as VLM_SUPPORTED
+        from promptcache.engines.mlx.vlm_load import has_image_path, is_vlm_folder
 
-        if path is not None and is_vlm_folder(path):
+        if path is not None and is_vlm_folder(path) and not has_image_path(path):
+            # text chat through mlx-lm, which reads the decoder out of the checkpoint
+            log.warning(
+                "%s: images are not supported for %s on the mlx engine (supported: %s); serving "
+                "text only (image parts get a 400)",
+                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+            )  # fmt: skip
+        elif path is not None and is_vlm_folder(path):
             if not importlib.util.find_spec("mlx_vlm"):
                 raise ConfigError(
                     "a vision-language model on the mlx engine needs mlx-vlm: "
                     'pip install "promptcache[vlm]" && pip install --no-deps mlx-vlm==0.7.10'
                 )
-            from promptcache.engines.mlx_vlm_engine import MlxVlmEngine
+            from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
 
             return MlxVlmEngine
-        from promptcache.engines.mlx_engine import MlxEngine
+        from promptcache.engines.mlx.engine import MlxEngine
 
         return MlxEngine
     raise ConfigError(f"unknown engine {kind!r}: use auto, torch or mlx")

@@ -18,6 +18,7 @@ class ChatMessage(_Loose):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = None  # an earlier reply's reasoning, sent back
 
 
 class StreamOptions(_Loose):
@@ -46,6 +47,10 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
     response_format: dict[str, Any] | None = None
+    # passed to the chat template (vLLM / SGLang's extra body): enable_thinking and the like
+    chat_template_kwargs: dict[str, Any] | None = None
+    enable_thinking: bool | None = None
+    reasoning_effort: str | None = None  # gpt-oss' template reads it (low, medium, high)
 
 
 class CompletionRequest(_Sampling):
@@ -81,6 +86,7 @@ class CountTokensRequest(_Loose):
     tool_choice: dict[str, Any] | None = None
     output_config: dict[str, Any] | None = None
     output_format: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {type: disabled} turns the template's thinking off
 
 
 class MessagesRequest(CountTokensRequest):

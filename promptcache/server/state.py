@@ -84,6 +84,7 @@ class Prepared(NamedTuple):
 class Reply(NamedTuple):
     content: str
     calls: list[tuple[str, ToolCall]]  # (call id, call)
+    reasoning: str = ""  # never part of content
 
 
 class ServerState:
@@ -99,6 +100,8 @@ class ServerState:
         limits: Limits | None = None,
         hit_rate_alert: float = 0.8,
         hit_rate_window: int = 50,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
         responses: ResponseStore | None = None,
     ) -> None:
         self.engine = engine
@@ -108,7 +111,7 @@ class ServerState:
         self.strict_max_tokens = strict_max_tokens  # a max_tokens over the room: 400, not clamped
         self.keep_billing_header = keep_billing_header
         self.metrics = ServerMetrics()
-        self.formatter = ChatFormatter(engine)
+        self.formatter = ChatFormatter(engine, tool_parser, reasoning_parser)
         self.limits = limits or Limits()
         self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
         self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
@@ -212,7 +215,8 @@ class ServerState:
                 prep.prompt + list(fin.completion_ids),
                 prep.params.session,
             )
-        return Reply(parsed.content, [(new_call_id(id_prefix), c) for c in parsed.calls])
+        calls = [(c.id or new_call_id(id_prefix), c) for c in parsed.calls]
+        return Reply(parsed.content, calls, parsed.reasoning)
 
     async def events(
         self,

@@ -1,0 +1,1 @@
+"""The RAM tier: the prefix tree under a byte budget."""

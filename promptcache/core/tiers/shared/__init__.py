@@ -1,0 +1,1 @@
+"""The shared tier: verified block bytes on a Valkey server."""

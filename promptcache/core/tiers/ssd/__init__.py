@@ -1,0 +1,1 @@
+"""The SSD tier: safetensors block files indexed in SQLite."""

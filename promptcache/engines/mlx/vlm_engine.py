@@ -1,0 +1,34 @@
+"""MLX vision-language engine: ``CachedEngine`` on an ``MlxVlmRunner`` (an mlx-vlm model with its
+processor; images through ``engines.vision``, the vision-embedding cache included)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from promptcache.engines.block_scheme import pop_block_scheme
+from promptcache.engines.cached_engine import CachedEngine
+from promptcache.engines.mlx.vlm_load import load_mlx_vlm
+from promptcache.engines.mlx.vlm_runner import MlxVlmRunner
+
+
+class MlxVlmEngine(CachedEngine):
+    name = "mlx"
+    takes_images = True  # the factory's check: no --kv-bits (a quantized live cache) here
+
+    def __init__(self, model: Any, processor: Any, **options: Any) -> None:
+        """``processor``: the model's mlx-vlm processor; ``options``: the cache and serving
+        options (``EngineOptions``) and the block scheme's (see TorchEngine)."""
+        scheme = pop_block_scheme(options)
+        super().__init__(MlxVlmRunner(model, processor, scheme), **options)
+
+    @classmethod
+    def load(
+        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+    ) -> MlxVlmEngine:
+        """An engine on the mlx-vlm model folder ``path`` (``device``: MLX's default device; no
+        context extension: ``max_context`` is capped at the model's). The model id defaults to
+        the folder name."""
+        path = Path(path)
+        model, processor = load_mlx_vlm(path, dtype=dtype)
+        return cls(model, processor, model_id=options.pop("model_id", path.name), **options)

@@ -1,0 +1,1 @@
+"""The PyTorch / transformers engine."""

@@ -1,0 +1,223 @@
+"""PyTorch/transformers model runner: load, fingerprint, and the model steps on transformers
+cache objects (``torch_state`` converts them to and from core payloads)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+from promptcache.core.codec import PayloadCodec
+from promptcache.core.hashing import fingerprint_model
+from promptcache.engines.block_scheme import BlockScheme
+from promptcache.engines.errors import ConfigError
+from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
+from promptcache.engines.layers import Layout
+from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
+from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.quant import TorchPacker
+from promptcache.engines.torch.state import (
+    crop_positional,
+    describe_layers,
+    restore_cache,
+    slice_positional,
+    take_checkpoint,
+)
+from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
+from promptcache.engines.torch.vision import TorchVision
+from promptcache.models import context_extension_note, rope_scaling_for
+
+log = logging.getLogger("promptcache")
+
+
+def load_torch_weights(
+    path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    max_context: int | None = None,
+) -> tuple[Any, Any]:
+    """(model, tokenizer) from an HF folder, for sharing one model between engines. A
+    ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
+    ContextExtensionError when it has no plain RoPE to scale)."""
+    config = AutoConfig.from_pretrained(path)
+    rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if rope is not None:  # before the weights load: the rotary tables are built from config
+        config.rope_parameters = rope
+        config.max_position_embeddings = max_context
+    auto = AutoModelForCausalLM
+    if is_vision_config(config):  # a vision-language model: its image-text class
+        from transformers import AutoModelForImageTextToText
+
+        auto = AutoModelForImageTextToText
+    model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    model = model.to(device).eval()
+    check_forward(model, path)
+    # read back by TorchRunner (an engine built on a shared model reports it too)
+    object.__setattr__(model, "promptcache_rope_scaling", rope)
+    if rope is not None:
+        log.info("%s: %s", Path(path).name, context_extension_note(rope))
+    return model, tokenizer
+
+
+def is_vision_config(config: Any) -> bool:
+    return getattr(config, "vision_config", None) is not None
+
+
+@torch.inference_mode()
+def check_forward(model: Any, path: str | Path) -> None:
+    """One token through a fresh cache, so a model that cannot serve is refused at start-up
+    (ConfigError, the reason) instead of failing every request."""
+    try:
+        ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+        arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+        model(input_ids=ids, use_cache=True, **{arg: DynamicCache(config=model.config)})
+    except Exception as exc:  # whatever the library raises: it is the reason given
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{path} cannot serve on torch ({type(exc).__name__}: {reason}); try --engine mlx, "
+            "or another --dtype"
+        ) from None
+
+
+def load_torch_processor(path: str | Path) -> Any:
+    """The processor of a vision-language model folder whose image path we support, or None:
+    a text-only model, or a family whose images are not supported (said in the log: text chat
+    is served, image parts get a 400)."""
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_config(config):
+        return None
+    if config.model_type not in VISION_SUPPORTED:
+        log.warning(
+            "%s: images are not supported for %s on the torch engine (supported: %s); serving "
+            "text only (image parts get a 400)",
+            Path(path).name, config.model_type, ", ".join(VISION_SUPPORTED),
+        )  # fmt: skip
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path)
+
+
+class TorchRunner:
+    """A transformers causal LM on one device (see ``ModelRunner`` for the contract).
+    ``block_scheme``: how positional blocks are stored at rest (part of the fingerprint)."""
+
+    name = "torch"
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        block_scheme: BlockScheme | None = None,
+        processor: Any = None,
+    ) -> None:
+        """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
+        then takes images (``vision``)."""
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        # the YaRN settings load_torch_weights applied to reach max_context, or None
+        self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.layout: Layout = describe_layers(DynamicCache(config=model.config))
+        self.block_scheme = block_scheme or BlockScheme()
+        self.block_scheme.check()
+        self.packer = (
+            None
+            if self.block_scheme.is_default
+            else TorchPacker(self.block_scheme, self.device, self.dtype)
+        )
+        config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
+        self.fingerprint = fingerprint_model(
+            config,
+            digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
+            str(self.dtype) + self.block_scheme.tag,
+            self.name,
+        )
+        forward_args = inspect.signature(model.forward).parameters
+        self._keep_arg = "logits_to_keep" in forward_args
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        gen_config = getattr(model, "generation_config", None)
+        eos = getattr(gen_config, "eos_token_id", None)
+        eos_ids = {eos} if isinstance(eos, int) else set(eos or [])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids = eos_ids
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        text_config = model.config.get_text_config()
+        self.model_limit = int(getattr(text_config, "max_position_embeddings", None) or 2048)
+        # decode steps batch when every layer is plain full attention (see torch_batch)
+        self._batches = can_batch(self.layout)
+        self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
+        self.vision: TorchVision | None = None
+        if processor is not None:
+            self.vision = TorchVision(model, processor, self.device, self.dtype, self._cache_arg)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
+    ) -> TorchRunner:
+        return cls(*load_torch_weights(path, dtype=dtype, device=device, max_context=max_context))
+
+    def new_state(self) -> DynamicCache:
+        return DynamicCache(config=self.model.config)
+
+    @torch.inference_mode()
+    def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+        # several one-token steps (decode) on a full-attention model: one padded forward; any
+        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
+        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+            logits, self._last_batch = batched_decode(
+                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
+            )
+            return logits
+        # a lone forward on a batch member replaces its layers' tensors: DecodeBatch.covers sees
+        # that, so the batch is kept across prefill forwards of other requests
+        return [
+            self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
+        ]
+
+    def batches_decode(self, states: Sequence[Any]) -> bool:
+        return self._batches and len(states) > 1
+
+    def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
+        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_arg else {}
+        kwargs[self._cache_arg] = state
+        out = self.model(input_ids=x, use_cache=True, **kwargs)
+        return out.logits[0, -1]
+
+    def slice_block(self, state: DynamicCache, start: int, end: int) -> Any:
+        return slice_positional(state, self.layout, start, end, self.packer)
+
+    def take_checkpoint(self, state: DynamicCache) -> Any:
+        return take_checkpoint(state, self.layout)
+
+    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> DynamicCache:
+        return restore_cache(
+            self.new_state(), self.layout, segments, checkpoint, self.device, self.packer
+        )
+
+    def crop(self, state: DynamicCache, length: int) -> None:
+        crop_positional(state, self.layout, length)
+
+    def to_numpy(self, logits: torch.Tensor) -> np.ndarray:
+        return logits.detach().float().cpu().numpy()
+
+    def codec(self) -> PayloadCodec:
+        return TorchCodec(self.device)

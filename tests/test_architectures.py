@@ -1,0 +1,114 @@
+"""Architecture conformance: a tiny random checkpoint of every family we claim, built from the
+library's own config class, on every engine that has the family. Four chat turns and an edited
+one: greedy replies equal the uncached engine's, reuse per turn within what the layer kinds
+allow. Checkpoints are built once per session; engines are in-process (a real server for the
+vision-tower checkpoint layout in test_architectures_server.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from promptcache.engines.conformance import format_row, reuse_ok, run_conversation
+from promptcache.engines.errors import ConfigError
+from promptcache.engines.tiny_families import FAMILY_NAMES, save_family, save_mlx_family
+
+BLOCK, CHUNK = 8, 16
+# transformers 5 writes these families' experts in a layout mlx-lm 0.32.2 does not read (mlx
+# refuses the HF folder, test below): on mlx they run as an MLX conversion, as users have them
+MLX_CONVERTED = ("gpt_oss", "qwen3_5_moe", "qwen3_5_moe-vl")
+TORCH_CASES = [("torch", name) for name in FAMILY_NAMES]
+MLX_CASES = [("mlx", name) for name in FAMILY_NAMES]
+ROWS: list[str] = []  # the conformance table, printed at the end of the session
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """(layout, family) -> folder, each built on first use."""
+    root = tmp_path_factory.mktemp("families")
+    built: dict[tuple[str, str], str] = {}
+
+    def get(name: str, layout: str = "hf") -> str:
+        if (layout, name) not in built:
+            save = save_mlx_family if layout == "mlx" else save_family
+            built[layout, name] = str(save(name, root / f"{layout}-{name}"))
+        return built[layout, name]
+
+    return get
+
+
+def engines_for(engine, folder):
+    """(cached, plain, tokenizer) on one model loaded once."""
+    if engine == "torch":
+        from promptcache.engines.torch.engine import TorchEngine as cls
+    else:
+        pytest.importorskip("mlx_lm")
+        from promptcache.engines.mlx.engine import MlxEngine as cls
+    model, tokenizer = cls.load_weights(folder)
+    opts = dict(block_size=BLOCK, prefill_chunk=CHUNK)
+    cached = cls(model, tokenizer, ram_budget=10**8, **opts)
+    plain = cls(model, tokenizer, cache_enabled=False, **opts)
+    return cached, plain, tokenizer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def conformance_table():
+    yield
+    if ROWS:
+        head = "| engine family (layer kinds) | cached/prompt per turn | equal | edited turn | |"
+        print("\n" + "\n".join([head, "|---|---|---|---|---|", *ROWS]))
+
+
+@pytest.mark.parametrize(("engine", "name"), TORCH_CASES + MLX_CASES)
+def test_family_conversation_equals_uncached(engine, name, checkpoints):
+    layout = "mlx" if engine == "mlx" and name in MLX_CONVERTED else "hf"
+    cached, plain, tokenizer = engines_for(engine, checkpoints(name, layout))
+    turns = run_conversation(cached, plain, tokenizer)
+    kinds = ",".join(sorted(set(cached.layout.kinds)))
+    ROWS.append(
+        format_row(f"{engine} {name}{' (mlx layout)' * (layout == 'mlx')} ({kinds})", turns)
+    )
+    for t in turns:
+        assert t.is_equal, f"{engine} {name} turn {t.turn}: reply differs from --no-cache"
+        assert reuse_ok(t), f"{engine} {name}: {t}"
+    cached.cache.check_integrity()
+
+
+def test_checkpoint_layout_nests_the_decoder(checkpoints):
+    """The -vl checkpoints are the real layout: text_config + vision_config, the decoder's
+    weights under model.language_model, a vision tower beside them."""
+    from safetensors import safe_open
+
+    folder = checkpoints("qwen3_5_moe-vl")
+    config = json.loads(Path(folder, "config.json").read_text())
+    assert "text_config" in config and "vision_config" in config
+    assert config["architectures"] == ["Qwen3_5MoeForConditionalGeneration"]
+    with safe_open(f"{folder}/model.safetensors", "np") as f:
+        keys = list(f.keys())
+    assert any(k.startswith("model.language_model.layers.") for k in keys)
+    assert any(k.startswith("model.visual.") for k in keys)
+
+
+def test_mlx_refuses_what_mlx_lm_cannot_read_with_what_to_use(checkpoints):
+    pytest.importorskip("mlx_lm")
+    from promptcache.engines.mlx.runner import load_mlx_weights
+
+    with pytest.raises(ConfigError, match="--engine torch"):
+        load_mlx_weights(checkpoints("gpt_oss"))
+
+
+def test_mlx_moe_in_bfloat16_falls_back_to_float32(checkpoints, caplog):
+    """mlx's CPU backend has GatherMM for float32 only: the one-token forward at load finds it
+    and the model is cast, said in the log, instead of a 500 on every request."""
+    pytest.importorskip("mlx_lm")
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from promptcache.engines.mlx.runner import load_mlx_weights
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("GatherMM is float32-only on mlx's CPU backend")
+    with caplog.at_level("WARNING", logger="promptcache"):
+        model, _ = load_mlx_weights(checkpoints("qwen3_moe"), dtype="bfloat16")
+    assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
+    assert "casting the model to float32" in caplog.text
