@@ -67,10 +67,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
+    from promptcache.server.script import ReplyScript
     from promptcache.server.state import ServerState
 
     if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
+    script = ReplyScript.load(args.scripted_replies) if args.scripted_replies else None
     check_format_flags(args)
     try:
         engine = engine_from_args(args)
@@ -78,6 +80,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
+        script=script,
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
@@ -225,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         10.0,
         "with --shared-tier: time limit of the start-up warm-up; 0 disables",
         float,
+    )
+    add_flag(
+        serve,
+        "scripted-replies",
+        None,
+        "for testing clients: a JSON file of replies the model emits instead of its own (each "
+        "chosen by a regex on the request's last message; tool calls in the model's format)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)

@@ -55,6 +55,7 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
             return FoundModel(path, "gguf", path.stem)
         if path.is_dir():
             return FoundModel(model_in_folder(path, model), "folder", path.name)
+        raise ModelNotFoundError(f"--model {model!r} is a file but not a .gguf")
     match = _HUB_ID.match(model)
     if match is None:
         raise ModelNotFoundError(
@@ -167,9 +168,9 @@ def hf_download(repo: str, revision: str | None, file: str | None) -> Path:
         raise ModelNotFoundError(f"{repo} has no revision {revision!r}") from None
     except Exception as exc:  # noqa: BLE001 (the network edge: no hub, DNS, proxy, timeouts)
         raise ModelNotFoundError(
-            f"{where} is not in the HF cache ({hub_cache_dir()}) and the hub could not be "
-            f"reached ({type(exc).__name__}: {str(exc).splitlines()[0]}); retry with network, "
-            "or pass --model a local folder or .gguf file (HF_HUB_OFFLINE=1 skips the hub)"
+            f"{where} is not (fully) in the HF cache ({hub_cache_dir()}) and downloading it "
+            f"failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); run again to resume "
+            "(finished files are kept), or pass --model a local folder or .gguf file"
         ) from None
 
 

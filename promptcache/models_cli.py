@@ -72,7 +72,7 @@ def _hf_cache_rows() -> list[dict[str, Any]]:
 def _lmstudio_rows() -> list[dict[str, Any]]:
     rows = []
     for root in lmstudio_dirs():
-        for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+        for folder in sorted(p for p in root.glob("[!.]*/[!.]*") if p.is_dir()):
             name = f"{folder.parent.name}/{folder.name}"
             ggufs = sorted(p for p in folder.glob("*.gguf") if not p.name.startswith("mmproj"))
             if (folder / "config.json").is_file() or not ggufs:

@@ -30,6 +30,7 @@ from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
 from promptcache.engines.context import check_prompt_fits
+from promptcache.engines.forced import ForcedTokens, TokenConstraint
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.engines.layers import Layout
 from promptcache.engines.request import Request
@@ -222,7 +223,11 @@ class CachedEngine:
     ) -> Iterator[Event]:
         t0 = time.perf_counter()
         params.validate()
-        constraint = self.make_constraint(params.grammar) if params.grammar else None
+        constraint: TokenConstraint | None = None
+        if params.forced_ids:  # a scripted reply wins over any grammar
+            constraint = ForcedTokens(params.forced_ids)
+        elif params.grammar:
+            constraint = self.make_constraint(params.grammar)
         if cancel is not None and cancel.is_set():  # the client left while queued
             yield Finished("cancelled", 0, 0, 0, "")
             return

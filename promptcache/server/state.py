@@ -30,6 +30,7 @@ from promptcache.server.image_parts import ImagePolicy, check_count
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
 from promptcache.server.response_store import ResponseStore
+from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
@@ -100,11 +101,13 @@ class ServerState:
         limits: Limits | None = None,
         hit_rate_alert: float = 0.8,
         hit_rate_window: int = 50,
+        script: ReplyScript | None = None,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
         responses: ResponseStore | None = None,
     ) -> None:
         self.engine = engine
+        self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
@@ -155,6 +158,8 @@ class ServerState:
         prompt, images = self.formatter.render_prompt(chat, tenant)
         check_count([s.image for s in images], self.image_policy)
         params.grammar = self.formatter.grammar(chat)
+        if self.script is not None:
+            params.forced_ids = self.script.forced_ids(chat, self.formatter.parser, self.engine)
         prep = self.prepare_ids(request, prompt, params, tenant, explicit_max, images)
         self.formatter.check_continuity(chat, tenant, prompt, params.session)
         return prep
