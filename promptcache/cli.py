@@ -58,6 +58,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_dtype=args.cache_dtype,
         vision_cache_bytes=args.vision_cache_bytes,
         threads=args.threads,
+        weights=args.weights,
     )
 
 

@@ -4,6 +4,7 @@ model that is nowhere, ``promptcache models --json``, and a real ``serve --model
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -145,6 +146,10 @@ def studio_home(tmp_path_factory, hub_cache):
     odd.mkdir(parents=True)
     (odd / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
     (odd / "model.safetensors").write_bytes((mlx_dir / "model.safetensors").read_bytes())
+    gptq = models / "someone" / "tiny-gptq"
+    gptq.mkdir(parents=True)
+    (gptq / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4}}))  # fmt: skip
+    (gptq / "model.safetensors").write_bytes((hub_cache["base"] / "main" / "model.safetensors").read_bytes())  # fmt: skip
     dup = models / REPO
     dup.mkdir(parents=True)
     (dup / "config.json").write_text("{}")
@@ -206,6 +211,9 @@ def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     odd = rows[("someone/odd-model", None, "lmstudio")]
     assert odd["can_serve"] is False and "no_such_arch" in odd["reason"]
     assert rows[(REPO, None, "lmstudio")]["can_serve"] is False  # a config without a model
+    gptq = rows[("someone/tiny-gptq", None, "lmstudio")]
+    if importlib.util.find_spec("gptqmodel") is None:
+        assert gptq["can_serve"] is False and "gptqmodel" in gptq["reason"]
     table = subprocess.run([sys.executable, "-m", "promptcache.cli", "models"], env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert f"{REPO} --revision v1" in table.stdout and "no_such_arch" in table.stdout
