@@ -58,6 +58,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_dtype=args.cache_dtype,
         vision_cache_bytes=args.vision_cache_bytes,
         threads=args.threads,
+        weights=args.weights,
     )
 
 
@@ -67,10 +68,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
+    from promptcache.server.script import ReplyScript
     from promptcache.server.state import ServerState
 
     if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
+    script = ReplyScript.load(args.scripted_replies) if args.scripted_replies else None
     check_format_flags(args)
     try:
         engine = engine_from_args(args)
@@ -78,9 +81,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
+        script=script,
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
+        strict_max_tokens=args.strict_max_tokens,
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
         hit_rate_alert=args.hit_rate_alert,
@@ -194,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    strict = str(env_value("strict-max-tokens", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--strict-max-tokens",
+        action="store_true",
+        default=strict,
+        help="refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
+        "leaves in the context (default: clamped to the room, said in the "
+        "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
+    )
     add_flag(
         serve,
         "hit-rate-alert",
@@ -215,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
         10.0,
         "with --shared-tier: time limit of the start-up warm-up; 0 disables",
         float,
+    )
+    add_flag(
+        serve,
+        "scripted-replies",
+        None,
+        "for testing clients: a JSON file of replies the model emits instead of its own (each "
+        "chosen by a regex on the request's last message; tool calls in the model's format)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)
