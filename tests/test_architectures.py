@@ -213,3 +213,20 @@ def test_context_extension_of_a_nested_decoder_is_refused_clearly(engine, checkp
         ContextExtensionError, match="native context of 4096 tokens and cannot be reached"
     ):
         load(checkpoints("qwen3_5-vl"), max_context=8192)
+
+
+@pytest.mark.parametrize("engine", ["torch", "mlx"])
+def test_an_architecture_the_library_lacks_is_a_config_error(engine, checkpoints, tmp_path):
+    if engine == "mlx":
+        pytest.importorskip("mlx_lm")
+        from promptcache.engines.mlx.runner import load_mlx_weights as load
+    else:
+        from promptcache.engines.torch.runner import load_torch_weights as load
+    folder = Path(checkpoints("llama"))
+    for item in folder.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "no_such_arch"}))
+    with pytest.raises(ConfigError, match="cannot load .*no_such_arch"):
+        load(tmp_path)
