@@ -58,6 +58,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_dtype=args.cache_dtype,
         vision_cache_bytes=args.vision_cache_bytes,
         threads=args.threads,
+        weights=args.weights,
     )
 
 
@@ -84,6 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
+        strict_max_tokens=args.strict_max_tokens,
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
         hit_rate_alert=args.hit_rate_alert,
@@ -196,6 +198,15 @@ def build_parser() -> argparse.ArgumentParser:
         "at most this many generated tokens per request, whatever max_tokens asks (default: "
         "the room left in the context)",
         int,
+    )
+    strict = str(env_value("strict-max-tokens", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--strict-max-tokens",
+        action="store_true",
+        default=strict,
+        help="refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
+        "leaves in the context (default: clamped to the room, said in the "
+        "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
     )
     add_flag(
         serve,

@@ -46,8 +46,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "threads",
         None,
         "torch intra-op threads; 0: torch's default (one per core) (default: OMP_NUM_THREADS "
-        "if set, else the cores but one, left to the server's HTTP and streaming threads: 1 on "
-        "a 2-core machine)",
+        "if set, else auto: the cores other processes leave free, at start from the load "
+        "average, then re-checked every 2 s)",
         int,
     )
     add_flag(
@@ -129,6 +129,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         int,
     )
     add_flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
+    add_flag(
+        p,
+        "weights",
+        None,
+        "torch engine, CPU: run the linear layers on int8 or int4 weights (weight-only, "
+        "torch's packed kernels; a separate cache fingerprint) (default: the model's dtype)",
+    )
     add_flag(p, "device", "cpu", "torch device: cpu | cuda")
     add_flag(
         p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int

@@ -112,3 +112,33 @@ def test_mlx_moe_in_bfloat16_falls_back_to_float32(checkpoints, caplog):
         model, _ = load_mlx_weights(checkpoints("qwen3_moe"), dtype="bfloat16")
     assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
     assert "casting the model to float32" in caplog.text
+
+
+def test_mlx_reads_the_decoders_sizes_from_text_config(checkpoints):
+    """mlx-lm keeps a vision-language checkpoint's sizes in text_config: the runner's context,
+    vocabulary and head size come from there (the head size checks --kv-group-size)."""
+    pytest.importorskip("mlx_lm")
+    from promptcache.engines.mlx.runner import MlxRunner, load_mlx_weights
+
+    folder = checkpoints("qwen3_5-vl")
+    text_config = json.loads(Path(folder, "config.json").read_text())["text_config"]
+    model, tokenizer = load_mlx_weights(folder)
+    runner = MlxRunner(model, tokenizer)
+    assert (runner.model_limit, runner.vocab_size) == (4096, text_config["vocab_size"])
+    with pytest.raises(ConfigError, match="head size 16"):
+        MlxRunner(model, tokenizer, kv_bits=4, kv_group_size=32)
+
+
+@pytest.mark.parametrize("engine", ["torch", "mlx"])
+def test_context_extension_of_a_nested_decoder_is_refused_clearly(engine, checkpoints):
+    from promptcache.models import ContextExtensionError
+
+    if engine == "mlx":
+        pytest.importorskip("mlx_lm")
+        from promptcache.engines.mlx.runner import load_mlx_weights as load
+    else:
+        from promptcache.engines.torch.runner import load_torch_weights as load
+    with pytest.raises(
+        ContextExtensionError, match="native context of 4096 tokens and cannot be reached"
+    ):
+        load(checkpoints("qwen3_5-vl"), max_context=8192)

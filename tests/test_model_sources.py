@@ -4,6 +4,7 @@ model that is nowhere, ``promptcache models --json``, and a real ``serve --model
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -145,6 +146,10 @@ def studio_home(tmp_path_factory, hub_cache):
     odd.mkdir(parents=True)
     (odd / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
     (odd / "model.safetensors").write_bytes((mlx_dir / "model.safetensors").read_bytes())
+    gptq = models / "someone" / "tiny-gptq"
+    gptq.mkdir(parents=True)
+    (gptq / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4}}))  # fmt: skip
+    (gptq / "model.safetensors").write_bytes((hub_cache["base"] / "main" / "model.safetensors").read_bytes())  # fmt: skip
     dup = models / REPO
     dup.mkdir(parents=True)
     (dup / "config.json").write_text("{}")
@@ -206,6 +211,9 @@ def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     odd = rows[("someone/odd-model", None, "lmstudio")]
     assert odd["can_serve"] is False and "no_such_arch" in odd["reason"]
     assert rows[(REPO, None, "lmstudio")]["can_serve"] is False  # a config without a model
+    gptq = rows[("someone/tiny-gptq", None, "lmstudio")]
+    if importlib.util.find_spec("gptqmodel") is None:
+        assert gptq["can_serve"] is False and "gptqmodel" in gptq["reason"]
     table = subprocess.run([sys.executable, "-m", "promptcache.cli", "models"], env=env,
                            capture_output=True, text=True, timeout=300)  # fmt: skip
     assert f"{REPO} --revision v1" in table.stdout and "no_such_arch" in table.stdout
@@ -233,3 +241,38 @@ def test_a_partial_download_is_not_served_offline(hub_cache, tmp_path):
     (snap / "model.safetensors").unlink()  # as an interrupted download leaves it
     got = locate([(REPO, None)], {**offline(hub_cache), "HF_HOME": str(home)})
     assert got[0][:2] == ["error", "ModelNotFoundError"] and "partial download" in got[0][2]
+
+
+@pytest.mark.server
+@pytest.mark.mlx
+def test_serve_an_lmstudio_mlx_model_on_mlx(studio_home, hub_cache, server_factory):
+    """``--engine auto`` puts mlx-lm's (4-bit) weights on the mlx engine, even on Linux."""
+    import httpx
+
+    srv = server_factory("--model", "mlx-community/tiny-4bit", "--no-ssd",
+                         env=offline(hub_cache, HOME=str(studio_home)))  # fmt: skip
+    reply = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0})  # fmt: skip
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
+    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "mlx-community/tiny-4bit"
+    assert "(mlx) on http" in srv.log.read_text()
+
+
+def test_an_interrupted_download_completes_later(tmp_path):
+    """A download that stopped part-way keeps the files it got; the next start fetches only the
+    rest (the partial snapshot is not served in between)."""
+    from promptcache.engines.tiny_models import save_tiny_model
+
+    hub = FakeHub()
+    try:
+        commit = hub.add(REPO, Path(save_tiny_model("llama", str(tmp_path / "m"))), ["main"])
+        env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"}
+        hub.missing = {"model.safetensors"}
+        first = locate([(REPO, None)], env)[0]
+        assert first[:2] == ["error", "ModelNotFoundError"] and "downloading it failed" in first[2]
+        hub.missing, hub.requests[:] = set(), []
+        assert locate([(REPO, None)], env)[0][1:4] == ["hf-download", REPO, commit]
+        fetched = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+        assert [r.rsplit("/", 1)[1] for r in fetched] == ["model.safetensors"]
+    finally:
+        hub.close()

@@ -23,13 +23,13 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
     Event,
     Finished,
-    PromptTooLongError,
     RequestError,
     SamplingParams,
 )
 from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
+from promptcache.engines.context import check_prompt_fits
 from promptcache.engines.forced import ForcedTokens, TokenConstraint
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.engines.layers import Layout
@@ -242,15 +242,7 @@ class CachedEngine:
             raise RequestError("this server's model takes no image input (text only)")
         if any(s.start < 0 or s.end > len(prompt_ids) for s in images):
             raise RequestError("an image span lies outside the prompt")
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty")
-        if n >= self.max_context:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens",
-                n,
-                self.max_context,
-            )
+        check_prompt_fits(len(prompt_ids), self.max_context)
 
     def prefill(
         self,

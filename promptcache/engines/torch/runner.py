@@ -29,8 +29,10 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
 from promptcache.engines.torch.vision import TorchVision
+from promptcache.engines.torch.weights import check_weights_mode, quantize_linears, weights_mode
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")
@@ -42,10 +44,13 @@ def load_torch_weights(
     dtype: str = "float32",
     device: str = "cpu",
     max_context: int | None = None,
+    weights: str | None = None,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from an HF folder, for sharing one model between engines. A
     ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
-    ContextExtensionError when it has no plain RoPE to scale)."""
+    ContextExtensionError when it has no plain RoPE to scale). ``weights``: ``int8``/``int4``
+    replace the linear layers by quantized ones (``torch.weights``); None keeps the dtype."""
+    weights = check_weights_mode(weights, device)
     config = AutoConfig.from_pretrained(path)
     rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -59,7 +64,8 @@ def load_torch_weights(
         auto = AutoModelForImageTextToText
     model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
     model = model.to(device).eval()
-    check_forward(model, path)
+    quantize_linears(model, weights)
+    check_forward(model, path)  # after the swap: the quantized kernels run too
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
@@ -120,9 +126,12 @@ class TorchRunner:
         tokenizer: Any,
         block_scheme: BlockScheme | None = None,
         processor: Any = None,
+        threads: ThreadTuner | None = None,
     ) -> None:
         """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
-        then takes images (``vision``)."""
+        then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
+        each forward (None: left as they are)."""
+        self.threads = threads
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -137,11 +146,15 @@ class TorchRunner:
             if self.block_scheme.is_default
             else TorchPacker(self.block_scheme, self.device, self.dtype)
         )
+        # int8/int4 linear layers compute other numbers: their blocks never mix with float ones
+        self.weights = weights_mode(model)
         config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
         self.fingerprint = fingerprint_model(
             config,
             digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
-            str(self.dtype) + self.block_scheme.tag,
+            str(self.dtype)
+            + self.block_scheme.tag
+            + ("" if self.weights == "model" else "+w" + self.weights),
             self.name,
         )
         forward_args = inspect.signature(model.forward).parameters
@@ -171,17 +184,25 @@ class TorchRunner:
         dtype: str = "float32",
         device: str = "cpu",
         max_context: int | None = None,
+        weights: str | None = None,
     ) -> TorchRunner:
-        return cls(*load_torch_weights(path, dtype=dtype, device=device, max_context=max_context))
+        return cls(
+            *load_torch_weights(
+                path, dtype=dtype, device=device, max_context=max_context, weights=weights
+            )
+        )
 
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        # several one-token steps (decode) on a full-attention model: one padded forward; any
-        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
-        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+        if self.threads is not None:
+            self.threads.apply()  # the stepping thread runs every forward: set them there
+        # one-token steps (decode) on a full-attention model: one forward over the rows of a
+        # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
+        # copies the whole context every token); any other mix one sequence at a time
+        if all(len(x) == 1 for x in ids) and self._batches:
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
             )
