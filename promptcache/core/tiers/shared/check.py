@@ -44,7 +44,7 @@ def namespace_index(
     got = store.link.call(run)
     if got is None:
         return {}, {}, {}
-    # entries have 16-byte fields, child lists 20-byte ones (the same hash: see valkey_index)
+    # entries have 16-byte fields, child lists 20-byte ones (the same hash: see index.py)
     entries = {BlockHash(h): unpack_meta(h, root, e) for h, e in got[0].items() if len(h) == 16}
     kids = {f: v for f, v in got[0].items() if len(f) == KID_FIELD_BYTES}
     return entries, kids, {h: s for h, s in got[1]}
@@ -91,7 +91,7 @@ def check_store(store: ValkeyStore) -> None:
             if value is None:
                 continue  # expired or evicted: dropped from the index at its next read
             try:
-                store._verify(meta.stored(), value)
+                store.reader.verify(meta.stored(), value)
             except CorruptBlockError as exc:
                 raise AssertionError(f"{meta.block_hash.hex()}: {exc}") from None
     info = store.server_info(max_age_s=0.0)
