@@ -24,49 +24,13 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import math
 import random
 from collections.abc import Callable
 from pathlib import Path
 
-Record = dict[str, object]
-
-
-class History:
-    """One prompt that grows: full blocks keep their ids, the partial last block is renamed."""
-
-    def __init__(self, ids: list[int], num_tokens: int, alloc: Callable[[], int]) -> None:
-        self.ids = list(ids)
-        self.num_tokens = num_tokens
-        self.alloc = alloc
-
-    def extend(self, new_tokens: int, block: int) -> None:
-        total = self.num_tokens + new_tokens
-        self.ids = self.ids[: self.num_tokens // block]
-        while len(self.ids) * block < total:
-            self.ids.append(self.alloc())
-        self.num_tokens = total
-
-    def record(self, t_ms: int, output_length: int) -> Record:
-        return {
-            "timestamp": t_ms,
-            "input_length": self.num_tokens,
-            "output_length": output_length,
-            "hash_ids": list(self.ids),
-        }
-
-
-class Ids:
-    def __init__(self, start: int = 1_000_000) -> None:
-        self.next = start
-
-    def __call__(self) -> int:
-        self.next += 1
-        return self.next
-
-    def run(self, n: int) -> list[int]:
-        return [self() for _ in range(n)]
+from chat_shapes import CHAT_SHAPES
+from trace_parts import History, Ids, Record, write
 
 
 def coding_agent(
@@ -179,13 +143,8 @@ SHAPES: dict[str, Callable[..., list[Record]]] = {
     "loop": loop,
     "zipf": zipf,
     "shared_prefix": shared_prefix,
+    **CHAT_SHAPES,
 }
-
-
-def write(records: list[Record], path: str | Path) -> None:
-    with open(path, "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
 
 
 def main() -> None:
@@ -195,14 +154,15 @@ def main() -> None:
     ap.add_argument("--all", metavar="DIR", help="write every shape as DIR/<shape>.jsonl")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--block", type=int, default=64)
+    ap.add_argument("--block", type=int, help="tokens per hash id (default: the shape's own)")
     args = ap.parse_args()
+    block = [] if args.block is None else [args.block]
     if args.all:
         Path(args.all).mkdir(parents=True, exist_ok=True)
         for name, gen in SHAPES.items():
-            write(gen(args.seed, args.scale, args.block), Path(args.all) / f"{name}.jsonl")
+            write(gen(args.seed, args.scale, *block), Path(args.all) / f"{name}.jsonl")
     elif args.shape and args.out:
-        write(SHAPES[args.shape](args.seed, args.scale, args.block), args.out)
+        write(SHAPES[args.shape](args.seed, args.scale, *block), args.out)
     else:
         ap.error("give --shape and --out, or --all DIR")
 

@@ -233,14 +233,24 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from promptcache.engines.base import SamplingParams
-    from promptcache.engines.factory import engine_class, pick_engine
-    from promptcache.models import resolve_model
+    from promptcache.engines.factory import check_engine_reads, engine_class, pick_engine
+    from promptcache.model_sources import locate_model
+    from promptcache.models import prepare_model
 
-    kind = pick_engine(args.engine)
+    found = locate_model(args.model, args.revision)
+    kind = args.engine = pick_engine(args.engine, found)  # run_once builds the same engine
     engine_cls = engine_class(kind)
-    path = resolve_model(args.model)
+    check_engine_reads(kind, found)
+    quant = {}
+    if args.weights not in (None, "model"):
+        from promptcache.engines.errors import ConfigError
+
+        if kind != "torch":
+            raise ConfigError(f"--weights {args.weights} needs --engine torch")
+        quant["weights"] = args.weights  # checked by load_weights
+    path = prepare_model(found)
     model, tokenizer = engine_cls.load_weights(
-        path, dtype=args.dtype, device=args.device, max_context=args.max_context
+        path, dtype=args.dtype, device=args.device, max_context=args.max_context, **quant
     )
     if args.conversation:
         conv, source = (
@@ -262,7 +272,7 @@ def run_bench(args: argparse.Namespace) -> int:
         runs.append(run_once(model, tokenizer, conv, args))
     rows = summarize(runs)
     where = args.device if kind == "torch" else "mlx"
-    title = f"{path.name} on {where}, {source}, median of {args.repeats}"
+    title = f"{found.name} on {where}, {source}, median of {args.repeats}"
     print(f"\n{title}\n")
     print_table(rows)
     out = Path(args.out)

@@ -1,4 +1,4 @@
-"""Command line: ``promptcache serve | bench | replay | cache``.
+"""Command line: ``promptcache serve | bench | replay | cache | models``.
 
 Every serve flag has an environment variable: --ram-budget is PROMPTCACHE_RAM_BUDGET, and so on.
 """
@@ -12,7 +12,13 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from promptcache.cli_flags import add_engine_flags, add_flag, env_value
+from promptcache.cli_flags import (
+    add_engine_flags,
+    add_flag,
+    add_format_flags,
+    check_format_flags,
+    env_value,
+)
 
 
 def default_cache_dir() -> str:
@@ -28,6 +34,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return build_engine(
         args.engine,
         args.model,
+        revision=args.revision,
         cache_enabled=not args.no_cache,
         block_size=args.block_size,
         ram_budget=args.ram_budget,
@@ -51,6 +58,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         cache_dtype=args.cache_dtype,
         vision_cache_bytes=args.vision_cache_bytes,
         threads=args.threads,
+        weights=args.weights,
     )
 
 
@@ -60,17 +68,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
+    from promptcache.server.script import ReplyScript
     from promptcache.server.state import ServerState
 
     if not 0 <= args.hit_rate_alert <= 1 or args.hit_rate_window < 1:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
+    script = ReplyScript.load(args.scripted_replies) if args.scripted_replies else None
+    check_format_flags(args)
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
         raise ConfigError(str(exc)) from None
     state = ServerState(
         engine,
+        script=script,
+        tool_parser=args.tool_parser,
+        reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
+        strict_max_tokens=args.strict_max_tokens,
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
         hit_rate_alert=args.hit_rate_alert,
@@ -184,6 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    strict = str(env_value("strict-max-tokens", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--strict-max-tokens",
+        action="store_true",
+        default=strict,
+        help="refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
+        "leaves in the context (default: clamped to the room, said in the "
+        "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
+    )
     add_flag(
         serve,
         "hit-rate-alert",
@@ -206,7 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         "with --shared-tier: time limit of the start-up warm-up; 0 disables",
         float,
     )
+    add_flag(
+        serve,
+        "scripted-replies",
+        None,
+        "for testing clients: a JSON file of replies the model emits instead of its own (each "
+        "chosen by a regex on the request's last message; tool calls in the model's format)",
+    )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
+    add_format_flags(serve)
     keep = str(env_value("keep-billing-header", "")).lower() in ("1", "true", "yes")
     serve.add_argument(
         "--keep-billing-header",
@@ -329,7 +361,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="act on this shared tier (valkey://host:port/db) instead of the SSD folder",
     )
     cache.set_defaults(func=cmd_cache)
+
+    models = sub.add_parser(
+        "models",
+        help="list the models found locally (HF cache, LM Studio, bundled): size, engine, "
+        "whether they can be served",
+    )
+    models.add_argument("--json", action="store_true", help="print a JSON list")
+    models.set_defaults(func=cmd_models)
     return parser
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from promptcache.models_cli import run_models_command
+
+    return run_models_command(args)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:

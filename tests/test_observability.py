@@ -232,6 +232,32 @@ def test_diagnose_reasons_in_order():
     }
 
 
+def test_diagnosis_compares_with_what_supplied_the_hit():
+    """After a restart the SSD tier supplies a hit that no remembered request made: an unrelated
+    request sharing a few header tokens is not the one the prompt diverged from."""
+    mem = PromptMemory()
+    kw = dict(may_name_namespaces=True, decode=_decode)
+    unrelated = np.concatenate([np.arange(5), np.arange(900, 950)]).astype(np.uint32)
+    mem.add("", 7, unrelated)
+    resumed = np.arange(200, dtype=np.uint32)  # the hit: 160 tokens from the SSD tier
+    report = LookupReport(160, "prefix", 160, {"ssd": 160}, 0, False, None)
+    miss = diagnose(resumed, report, mem, "", **kw)
+    assert miss == ("cold", {"missed_tokens": 40, "first_seen": False,
+                             "supplied_by": {"ssd": 160}})  # fmt: skip
+    # the cache once held the continuation: evicted, though no remembered request covered it
+    log = EvictionLog()
+    log.note(b"h" * 16, b"p" * 16, "ram", now=10.0)
+    gone = report._replace(evicted=log.find(b"x" * 16, b"p" * 16))
+    ev = diagnose(resumed, gone, mem, "", now_s=12.0, **kw)
+    assert ev.reason == "evicted" and ev.detail["supplied_by"] == {"ssd": 160}
+    assert "earlier_request" not in ev.detail
+    # a remembered request that covers the hit and differs after it is still the one named
+    mem.add("", 8, np.concatenate([resumed[:160], np.arange(700, 760)]).astype(np.uint32))
+    div = diagnose(resumed, report, mem, "", **kw)
+    assert div.reason == "diverged" and div.detail["token_index"] == 160
+    assert div.detail["earlier_request"] == 8
+
+
 def test_prompt_memory_is_bounded():
     mem = PromptMemory(per_namespace=3, max_tokens=1000, max_namespaces=2)
     for i in range(5):

@@ -70,15 +70,26 @@ def test_restart_is_warm_and_replies_equal_uncached(tiny_llama_dir, tmp_path, re
     srv.stop()  # graceful: pending writes are flushed
     srv = ServerProcess(args, env=env).start()
     try:
+        # an unrelated request first: the only one the restarted server remembers
+        reply(srv.url, [{"role": "user", "content": "Quick one: what is a layover?"}])
+        ssd_hits = httpx.get(srv.url + "/v1/cache/stats").json()["tiers"]["ssd"]["num_hits"]
         text, usage = reply(srv.url, messages)
         assert text == reply(reference.url, messages)[0]
         assert usage.prompt_tokens_details.cached_tokens >= history_tokens
+        # the hit came from the SSD tier, not from the unrelated request: the miss record
+        # compares with what supplied it (no divergence at the chat template's first tokens)
+        rec = httpx.get(srv.url + "/v1/cache/requests", params={"limit": 1}).json()["requests"][0]
+        assert rec["tokens_by_tier"].get("ssd", 0) >= history_tokens - 16, rec
+        assert rec["reason"] == "cold", rec
+        assert rec["detail"]["supplied_by"] == rec["tokens_by_tier"]
+        assert not rec["detail"]["first_seen"]
         stats = httpx.get(srv.url + "/v1/cache/stats").json()
         assert (
-            stats["tiers"]["ssd"]["num_hits"] == 1 and stats["tiers"]["ssd"]["num_quarantined"] == 0
+            stats["tiers"]["ssd"]["num_hits"] == ssd_hits + 1
+            and stats["tiers"]["ssd"]["num_quarantined"] == 0
         )
         metrics = httpx.get(srv.url + "/metrics").text
-        assert "promptcache_cache_ssd_num_hits 1" in metrics
+        assert f"promptcache_cache_ssd_num_hits {ssd_hits + 1}" in metrics
     finally:
         srv.stop()
 

@@ -47,6 +47,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None  # an llguidance grammar the reply must follow (tools, JSON)
+    forced_ids: tuple[int, ...] | None = None  # the reply's tokens, decided in advance (tests)
     timeout_s: float | None = None  # time budget from arrival; decoding stops when it runs out
     session: str = ""  # tagged on the cache blocks the request touches (inside its tenant)
     cache_ttl_s: float | None = None  # TTL hint for those blocks (None: the tiers' defaults)
@@ -105,9 +106,13 @@ class Engine(Protocol):
     tokenizer: Any  # an HF-style tokenizer (chat template, encode, decode)
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
     ) -> list[int]:
-        """Prompt token ids for a chat via the model's chat template (generation prompt added)."""
+        """Prompt token ids for a chat via the model's chat template (generation prompt added);
+        ``template_kwargs`` (``enable_thinking``...) go to the template as variables."""
 
     @property
     def supports_images(self) -> bool:

@@ -6,30 +6,67 @@ its exit message), never ``SystemExit``."""
 from __future__ import annotations
 
 import importlib.util
-import os
+import json
+import logging
 import platform
+from pathlib import Path
 from typing import Any
 
 from promptcache.engines.errors import ConfigError
 
+log = logging.getLogger("promptcache")
 
-def pick_engine(name: str) -> str:
-    """auto: mlx on Apple Silicon when mlx-lm is installed, else torch."""
+
+def model_type(path: Any) -> str:
+    try:
+        return str(json.loads((Path(path) / "config.json").read_text()).get("model_type", "?"))
+    except (OSError, ValueError):
+        return "?"
+
+
+def pick_engine(name: str, found: Any = None) -> str:
+    """auto: mlx for a model saved by mlx-lm (``found``: a ``model_sources.FoundModel``) when
+    mlx-lm is installed, and on Apple Silicon when it is; else torch."""
     if name != "auto":
         return name
-    if (
-        platform.system() == "Darwin"
-        and platform.machine() == "arm64"
-        and importlib.util.find_spec("mlx_lm")
-    ):
+    has_mlx = importlib.util.find_spec("mlx_lm") is not None
+    if has_mlx and found is not None and found.path.is_dir():
+        from promptcache.model_sources import is_mlx_folder
+
+        if is_mlx_folder(found.path):
+            return "mlx"
+    if platform.system() == "Darwin" and platform.machine() == "arm64" and has_mlx:
         return "mlx"
     return "torch"
+
+
+def check_engine_reads(kind: str, found: Any) -> None:
+    """ConfigError when the engine cannot read the model's weights format at all."""
+    from promptcache.model_sources import is_mlx_quantized
+
+    if kind == "torch" and found.path.is_dir() and is_mlx_quantized(found.path):
+        raise ConfigError(
+            f"{found.name} holds mlx-lm quantized weights, which only the mlx engine reads: "
+            'use --engine mlx (pip install "promptcache[mlx]"), or a non-MLX build of the model'
+        )
+
+
+def check_weights_engine(kind: str, weights: str | None, device: str) -> str:
+    """``--weights`` for the engine ``kind``: int8/int4 on the torch engine only."""
+    if kind == "torch":
+        from promptcache.engines.torch.weights import check_weights_mode
+
+        return check_weights_mode(weights, device)
+    if weights not in (None, "model"):
+        raise ConfigError(f"--weights {weights} needs --engine torch (mlx models carry their own)")
+    return "model"
 
 
 def build_engine(
     engine: str = "auto",
     model: str | None = None,
     *,
+    revision: str | None = None,
     cache_enabled: bool = True,
     block_size: int = 64,
     ram_budget: str | int | None = None,
@@ -53,20 +90,35 @@ def build_engine(
     cache_dtype: str | None = None,
     vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
+    weights: str | None = None,
 ) -> Any:
-    from promptcache.models import resolve_model
+    from promptcache.model_sources import locate_model
+    from promptcache.models import prepare_model
 
-    kind = pick_engine(engine)
-    if kind == "torch":
-        set_torch_threads(threads)
+    if engine != "auto":
+        engine_class(engine)  # an unusable engine is refused before any model is resolved
+        if kv_bits and engine != "mlx":
+            raise ConfigError("--kv-bits needs --engine mlx")
+        check_weights_engine(engine, weights, device)
+    found = locate_model(model, revision)
+    kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
-    engine_class(kind)  # an unusable engine is refused before any model is resolved
-    path = resolve_model(model)
+    check_engine_reads(kind, found)
+    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
+    if kind == "torch":
+        from promptcache.engines.torch.threads import make_thread_tuner
+
+        extra["weights"] = check_weights_engine(kind, weights, device)
+        extra["threads"] = tuner = make_thread_tuner(threads)
+        if tuner is not None:
+            tuner.apply()  # the loading thread too (weights conversion, warm-up)
+    else:
+        check_weights_engine(kind, weights, device)
+    path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
         raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
-    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
@@ -93,27 +145,9 @@ def build_engine(
         ram_ttl=ram_ttl,
         encrypt_key_file=encrypt_key_file,
         vision_cache_bytes=vision_cache_bytes,
+        model_id=found.name,
         **extra,
     )
-
-
-def default_threads() -> int:
-    """One core left to the server's own threads: the HTTP loop, tokenizing and streaming run
-    while a forward holds the others. On a 2-core machine that is one: a thread pool spanning
-    every core stalls at each op's barrier whenever anything else takes a core."""
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
-        return max(1, len(os.sched_getaffinity(0)) - 1)
-    return max(1, (os.cpu_count() or 2) - 1)
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """torch's intra-op threads: ``threads`` (0: torch's own default, one per core), else
-    ``OMP_NUM_THREADS`` when set, else ``default_threads()``."""
-    if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
-        return
-    import torch
-
-    torch.set_num_threads(threads or default_threads())
 
 
 def engine_class(kind: str, path: Any = None) -> Any:
@@ -128,9 +162,17 @@ def engine_class(kind: str, path: Any = None) -> Any:
             raise ConfigError(
                 'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
             )
-        from promptcache.engines.mlx.vlm_load import is_vlm_folder
+        from promptcache.engines.mlx.vlm_load import SUPPORTED as VLM_SUPPORTED
+        from promptcache.engines.mlx.vlm_load import has_image_path, is_vlm_folder
 
-        if path is not None and is_vlm_folder(path):
+        if path is not None and is_vlm_folder(path) and not has_image_path(path):
+            # text chat through mlx-lm, which reads the decoder out of the checkpoint
+            log.warning(
+                "%s: images are not supported for %s on the mlx engine (supported: %s); serving "
+                "text only (image parts get a 400)",
+                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+            )  # fmt: skip
+        elif path is not None and is_vlm_folder(path):
             if not importlib.util.find_spec("mlx_vlm"):
                 raise ConfigError(
                     "a vision-language model on the mlx engine needs mlx-vlm: "

@@ -20,7 +20,7 @@ from promptcache.core.images import ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import Event, SamplingParams
-from promptcache.engines.grammar import GrammarConstraint
+from promptcache.engines.forced import TokenConstraint
 from promptcache.engines.textstream import StopTextStream
 
 
@@ -38,7 +38,7 @@ class Request:
     params: SamplingParams
     tenant: str = ""
     cancel: threading.Event | None = None
-    constraint: GrammarConstraint | None = None
+    constraint: TokenConstraint | None = None  # a grammar or a forced reply
     deadline: float | None = None  # time.monotonic() when the time budget runs out
     t0: float = field(default_factory=time.perf_counter)  # arrival, for the TTFT
     images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models only)

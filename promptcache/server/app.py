@@ -19,7 +19,7 @@ from promptcache.engines.base import (
     PromptTooLongError,
     RequestError,
 )
-from promptcache.server import anthropic_api, openai_api, sessions
+from promptcache.server import anthropic_api, openai_api, responses_api, sessions
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
@@ -27,6 +27,7 @@ from promptcache.server.schemas import (
     CompletionRequest,
     CountTokensRequest,
     MessagesRequest,
+    ResponsesRequest,
 )
 from promptcache.server.state import QueueFullError, ServerState
 from promptcache.server.streaming import cancel_all
@@ -38,6 +39,7 @@ ENDPOINTS = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/v1/models",
     "/v1/cache/stats",
     "/v1/cache/requests",
@@ -47,7 +49,7 @@ ENDPOINTS = (
 )
 
 
-STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
@@ -97,6 +99,12 @@ def create_app(state: ServerState) -> FastAPI:
         # each API's own wording: clients parse it (Claude Code compacts on Anthropic's)
         if is_anthropic_path(request.url.path):
             message = f"prompt is too long: {exc.num_tokens} tokens > {exc.max_context} maximum"
+            if exc.max_tokens:  # --strict-max-tokens: the prompt fits, the output does not
+                message = (
+                    f"input length and `max_tokens` exceed context limit: {exc.num_tokens} + "
+                    f"{exc.max_tokens} > {exc.max_context}, decrease input length or "
+                    "`max_tokens` and try again"
+                )
             return reject(request, 400, message)
         message = str(exc)
         if not message.startswith("This model's"):
@@ -155,6 +163,23 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/v1/messages/count_tokens")
     async def count_tokens(request: Request, body: CountTokensRequest) -> Any:
         return await anthropic_api.count_tokens(state, request, body)
+
+    @app.post("/v1/responses")
+    async def responses(request: Request, body: ResponsesRequest) -> Any:
+        return await responses_api.create(state, request, body)
+
+    # one route for both methods, so a 405 names both in Allow
+    @app.api_route(
+        "/v1/responses/{response_id}",
+        methods=["GET", "DELETE"],
+        responses={404: {"description": "No such stored response for this tenant"}},
+    )
+    async def stored_response(request: Request, response_id: str) -> Any:
+        """A stored response (``store`` was not false) of the caller's tenant: GET returns it,
+        DELETE removes it."""
+        if request.method == "DELETE":
+            return await responses_api.delete(state, request, response_id)
+        return await responses_api.get(state, request, response_id)
 
     @app.get("/v1/models")
     async def models() -> Any:

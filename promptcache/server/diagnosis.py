@@ -20,6 +20,10 @@ Reasons, checked in this order:
 - ``diverged``: the prompt differs from the closest earlier request at token i (which message,
   which role, the text on both sides).
 - ``cold``: the missed tokens were never seen (a first request, or new input after a hit).
+
+Only a remembered request that covers the hit can have supplied it; when none does (after a
+restart the SSD tier supplies hits no remembered request made), the reasons that name an earlier
+request are not looked for and the detail names the tiers that supplied the hit (``supplied_by``).
 - ``cancelled``: the client left during prefill (recorded without a diagnosis).
 """
 
@@ -189,6 +193,14 @@ def diagnose(
         )
     reach = max(hit, report.num_matched)
     same, seen, _ = memory.closest(namespace, tokens, images=images)
+    supplier: dict[str, Any] = {}
+    if seen is not None and same < hit:
+        # no remembered request covers the hit, so none of them supplied it (a tier written
+        # before a restart did, or a request forgotten since): compare with the cache instead
+        same, seen = 0, None
+        supplier = {"supplied_by": dict(report.tokens_by_tier)}
+    elif seen is None and hit:
+        supplier = {"supplied_by": dict(report.tokens_by_tier)}
     # the tokens go on agreeing past ``same``: an image there differs (the blocks holding it
     # key by its pixels, so the hit ends at or before its first token)
     if (
@@ -210,6 +222,11 @@ def diagnose(
             ago = round(max(0.0, now_s - report.evicted.time_s), 3)
             return Miss("evicted", {**detail, "tier": report.evicted.tier, "seconds_ago": ago})
         return Miss("unsaved", detail)
+    if supplier and report.evicted is not None:  # the cache held the continuation once
+        ago = round(max(0.0, now_s - report.evicted.time_s), 3)
+        return Miss(
+            "evicted", {**missed, **supplier, "tier": report.evicted.tier, "seconds_ago": ago}
+        )
     if may_name_namespaces:
         other, other_seen, other_ns = memory.closest(namespace, tokens, other_namespaces=True)
         if other > max(same, reach) + 1 and other_seen is not None:
@@ -235,4 +252,4 @@ def diagnose(
                 "expected": decode([int(t) for t in seen.tokens[at:hi]]),
             },
         )
-    return Miss("cold", {**missed, "first_seen": hit == 0})
+    return Miss("cold", {**missed, "first_seen": hit == 0, **supplier})

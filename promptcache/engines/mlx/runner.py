@@ -25,6 +25,7 @@ from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx.batch import batched_decode, can_batch
+from promptcache.engines.mlx.config import load_error, mlx_model_config, text_args
 from promptcache.engines.mlx.quant import MlxPacker
 from promptcache.engines.mlx.state import (
     MlxCacheSteps,
@@ -34,6 +35,7 @@ from promptcache.engines.mlx.state import (
 
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)
+log = logging.getLogger("promptcache")
 
 
 def _mlx_rope_scaling(config: dict[str, Any], max_context: int | None) -> dict[str, Any] | None:
@@ -70,29 +72,57 @@ def load_mlx_weights(
     import mlx.nn as nn
     from mlx_lm import load
 
-    from promptcache.models import context_extension_note, legacy_rope_keys
+    from promptcache.models import context_extension_note
 
     config = json.loads((Path(path) / "config.json").read_text())
-    model_config = legacy_rope_keys(config)
+    model_config = mlx_model_config(config)
     rope = _mlx_rope_scaling({**config, **model_config}, max_context)
     if rope is not None:
         # "type" too: some mlx-lm model args insist on it; initialize_rope reads either
         model_config["rope_scaling"] = {**rope, "type": "yarn"}
         model_config["max_position_embeddings"] = max_context
-    model, tokenizer = load(str(path), model_config=model_config)
+    try:
+        model, tokenizer = load(str(path), model_config=model_config)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:  # mlx-lm refusing the config
+        raise load_error(path, exc) from None
     quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     if not any(isinstance(m, quantized) for _, m in model.named_modules()):
         model.set_dtype(getattr(mx, dtype))
+    check_forward(model, path)
     if rope is not None:
-        args = getattr(model, "args", None)
+        args = text_args(model)
         if args is not None:  # some model args have no such field: the runner reads it here
             args.max_position_embeddings = max_context
-        logging.getLogger("promptcache").info(
-            "%s: %s", Path(path).name, context_extension_note(rope)
-        )
+        log.info("%s: %s", Path(path).name, context_extension_note(rope))
     # object.__setattr__: an mlx Module stores a dict attribute as a child module's params
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     return model, tokenizer
+
+
+def check_forward(model: Any, path: str | Path) -> None:
+    """One token through a fresh cache, so a model that cannot serve is refused at start-up
+    (ConfigError) instead of failing every request. Kernels some backends have only for float32
+    (mlx's CPU ``GatherMM``: MoE layers in bfloat16/float16) get the model cast to float32, said
+    in the log."""
+    for attempt in range(2):
+        try:
+            cache = make_prompt_cache(model)
+            mx.eval(model(mx.array([[0]]), cache=cache), [c.state for c in cache])
+            return
+        except Exception as exc:  # whatever the library raises: it is the reason given
+            dtype = next(v for _, v in tree_flatten(model.parameters())).dtype
+            if attempt == 0 and dtype != mx.float32 and "float32" in str(exc):
+                log.warning(
+                    "%s: %s on mlx's %s device; casting the model to float32 (%s)",
+                    Path(path).name, dtype, mx.default_device(), str(exc).splitlines()[0][:200],
+                )  # fmt: skip
+                model.set_dtype(mx.float32)
+                continue
+            reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            raise ConfigError(
+                f"{path} cannot serve on mlx ({type(exc).__name__}: {reason}); try --engine "
+                "torch, or another --dtype"
+            ) from None
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -121,9 +151,10 @@ class MlxRunner(MlxCacheSteps):
             raise ConfigError(f"kv_bits must be one of {', '.join(map(str, KV_BITS))}")
         if kv_group_size not in KV_GROUP_SIZES:
             raise ConfigError("kv_group_size must be 32, 64 or 128")
-        args = getattr(model, "args", None)
+        args = text_args(model)  # flat, or nested in a vision-language model's text_config
+        heads = getattr(args, "num_attention_heads", None)
         head_dim = getattr(args, "head_dim", None) or (
-            args.hidden_size // args.num_attention_heads if args is not None else None
+            args.hidden_size // heads if heads and getattr(args, "hidden_size", None) else None
         )
         if kv_bits is not None and head_dim and head_dim % kv_group_size:
             raise ConfigError(f"kv_group_size {kv_group_size} must divide the head size {head_dim}")

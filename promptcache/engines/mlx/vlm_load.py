@@ -67,6 +67,14 @@ def is_vlm_folder(path: str | Path) -> bool:
         return False
 
 
+def has_image_path(path: str | Path) -> bool:
+    """True when the folder's architecture is one the mlx-vlm image path supports."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text()).get("model_type") in SUPPORTED
+    except (OSError, ValueError):
+        return False
+
+
 def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]:
     """(model, processor) from a local mlx-vlm folder (weights in MLX layout): the model via
     ``mlx_vlm.utils.load_model``, the processor via its class's ``from_pretrained``; ``dtype``

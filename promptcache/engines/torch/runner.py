@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
+from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
@@ -28,7 +29,10 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.engines.torch.threads import ThreadTuner
+from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
 from promptcache.engines.torch.vision import TorchVision
+from promptcache.engines.torch.weights import check_weights_mode, quantize_linears, weights_mode
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")
@@ -40,10 +44,13 @@ def load_torch_weights(
     dtype: str = "float32",
     device: str = "cpu",
     max_context: int | None = None,
+    weights: str | None = None,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from an HF folder, for sharing one model between engines. A
     ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
-    ContextExtensionError when it has no plain RoPE to scale)."""
+    ContextExtensionError when it has no plain RoPE to scale). ``weights``: ``int8``/``int4``
+    replace the linear layers by quantized ones (``torch.weights``); None keeps the dtype."""
+    weights = check_weights_mode(weights, device)
     config = AutoConfig.from_pretrained(path)
     rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -57,6 +64,8 @@ def load_torch_weights(
         auto = AutoModelForImageTextToText
     model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
     model = model.to(device).eval()
+    quantize_linears(model, weights)
+    check_forward(model, path)  # after the swap: the quantized kernels run too
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
@@ -68,9 +77,37 @@ def is_vision_config(config: Any) -> bool:
     return getattr(config, "vision_config", None) is not None
 
 
+@torch.inference_mode()
+def check_forward(model: Any, path: str | Path) -> None:
+    """One token through a fresh cache, so a model that cannot serve is refused at start-up
+    (ConfigError, the reason) instead of failing every request."""
+    try:
+        ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+        arg = (
+            "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        )
+        model(input_ids=ids, use_cache=True, **{arg: DynamicCache(config=model.config)})
+    except Exception as exc:  # whatever the library raises: it is the reason given
+        reason = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        raise ConfigError(
+            f"{path} cannot serve on torch ({type(exc).__name__}: {reason}); try --engine mlx, "
+            "or another --dtype"
+        ) from None
+
+
 def load_torch_processor(path: str | Path) -> Any:
-    """The processor of a vision-language model folder, or None for a text-only model."""
-    if not is_vision_config(AutoConfig.from_pretrained(path)):
+    """The processor of a vision-language model folder whose image path we support, or None:
+    a text-only model, or a family whose images are not supported (said in the log: text chat
+    is served, image parts get a 400)."""
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_config(config):
+        return None
+    if config.model_type not in VISION_SUPPORTED:
+        log.warning(
+            "%s: images are not supported for %s on the torch engine (supported: %s); serving "
+            "text only (image parts get a 400)",
+            Path(path).name, config.model_type, ", ".join(VISION_SUPPORTED),
+        )  # fmt: skip
         return None
     from transformers import AutoProcessor
 
@@ -89,9 +126,12 @@ class TorchRunner:
         tokenizer: Any,
         block_scheme: BlockScheme | None = None,
         processor: Any = None,
+        threads: ThreadTuner | None = None,
     ) -> None:
         """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
-        then takes images (``vision``)."""
+        then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
+        each forward (None: left as they are)."""
+        self.threads = threads
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -106,11 +146,15 @@ class TorchRunner:
             if self.block_scheme.is_default
             else TorchPacker(self.block_scheme, self.device, self.dtype)
         )
+        # int8/int4 linear layers compute other numbers: their blocks never mix with float ones
+        self.weights = weights_mode(model)
         config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
         self.fingerprint = fingerprint_model(
             config,
             digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
-            str(self.dtype) + self.block_scheme.tag,
+            str(self.dtype)
+            + self.block_scheme.tag
+            + ("" if self.weights == "model" else "+w" + self.weights),
             self.name,
         )
         forward_args = inspect.signature(model.forward).parameters
@@ -140,17 +184,25 @@ class TorchRunner:
         dtype: str = "float32",
         device: str = "cpu",
         max_context: int | None = None,
+        weights: str | None = None,
     ) -> TorchRunner:
-        return cls(*load_torch_weights(path, dtype=dtype, device=device, max_context=max_context))
+        return cls(
+            *load_torch_weights(
+                path, dtype=dtype, device=device, max_context=max_context, weights=weights
+            )
+        )
 
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        # several one-token steps (decode) on a full-attention model: one padded forward; any
-        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
-        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+        if self.threads is not None:
+            self.threads.apply()  # the stepping thread runs every forward: set them there
+        # one-token steps (decode) on a full-attention model: one forward over the rows of a
+        # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
+        # copies the whole context every token); any other mix one sequence at a time
+        if all(len(x) == 1 for x in ids) and self._batches:
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
             )
