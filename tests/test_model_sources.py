@@ -91,15 +91,16 @@ def test_download_writes_the_hf_cache_layout(hub_cache):
 def test_offline_resolution_through_huggingface_hub(hub_cache):
     main, v1 = hub_cache["main"], hub_cache["v1"]
     got = locate([(REPO, None), (REPO, "main"), (REPO, "v1"), (REPO, v1), (REPO, "v2"),
-                  ("nobody/nothing", None)], offline(hub_cache))  # fmt: skip
+                  ("nobody/nothing", None), ("ab/c..d", None)], offline(hub_cache))  # fmt: skip
     snap = hub_cache["home"] / "hub" / "models--tiny-org--tiny-llama" / "snapshots"
     assert got[0] == [str(snap / main), "hf-cache", REPO, main]
     assert got[1] == got[0]
     assert got[2] == [str(snap / v1), "hf-cache", REPO, v1]
     assert got[3] == got[2]  # a commit hash as the revision
-    for err in got[4:]:
+    for err in got[4:6]:
         assert err[:2] == ["error", "ModelNotFoundError"]
         assert "not in the HF cache" in err[2] and "HF_HUB_OFFLINE" in err[2]
+    assert got[6][:2] == ["error", "ModelNotFoundError"] and "no valid hub id" in got[6][2]
     # HF_HUB_CACHE wins over HF_HOME, as in huggingface_hub
     env = offline(hub_cache, HF_HOME=str(hub_cache["base"] / "empty"),
                   HF_HUB_CACHE=str(hub_cache["home"] / "hub"))  # fmt: skip
