@@ -131,7 +131,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
     from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
-    shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)
+    shared = cache.tiers.find("shared")
     if shared is None or not seconds or seconds <= 0:
         return
     budget = cache.ram.budget_bytes
