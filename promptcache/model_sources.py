@@ -140,6 +140,10 @@ def hf_cached(repo: str, revision: str | None) -> Path | None:
         return None
     except hf.LocalEntryNotFoundError:
         return None
+    except hf.HFValidationError as exc:  # e.g. "a/b..c": no such id can exist
+        raise ModelNotFoundError(
+            f"--model {repo!r} is no local path and no valid hub id: {exc}"
+        ) from None
     return Path(path)
 
 
