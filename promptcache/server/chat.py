@@ -145,6 +145,8 @@ class ChatFormatter:
         if not before or len(before) > len(ids) or ids[: len(before)] == before:
             return ids
         hf = hf_tokenizer_of(self.engine.tokenizer)
+        if not hasattr(hf, "decode"):
+            return ids
         old = hf.decode(before, skip_special_tokens=False)
         new = hf.decode(ids, skip_special_tokens=False)
         if not new.startswith(old):  # the text itself differs: the prefix really ends there
