@@ -52,7 +52,7 @@ def _aliases(model_type: str) -> dict[str, str]:
         from transformers import AutoConfig
 
         return dict(AutoConfig.for_model(model_type).attribute_map)
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # a type transformers lacks, or a config without defaults: no renames
         return {}
 
 
