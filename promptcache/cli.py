@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scripted-replies",
         None,
         "for testing clients: a JSON file of replies the model emits instead of its own (each "
-        "chosen by a regex on the request's last message; tool calls in the model's format)",
+        "chosen by turn, a regex on the last message and the tools offered; see the README)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)
