@@ -94,7 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cache = (
         "off"
         if args.no_cache
-        else f"on (block {args.block_size}, {engine.cache.ram.budget_bytes / 1e6:.0f} MB RAM, "
+        else f"on (block {args.block_size}, {engine.cache_admin.ram_budget_bytes / 1e6:.0f} MB RAM, "
         + (
             "no SSD tier)"
             if args.no_ssd
@@ -109,7 +109,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.shared_tier and not args.no_cache:
-        warm_up_shared(engine.cache, args.warmup_bytes, args.warmup_seconds)
+        warm_up_shared(engine.cache_admin, args.warmup_bytes, args.warmup_seconds)
     try:
         # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
         uvicorn.run(
@@ -124,17 +124,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
+def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
     """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
-    bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables)."""
+    bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables). ``admin``: the
+    engine's ``CacheAdmin`` (None: the cache is off)."""
     from promptcache.core.budget import parse_size
-    from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
-    shared = cache.tiers.find("shared")
-    if shared is None or not seconds or seconds <= 0:
+    if admin is None or not admin.has_tier("shared") or not seconds or seconds <= 0:
         return
-    budget = cache.ram.budget_bytes
+    budget = admin.ram_budget_bytes
     try:
         nbytes = budget // 10 if size is None else parse_size(size, total_bytes=budget)
     except ValueError as exc:
@@ -147,7 +146,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
         log.info("%s", line)
         print(f"promptcache: {line}", file=sys.stderr, flush=True)
 
-    warm_up(cache, shared, min(nbytes, budget), seconds, progress)
+    admin.warm_up_shared(nbytes, seconds, progress)
 
 
 def limits_from_args(args: argparse.Namespace) -> Any:
