@@ -68,6 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
+    from promptcache.server.response_store import ResponseStore
     from promptcache.server.script import ReplyScript
     from promptcache.server.state import ServerState
 
@@ -75,6 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
     script = ReplyScript.load(args.scripted_replies) if args.scripted_replies else None
     check_format_flags(args)
+    if args.responses_max < 0 or args.responses_ttl <= 0:
+        raise ConfigError("--responses-max must be >= 0 and --responses-ttl > 0")
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
@@ -86,6 +89,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
         strict_max_tokens=args.strict_max_tokens,
+        responses=ResponseStore(args.responses_max, args.responses_ttl),
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
         hit_rate_alert=args.hit_rate_alert,
@@ -207,6 +211,15 @@ def build_parser() -> argparse.ArgumentParser:
         "leaves in the context (default: clamped to the room, said in the "
         "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
     )
+    add_flag(
+        serve,
+        "responses-max",
+        1000,
+        "stored Responses API responses kept per tenant (oldest go first; 0: none kept, so "
+        "previous_response_id never continues)",
+        int,
+    )
+    add_flag(serve, "responses-ttl", 86400.0, "seconds a stored response is kept", float)
     add_flag(
         serve,
         "hit-rate-alert",
