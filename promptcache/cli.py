@@ -131,7 +131,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
     from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
-    shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)
+    shared = cache.tiers.find("shared")
     if shared is None or not seconds or seconds <= 0:
         return
     budget = cache.ram.budget_bytes
@@ -235,7 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scripted-replies",
         None,
         "for testing clients: a JSON file of replies the model emits instead of its own (each "
-        "chosen by a regex on the request's last message; tool calls in the model's format)",
+        "chosen by turn, a regex on the last message and the tools offered; see the README)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)

@@ -145,6 +145,26 @@ def chat_turns(tokenizer):
     return [tokenizer.encode(t, add_special_tokens=False) for t in (first, nxt)]
 
 
+@pytest.mark.parametrize("name", ["qwen3_5_moe-vl", "gpt_oss"])
+def test_mlx_4bit_conversion_conversation_equals_uncached(name, tmp_path):
+    """A 4-bit MLX conversion (bfloat16 scales, the MoE experts quantized too) of the checkpoint
+    layout serves the same chat as without the cache."""
+    pytest.importorskip("mlx_lm")
+    from promptcache.engines.mlx.engine import MlxEngine
+
+    folder = save_mlx_family(name, tmp_path / "q4", bits=4)
+    model, tokenizer = MlxEngine.load_weights(folder)
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert "QuantizedSwitchLinear" in kinds, kinds  # the experts are 4-bit
+    opts = dict(block_size=BLOCK, prefill_chunk=CHUNK)
+    cached = MlxEngine(model, tokenizer, ram_budget=10**8, **opts)
+    plain = MlxEngine(model, tokenizer, cache_enabled=False, **opts)
+    turns = run_conversation(cached, plain, tokenizer)
+    ROWS.append(format_row(f"mlx {name} (4-bit mlx layout)", turns))
+    assert all(t.is_equal and reuse_ok(t) for t in turns), turns
+    cached.cache.check_integrity()
+
+
 def test_checkpoint_layout_nests_the_decoder(checkpoints):
     """The -vl checkpoints are the real layout: text_config + vision_config, the decoder's
     weights under model.language_model, a vision tower beside them."""
@@ -213,3 +233,20 @@ def test_context_extension_of_a_nested_decoder_is_refused_clearly(engine, checkp
         ContextExtensionError, match="native context of 4096 tokens and cannot be reached"
     ):
         load(checkpoints("qwen3_5-vl"), max_context=8192)
+
+
+@pytest.mark.parametrize("engine", ["torch", "mlx"])
+def test_an_architecture_the_library_lacks_is_a_config_error(engine, checkpoints, tmp_path):
+    if engine == "mlx":
+        pytest.importorskip("mlx_lm")
+        from promptcache.engines.mlx.runner import load_mlx_weights as load
+    else:
+        from promptcache.engines.torch.runner import load_torch_weights as load
+    folder = Path(checkpoints("llama"))
+    for item in folder.iterdir():
+        (tmp_path / item.name).symlink_to(item)
+    config = json.loads((folder / "config.json").read_text())
+    (tmp_path / "config.json").unlink()
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "no_such_arch"}))
+    with pytest.raises(ConfigError, match="cannot load .*no_such_arch"):
+        load(tmp_path)

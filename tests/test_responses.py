@@ -229,3 +229,92 @@ def test_bad_requests_get_a_clear_400(servers, extra):
     r = raw(on, {"model": "m", "input": "hi", "max_output_tokens": 2, **extra})
     assert r.status_code == 400, (extra, r.text)
     assert r.json()["error"]["message"]
+
+
+SCRIPT = {"replies": [
+    {"match": "ponder", "content": "<think>I should greet.</think>Hello!"},
+    {"turn": 0, "match": "weather", "content": "<think>Call it.</think>",
+     "tool_calls": [{"name": "get_weather", "arguments": {"city": "Lima"}}]},
+    {"turn": 1, "content": "<think>Sunny.</think>It is sunny in Lima."},
+]}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def scripted(tiny_llama_dir, tmp_path_factory):
+    """Replies from a script (reasoning and calls the tiny model would never write), read by
+    the think reasoning parser."""
+    from conftest import ServerProcess
+
+    home = tmp_path_factory.mktemp("scripted")
+    (home / "script.json").write_text(json.dumps(SCRIPT))
+    srv = ServerProcess(["--engine", "torch", "--model", tiny_llama_dir, "--block-size", "16",
+                         "--max-context", "2048", "--reasoning-parser", "think",
+                         "--scripted-replies", str(home / "script.json")],
+                        env={"PROMPTCACHE_HOME": str(home)}, log=home / "srv.log").start()  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_comes_back_as_a_reasoning_item(scripted, stream):
+    client = oa(scripted)
+    kw = dict(model="m", input="please ponder", max_output_tokens=60, reasoning={"effort": "low"})
+    if stream:
+        with client.responses.stream(**kw) as s:
+            kinds = [ev.type for ev in s]
+            r = s.get_final_response()
+        assert "response.reasoning_text.delta" in kinds
+        assert kinds.index("response.reasoning_text.done") < kinds.index(
+            "response.output_text.delta"
+        )
+    else:
+        r = client.responses.create(**kw)
+    assert [item.type for item in r.output] == ["reasoning", "message"]
+    assert r.output[0].content[0].text == "I should greet."
+    assert r.output_text == "Hello!"  # never the reasoning
+
+
+def test_tool_loop_with_reasoning_sent_back_or_stored(scripted):
+    """A call with reasoning, then its result: continued by previous_response_id, or the whole
+    conversation sent back (reasoning item included, as Codex does with store: false). Both
+    render the same prompt, which reuses the first turn from the cache."""
+    client = oa(scripted)
+    kw = dict(model="m", instructions=INSTRUCTIONS, tools=TOOLS, max_output_tokens=300)
+    first = client.responses.create(input="weather in Lima?", **kw)
+    assert [i.type for i in first.output] == ["reasoning", "function_call"], first.output
+    call = first.output[1]
+    assert json.loads(call.arguments) == {"city": "Lima"}
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}
+    second = client.responses.create(input=[result], previous_response_id=first.id, **kw)
+    assert second.output_text == "It is sunny in Lima."
+    before = first.usage.input_tokens + first.usage.output_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= 0.9 * before
+    whole = [{"role": "user", "content": "weather in Lima?"},
+             *[i.model_dump(exclude_none=True) for i in first.output], result]  # fmt: skip
+    replay = client.responses.create(input=whole, store=False, **kw)
+    assert replay.usage.input_tokens == second.usage.input_tokens
+    assert replay.usage.input_tokens_details.cached_tokens >= 0.9 * before
+    assert replay.output_text == second.output_text
+
+
+def test_model_metadata_for_openai_and_anthropic_clients(scripted):
+    anthropic = pytest.importorskip("anthropic")
+    from anthropic.types import ModelInfo
+    from openai.types import Model
+
+    card = oa(scripted).models.list().data[0]
+    raw_list = httpx.get(scripted.url + "/v1/models").json()
+    entry = raw_list["data"][0]
+    Model.model_validate(entry)
+    assert entry["context_length"] == entry["max_model_len"] == 2048
+    assert entry["engine"] == "torch"
+    assert entry["capabilities"] == {"completion": True, "tools": True, "vision": False,
+                                     "reasoning": True, "json_schema": True}  # fmt: skip
+    one = httpx.get(scripted.url + "/v1/models/my-alias").json()
+    assert one["id"] == "my-alias" and one["max_model_len"] == 2048 and one["root"] == card.id
+    client = anthropic.Anthropic(base_url=scripted.url, api_key="x", max_retries=0)
+    page = client.models.list()
+    info = page.data[0]
+    ModelInfo.model_validate(info.model_dump())
+    assert info.max_input_tokens == 2048 and info.capabilities.thinking.supported
+    assert client.models.retrieve("claude-x").id == "claude-x"

@@ -19,7 +19,7 @@ from promptcache.engines.base import (
     PromptTooLongError,
     RequestError,
 )
-from promptcache.server import anthropic_api, openai_api, responses_api, sessions
+from promptcache.server import anthropic_api, models_api, openai_api, responses_api, sessions
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
@@ -182,13 +182,15 @@ def create_app(state: ServerState) -> FastAPI:
         return await responses_api.get(state, request, response_id)
 
     @app.get("/v1/models")
-    async def models() -> Any:
-        return {
-            "object": "list",
-            "data": [
-                {"id": state.model_id, "object": "model", "created": 0, "owned_by": "promptcache"}
-            ],
-        }
+    async def models(request: Request) -> Any:
+        """The served model with its context length, engine and capabilities (OpenAI's list
+        and Anthropic's page in one body)."""
+        return models_api.list_models(state, "anthropic-version" in request.headers)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Any:
+        """Any id names the served model (requests are served whatever ``model`` says)."""
+        return models_api.model_card(state, model_id, "anthropic-version" in request.headers)
 
     @app.get("/health")
     async def health() -> Any:

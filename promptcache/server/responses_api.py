@@ -27,6 +27,7 @@ from promptcache.server.responses_items import (
     output_items,
     output_text,
     read_tools,
+    reasoning_item,
     reply_message,
     to_chat,
 )
@@ -34,9 +35,10 @@ from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
 from promptcache.server.streaming import keep_alive, start_first, stream_error
-from promptcache.tools import ToolStreamSplitter
+from promptcache.tools import ParsedReply, ReplyStreamer
 
 IGNORED_HEADER = "x-promptcache-ignored-tools"
+REASONING_PART = {"type": "reasoning_text", "text": ""}
 
 
 def usage(fin: Finished, cache_on: bool) -> dict[str, Any]:
@@ -136,18 +138,21 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
 
 
 class ResponseStream:
-    """The typed server-sent events of one streamed response."""
+    """The typed server-sent events of one streamed response: a reasoning item (when the
+    model's reasoning parser finds any), the message, then the calls."""
 
     def __init__(
         self, state: ServerState, chat: Chat, prep: Prepared, tools: ToolSet,
         base: dict[str, Any], finish: Any,
     ) -> None:  # fmt: skip
         self.base, self.tools, self.finish = base, tools, finish
-        self.splitter = ToolStreamSplitter(state.formatter.parser) if chat.can_call_tools else None
+        parser = state.formatter.parser if chat.can_call_tools else None
+        self.streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items done so far
-        self.msg_id: str | None = None  # the message item being streamed
-        self.shown = ""
+        self.open: dict[str, Any] | None = None  # the reasoning or message item being streamed
+        self.text = ""  # the open item's text so far
+        self.kinds_done: set[str] = set()
 
     def event(self, kind: str, **data: Any) -> str:
         payload = {"type": kind, "sequence_number": self.seq, **data}
@@ -176,26 +181,56 @@ class ResponseStream:
         yield self.event("response.in_progress", response=self.base)
         async for ev in events:
             if isinstance(ev, TextDelta):
-                piece = self.splitter.push(ev.text) if self.splitter is not None else ev.text
-                for line in self._text(piece) if piece else ():
+                thought, piece = self.streamer.push(ev.text)
+                for line in self._piece("reasoning", thought) + self._piece("message", piece):
                     yield line
             elif isinstance(ev, Finished):
                 for line in self._finish(ev):
                     yield line
 
-    def _text(self, piece: str) -> list[str]:
+    def _piece(self, kind: str, piece: str) -> list[str]:
+        """Events for a piece of reasoning or message text (opening its item when needed)."""
+        if not piece:
+            return []
         out = []
-        if self.msg_id is None:
-            self.msg_id = new_id("msg_")
-            item = message_item(self.msg_id, "", "in_progress")
-            where = {"item_id": self.msg_id, "output_index": len(self.items), "content_index": 0}
-            out.append(self.event("response.output_item.added", output_index=len(self.items),
-                                  item=item))  # fmt: skip
-            out.append(self.event("response.content_part.added", **where, part=output_text("")))
-        self.shown += piece
-        out.append(self.event("response.output_text.delta", item_id=self.msg_id,
-                              output_index=len(self.items), content_index=0, delta=piece,
-                              logprobs=[]))  # fmt: skip
+        if self.open is not None and self.open["type"] != kind:
+            out += self._close("completed")
+        index = len(self.items)
+        if self.open is None:
+            item_id = new_id("rs_" if kind == "reasoning" else "msg_")
+            if kind == "reasoning":
+                item, part = reasoning_item(item_id, "", "in_progress"), REASONING_PART
+            else:
+                item, part = message_item(item_id, "", "in_progress"), output_text("")
+            self.open, self.text = item, ""
+            out.append(self.event("response.output_item.added", output_index=index, item=item))
+            out.append(self.event("response.content_part.added", item_id=item_id,
+                                  output_index=index, content_index=0, part=part))  # fmt: skip
+        self.text += piece
+        where = {"item_id": self.open["id"], "output_index": index, "content_index": 0}
+        if kind == "reasoning":
+            out.append(self.event("response.reasoning_text.delta", **where, delta=piece))
+        else:
+            out.append(self.event("response.output_text.delta", **where, delta=piece, logprobs=[]))
+        return out
+
+    def _close(self, status: str) -> list[str]:
+        assert self.open is not None
+        item_id, index, text = self.open["id"], len(self.items), self.text
+        where = {"item_id": item_id, "output_index": index, "content_index": 0}
+        if self.open["type"] == "reasoning":
+            out = [self.event("response.reasoning_text.done", **where, text=text)]
+            part = {"type": "reasoning_text", "text": text}
+            item = reasoning_item(item_id, text, status)
+        else:
+            out = [self.event("response.output_text.done", **where, text=text, logprobs=[])]
+            part = output_text(text)
+            item = {**message_item(item_id, text), "status": status}
+        out.append(self.event("response.content_part.done", **where, part=part))
+        out.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.items.append(item)
+        self.kinds_done.add(str(item["type"]))
+        self.open = None
         return out
 
     def _finish(self, fin: Finished) -> list[str]:
@@ -208,34 +243,26 @@ class ResponseStream:
     def _output(self, reply: Reply, fin: Finished, out: list[str]) -> list[dict[str, Any]]:
         """The items still to stream after the last token (appending their events to ``out``);
         returns every output item."""
-        rest = reply.content[len(self.shown) :]
-        if rest or (self.msg_id is None and not reply.calls):
-            out += self._text(rest)
-        if self.msg_id is not None:
-            status = "completed" if fin.reason == "stop" else "incomplete"
-            where = {"item_id": self.msg_id, "output_index": len(self.items)}
-            text = reply.content  # == shown + rest (the splitter's contract)
-            out.append(self.event("response.output_text.done", **where, content_index=0,
-                                  text=text, logprobs=[]))  # fmt: skip
-            out.append(self.event("response.content_part.done", **where, content_index=0,
-                                  part=output_text(text)))  # fmt: skip
-            item = {**message_item(self.msg_id, text), "status": status}
-            out.append(self.event("response.output_item.done", output_index=len(self.items),
-                                  item=item))  # fmt: skip
-            self.items.append(item)
+        thought, rest = self.streamer.left(ParsedReply(reply.content, [], reply.reasoning))
+        out += self._piece("reasoning", thought)
+        out += self._piece("message", rest)
+        is_message_open = self.open is not None and self.open["type"] == "message"
+        if not reply.calls and "message" not in self.kinds_done and not is_message_open:
+            out += self._empty_message()
+        if self.open is not None:
+            out += self._close("completed" if fin.reason == "stop" else "incomplete")
         for cid, call in reply.calls:
             item_id, index = new_id("fc_"), len(self.items)
             head = call_item(item_id, cid, call.name, call.arguments, self.tools, "in_progress")
             out.append(self.event("response.output_item.added", output_index=index, item=head))
             done = call_item(item_id, cid, call.name, call.arguments, self.tools)
+            where = {"item_id": item_id, "output_index": index}
             if done["type"] == "function_call":
-                where = {"item_id": item_id, "output_index": index}
                 out.append(self.event("response.function_call_arguments.delta", **where,
                                       delta=call.arguments))  # fmt: skip
                 out.append(self.event("response.function_call_arguments.done", **where,
                                       arguments=call.arguments))  # fmt: skip
             else:
-                where = {"item_id": item_id, "output_index": index}
                 out.append(self.event("response.custom_tool_call_input.delta", **where,
                                       delta=done["input"]))  # fmt: skip
                 out.append(self.event("response.custom_tool_call_input.done", **where,
@@ -243,6 +270,18 @@ class ResponseStream:
             out.append(self.event("response.output_item.done", output_index=index, item=done))
             self.items.append(done)
         return self.items
+
+    def _empty_message(self) -> list[str]:
+        """An empty reply is still one message item (as the unstreamed response has)."""
+        out = []
+        if self.open is not None:
+            out += self._close("completed")
+        item_id, index = new_id("msg_"), len(self.items)
+        self.open, self.text = message_item(item_id, "", "in_progress"), ""
+        out.append(self.event("response.output_item.added", output_index=index, item=self.open))
+        out.append(self.event("response.content_part.added", item_id=item_id, output_index=index,
+                              content_index=0, part=output_text("")))  # fmt: skip
+        return out
 
 
 def _stored(state: ServerState, request: Request, response_id: str) -> Any:

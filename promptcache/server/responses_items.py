@@ -111,8 +111,17 @@ def input_messages(
     if isinstance(items, str):
         return [{"role": "user", "content": items}] if items else []
     out: list[dict[str, Any]] = []
+    thought = ""  # a reasoning item's text, for the assistant turn it precedes
     for i, item in enumerate(items):
         kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or []
+            thought += "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
+            continue
+        if thought and kind in ("message", "function_call", "custom_tool_call"):
+            if item.get("role", "assistant") == "assistant":
+                _start_assistant(out)["reasoning_content"] = thought
+            thought = ""
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
@@ -120,8 +129,11 @@ def input_messages(
             content = _content(item.get("content"), role == "user", images, i)
             role = "system" if role == "developer" else role
             if role == "assistant" and out and out[-1].get("role") == "assistant":
-                prev = out[-1]  # several output messages of one turn: one assistant message
-                prev["content"] = f"{prev.get('content') or ''}{content}"
+                prev = out[-1]  # several output items of one turn: one assistant message
+                if prev.get("tool_calls"):  # text after a call is a turn of its own
+                    out.append({"role": "assistant", "content": content})
+                else:
+                    prev["content"] = f"{prev.get('content') or ''}{content}"
                 continue
             out.append({"role": role, "content": content})
         elif kind in ("function_call", "custom_tool_call"):
@@ -143,8 +155,6 @@ def input_messages(
             output = item.get("output")
             text = output if isinstance(output, str) else _content(output, False, images, i)
             out.append({"role": "tool", "content": text, "tool_call_id": item.get("call_id")})
-        elif kind == "reasoning":
-            continue  # reasoning is never rendered back (templates drop earlier turns' thinking)
         elif kind == "item_reference":
             raise RequestError(
                 f"input[{i}]: item_reference is not supported; send the item itself or use "
@@ -156,6 +166,12 @@ def input_messages(
                 "function_call_output, custom_tool_call(_output), reasoning)"
             )
     return out
+
+
+def _start_assistant(out: list[dict[str, Any]]) -> dict[str, Any]:
+    """The assistant message a reasoning item belongs to: a new one (reasoning opens a turn)."""
+    out.append({"role": "assistant", "content": ""})
+    return out[-1]
 
 
 def _content(content: Any, is_user: bool, images: ImagePolicy, index: int) -> Any:
@@ -248,8 +264,16 @@ def call_item(
             "arguments": arguments, "status": status}  # fmt: skip
 
 
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [] if status == "in_progress" else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content,
+            "status": status}  # fmt: skip
+
+
 def output_items(reply: Reply, tools: ToolSet, status: str = "completed") -> list[dict[str, Any]]:
     items = []
+    if reply.reasoning:
+        items.append(reasoning_item(new_id("rs_"), reply.reasoning))
     if reply.content or not reply.calls:
         items.append(message_item(new_id("msg_"), reply.content, status))
     for cid, call in reply.calls:
@@ -260,6 +284,8 @@ def output_items(reply: Reply, tools: ToolSet, status: str = "completed") -> lis
 def reply_message(reply: Reply) -> dict[str, Any]:
     """The assistant turn as a chat message (what a continuation renders)."""
     msg: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.reasoning:
+        msg["reasoning_content"] = reply.reasoning
     if reply.calls:
         msg["tool_calls"] = [
             {"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
