@@ -139,6 +139,42 @@ def test_family_parallel_requests_equal_one_by_one(engine, name, loaded):
         assert stats["max_batch_rows"] >= 2, stats  # the decodes really shared forwards
 
 
+BOTH_HF = [n for n in FAMILY_NAMES if n not in MLX_CONVERTED]
+
+
+@pytest.mark.parametrize("name", [*BOTH_HF, "gemma3-rope"])
+def test_both_engines_read_the_same_checkpoint_as_the_same_model(name, checkpoints, tmp_path):
+    """The HF folder on torch and on mlx gives the same next-token logits: mlx-lm reads
+    transformers 5's config as transformers means it (RoPE per layer type, no-RoPE models,
+    tagged infinities, renamed fields). ``gemma3-rope``: non-default RoPE bases per layer type."""
+    pytest.importorskip("mlx_lm")
+    import numpy as np
+
+    from promptcache.engines.mlx.engine import MlxEngine
+    from promptcache.engines.torch.engine import TorchEngine
+
+    folder = Path(checkpoints(name.removesuffix("-rope")))
+    if name.endswith("-rope"):
+        for item in folder.iterdir():
+            (tmp_path / item.name).symlink_to(item)
+        config = json.loads((folder / "config.json").read_text())
+        config["rope_parameters"] = {
+            "full_attention": {"rope_theta": 20000.0, "rope_type": "default"},
+            "sliding_attention": {"rope_theta": 500.0, "rope_type": "default"},
+        }
+        (tmp_path / "config.json").unlink()
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        folder = tmp_path
+    logits = []
+    for cls in (TorchEngine, MlxEngine):
+        model, tokenizer = cls.load_weights(folder)
+        engine = cls(model, tokenizer, cache_enabled=False)
+        _, out, _, _ = engine.prefill(chat_turns(tokenizer)[0])
+        logits.append(np.asarray(engine.to_numpy(out), dtype=np.float64))
+    scale = float(np.abs(logits[0]).max())
+    assert float(np.abs(logits[0] - logits[1]).max()) <= 1e-3 * max(scale, 1.0), name
+
+
 def chat_turns(tokenizer):
     first = f"<|im_start|>user\n{USER_TURNS[0]}<|im_end|>\n<|im_start|>assistant\n"
     nxt = f"<|im_end|>\n<|im_start|>user\n{USER_TURNS[1]}<|im_end|>\n<|im_start|>assistant\n"

@@ -210,11 +210,32 @@ def test_custom_tools_map_to_a_string_function_and_back(servers):
     assert again["usage"]["input_tokens_details"]["cached_tokens"] > 0
 
 
+def test_namespace_tools_are_their_member_functions(servers):
+    """Codex groups its sub-agent tools in a namespace tool: the members are offered, and a
+    call to one names its namespace."""
+    from openai.types.responses import ResponseFunctionToolCall
+
+    from promptcache.server.responses_items import call_item, read_tools
+
+    on, _ = servers
+    group = {"type": "namespace", "name": "agents", "description": "Sub-agents",
+             "tools": [{"type": "function", "name": "spawn", "parameters": WEATHER}]}  # fmt: skip
+    tools = read_tools([group, *TOOLS])
+    assert [t["function"]["name"] for t in tools.functions] == ["spawn", "get_weather"]
+    item = call_item("fc_1", "call_1", "spawn", '{"city": "Lima"}', tools)
+    assert ResponseFunctionToolCall.model_validate(item).namespace == "agents"
+    assert "namespace" not in call_item("fc_2", "call_2", "get_weather", "{}", tools)
+    r = raw(on, {"model": "m", "input": "hi", "tools": [group], "max_output_tokens": 2})
+    assert r.status_code == 200, r.text
+    Response.model_validate(r.json())
+
+
 @pytest.mark.parametrize(
     "extra",
     [
         {"tools": [{"type": "teleport"}]},
         {"tools": [{"type": "function"}]},
+        {"tools": [{"type": "namespace", "name": "x"}]},
         {"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]},
         {"input": [{"role": "wizard", "content": "x"}]},
         {"text": {"format": {"type": "json_schema", "name": "x", "schema": 3}}},
@@ -318,3 +339,23 @@ def test_model_metadata_for_openai_and_anthropic_clients(scripted):
     ModelInfo.model_validate(info.model_dump())
     assert info.max_input_tokens == 2048 and info.capabilities.thinking.supported
     assert client.models.retrieve("claude-x").id == "claude-x"
+
+
+def test_response_store_bounds_ages_and_forgets(monkeypatch):
+    from promptcache.server import response_store
+    from promptcache.server.response_store import ResponseStore
+
+    clock = [1000.0]
+    monkeypatch.setattr(response_store.time, "time", lambda: clock[0])
+    store = ResponseStore(max_per_tenant=2, ttl_s=60)
+    for rid, session in (("a", "s1"), ("b", "s2"), ("c", "s1")):
+        store.put("t", {"id": rid}, [{"role": "user", "content": rid}], session)
+    assert store.get("t", "a") is None and store.get("t", "b") is not None  # oldest went
+    assert store.get("u", "b") is None  # another tenant's
+    assert store.forget("t", "s1") == 1 and store.get("t", "c") is None
+    clock[0] += 61
+    assert store.get("t", "b") is None and len(store) == 0  # aged out
+    store.put("t", {"id": "d"}, [], "")
+    assert store.delete("t", "d") and not store.delete("t", "d")
+    store.put("t", {"id": "e"}, [], "x")
+    assert store.forget("t", None) == 1 and len(store) == 0

@@ -21,6 +21,8 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
+    CacheAdmin,
+    EngineLimits,
     Event,
     Finished,
     RequestError,
@@ -69,6 +71,7 @@ class CachedEngine:
         self.cache = build_cache(
             opts, runner.fingerprint, runner.codec(), runner.layout.requires_checkpoint
         )
+        self._admin = CacheAdmin(self.cache) if self.cache is not None else None
         # a vision-language runner's image half (None: a text-only model)
         self.vision: VisionModel | None = getattr(runner, "vision", None)
         self.feeder: VisionFeeder | None = None
@@ -129,6 +132,15 @@ class CachedEngine:
     @property
     def rope_scaling(self) -> dict[str, Any] | None:
         return self.runner.rope_scaling
+
+    @property
+    def limits(self) -> EngineLimits:
+        block = self.cache.block_size if self.cache is not None else None
+        return EngineLimits(self.max_context, self.vocab_size, block, self.supports_images)
+
+    @property
+    def cache_admin(self) -> CacheAdmin | None:
+        return self._admin
 
     # -- one sequence on the model, outside the scheduler (tests, benchmarks' ideal runs) -------
 

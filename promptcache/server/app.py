@@ -19,7 +19,14 @@ from promptcache.engines.base import (
     PromptTooLongError,
     RequestError,
 )
-from promptcache.server import anthropic_api, models_api, openai_api, responses_api, sessions
+from promptcache.server import (
+    anthropic_api,
+    models_api,
+    ollama_api,
+    openai_api,
+    responses_api,
+    sessions,
+)
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
@@ -27,6 +34,9 @@ from promptcache.server.schemas import (
     CompletionRequest,
     CountTokensRequest,
     MessagesRequest,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
     ResponsesRequest,
 )
 from promptcache.server.state import QueueFullError, ServerState
@@ -41,6 +51,12 @@ ENDPOINTS = (
     "/v1/messages/count_tokens",
     "/v1/responses",
     "/v1/models",
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
+    "/api/ps",
     "/v1/cache/stats",
     "/v1/cache/requests",
     "/dashboard",
@@ -50,6 +66,7 @@ ENDPOINTS = (
 
 
 STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+NDJSON_PATHS = ("/api/chat", "/api/generate")  # Ollama streams: one JSON object a line
 DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
@@ -192,6 +209,31 @@ def create_app(state: ServerState) -> FastAPI:
         """Any id names the served model (requests are served whatever ``model`` says)."""
         return models_api.model_card(state, model_id, "anthropic-version" in request.headers)
 
+    # the Ollama API (Open WebUI, Continue, IDE plugins)
+    @app.post("/api/chat")
+    async def ollama_chat(request: Request, body: OllamaChatRequest) -> Any:
+        return await ollama_api.chat(state, request, body)
+
+    @app.post("/api/generate")
+    async def ollama_generate(request: Request, body: OllamaGenerateRequest) -> Any:
+        return await ollama_api.generate(state, request, body)
+
+    @app.get("/api/tags")
+    async def ollama_tags() -> Any:
+        return ollama_api.tags(state)
+
+    @app.post("/api/show")
+    async def ollama_show(body: OllamaShowRequest) -> Any:
+        return ollama_api.show(state, body)
+
+    @app.get("/api/ps")
+    async def ollama_ps() -> Any:
+        return ollama_api.ps(state)
+
+    @app.get("/api/version")
+    async def ollama_version() -> Any:
+        return ollama_api.version()
+
     @app.get("/health")
     async def health() -> Any:
         return {
@@ -279,6 +321,8 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
                 ok = responses.get("200", {}).setdefault("content", {})
                 if path in STREAMING_PATHS:  # "stream": true answers with server-sent events
                     ok["text/event-stream"] = {}
+                elif path in NDJSON_PATHS:  # streamed by default
+                    ok["application/x-ndjson"] = {}
                 elif path == "/metrics":
                     ok.clear()
                     ok["text/plain"] = text

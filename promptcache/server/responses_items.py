@@ -46,14 +46,15 @@ class ToolSet:
     functions: list[dict[str, Any]] = field(default_factory=list)  # chat-shaped function tools
     custom: set[str] = field(default_factory=set)  # names of freeform (custom) tools
     ignored: list[str] = field(default_factory=list)  # hosted tool types left out
+    namespaces: dict[str, str] = field(default_factory=dict)  # tool name -> its namespace
 
 
 def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
 
 
-def read_tools(tools: list[dict[str, Any]] | None) -> ToolSet:
-    out = ToolSet()
+def read_tools(tools: list[dict[str, Any]] | None, out: ToolSet | None = None) -> ToolSet:
+    out = out if out is not None else ToolSet()
     for i, tool in enumerate(tools or []):
         kind = tool.get("type")
         name = tool.get("name")
@@ -70,6 +71,15 @@ def read_tools(tools: list[dict[str, Any]] | None) -> ToolSet:
             fn = {"name": name, "description": desc.strip(), "parameters": CUSTOM_PARAMS}
             out.functions.append({"type": "function", "function": fn})
             out.custom.add(name)
+        elif kind == "namespace":  # a group of tools (Codex's sub-agent tools): its members
+            inner = tool.get("tools")
+            if not name or not isinstance(inner, list):
+                raise RequestError(f"tools[{i}]: a namespace tool needs a name and tools")
+            known = {t["function"]["name"] for t in out.functions}
+            read_tools(inner, out)
+            for t in out.functions:
+                if t["function"]["name"] not in known:
+                    out.namespaces[t["function"]["name"]] = str(name)
         elif kind in HOSTED_TOOLS:
             out.ignored.append(str(kind))
             if kind not in _warned:
@@ -78,8 +88,8 @@ def read_tools(tools: list[dict[str, Any]] | None) -> ToolSet:
                             kind)  # fmt: skip
         else:
             raise RequestError(
-                f"tools[{i}]: type {kind!r} is not supported (function and custom tools are; "
-                f"hosted ones such as web_search are ignored)"
+                f"tools[{i}]: type {kind!r} is not supported (function, custom and namespace "
+                "tools are; hosted ones such as web_search are ignored)"
             )
     return out
 
@@ -260,8 +270,11 @@ def call_item(
         value = json.loads(arguments).get("input", "") if status == "completed" else ""
         return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name,
                 "input": str(value), "status": status}  # fmt: skip
-    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}  # fmt: skip
+    if name in tools.namespaces:
+        item["namespace"] = tools.namespaces[name]
+    return item
 
 
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
