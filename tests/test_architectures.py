@@ -201,6 +201,14 @@ def test_mlx_4bit_conversion_conversation_equals_uncached(name, tmp_path):
     cached.cache.check_integrity()
 
 
+def test_layer_kinds_come_from_the_librarys_cache_objects(loaded):
+    """Nemotron-H's blocks: Mamba (snapshot), attention (positional), an MLP whose cache layer
+    holds nothing (stored nowhere), Mamba."""
+    cached, _, _ = engines_for(loaded, "torch", "nemotron_h")
+    assert cached.layout.kinds[2] == "DummyLayer"
+    assert (cached.layout.positional, cached.layout.snapshot) == ((1,), (0, 3))
+
+
 def test_checkpoint_layout_nests_the_decoder(checkpoints):
     """The -vl checkpoints are the real layout: text_config + vision_config, the decoder's
     weights under model.language_model, a vision tower beside them."""
