@@ -196,3 +196,21 @@ def test_harmony_json_answer_on_the_final_channel(servers):
                                               "json_schema": {"name": "c", "schema": schema}})  # fmt: skip
     r = oa(on).chat.completions.create(**kw)
     assert json.loads(r.choices[0].message.content) == {"city": "Lima"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streamed_forced_call_equals_the_whole_reply(servers, kind):
+    on, _ = servers[kind]
+    kw = dict(model="m", messages=[{"role": "user", "content": "Airport of Lima?"}], tools=TOOLS,
+              tool_choice={"type": "function", "function": {"name": "find_airport"}},
+              parallel_tool_calls=False, max_tokens=200, temperature=0)  # fmt: skip
+    whole = oa(on).chat.completions.create(**kw).choices[0].message
+    chunks = list(oa(on).chat.completions.create(**kw, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    text = "".join(d.content or "" for d in deltas)
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    args = "".join(tc.function.arguments or "" for tc in calls if tc.index == 0)
+    assert text == (whole.content or "") and not any(m in text for m in MARKUP)
+    assert calls[0].function.name == whole.tool_calls[0].function.name == "find_airport"
+    assert json.loads(args) == json.loads(whole.tool_calls[0].function.arguments)
+    assert set(json.loads(args)) == {"code", "near"}
