@@ -1,10 +1,11 @@
-"""Agent families end to end: tiny Qwen3.5 (hybrid, XML calls, <think> in the prompt) and gpt-oss
-(harmony) models with their own templates, through a real server and the official clients.
+"""Agent families end to end: tiny Qwen3.5 (hybrid, XML calls, <think> in the prompt), gpt-oss
+(harmony) and DeepSeek V3.1-format (attention only; arguments concatenated by the template)
+models with their own templates, through a real server and the official clients.
 
 Forced tool calls come out in the family's format (the grammar writes it), reasoning never
 reaches content, streamed Anthropic calls open no text block, and a 4-turn tool loop reuses the
-previous turn (>= 95% of prompt + reply on gpt-oss' attention layers, >= the previous prompt on
-the Qwen3.5 hybrid) with replies equal to an uncached server's.
+previous turn (>= 95% of prompt + reply on the attention models, >= the previous prompt on the
+Qwen3.5 hybrid) with replies equal to an uncached server's.
 """
 
 import json
@@ -46,8 +47,17 @@ A_TOOLS = [
     for t in TOOLS
 ]  # fmt: skip
 SYSTEM = "You are a travel agent. Use the tools to answer questions about trips. " * 3
-KINDS = ("qwen3_5", "gpt_oss")
-MARKUP = ("<tool_call>", "<function=", "<|channel|>", "<|message|>", "<think>", "</think>")
+KINDS = ("qwen3_5", "gpt_oss", "deepseek_v31")
+MARKUP = (
+    "<tool_call>",
+    "<function=",
+    "<|channel|>",
+    "<|message|>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁sep｜>",
+)
 
 
 @pytest.fixture(scope="module")
