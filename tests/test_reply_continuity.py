@@ -43,7 +43,10 @@ def last_record(url: str) -> dict[str, Any]:
 def chat_plain(url: str, history: list[dict[str, Any]]) -> str:
     c = openai.OpenAI(base_url=url + "/v1", api_key="x")
     r = c.chat.completions.create(
-        model="m", messages=history, max_tokens=MAX_TOKENS, temperature=0  # type: ignore[arg-type]
+        model="m",
+        messages=history,
+        max_tokens=MAX_TOKENS,
+        temperature=0,  # type: ignore[arg-type]
     )
     return r.choices[0].message.content or ""
 
@@ -60,7 +63,10 @@ def chat_stream(url: str, history: list[dict[str, Any]]) -> str:
 def messages_plain(url: str, history: list[dict[str, Any]]) -> str:
     c = anthropic.Anthropic(base_url=url, api_key="x")
     r = c.messages.create(
-        model="m", max_tokens=MAX_TOKENS, messages=history, extra_body=GREEDY  # type: ignore[arg-type]
+        model="m",
+        max_tokens=MAX_TOKENS,
+        messages=history,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     )
     return "".join(b.text for b in r.content if b.type == "text")
 
@@ -68,7 +74,10 @@ def messages_plain(url: str, history: list[dict[str, Any]]) -> str:
 def messages_stream(url: str, history: list[dict[str, Any]]) -> str:
     c = anthropic.Anthropic(base_url=url, api_key="x")
     with c.messages.stream(
-        model="m", max_tokens=MAX_TOKENS, messages=history, extra_body=GREEDY  # type: ignore[arg-type]
+        model="m",
+        max_tokens=MAX_TOKENS,
+        messages=history,
+        extra_body=GREEDY,  # type: ignore[arg-type]
     ) as s:
         return "".join(s.text_stream)
 
@@ -76,7 +85,11 @@ def messages_stream(url: str, history: list[dict[str, Any]]) -> str:
 def responses_plain(url: str, history: list[dict[str, Any]]) -> str:
     c = openai.OpenAI(base_url=url + "/v1", api_key="x")
     r = c.responses.create(
-        model="m", input=history, max_output_tokens=MAX_TOKENS, temperature=0, store=False  # type: ignore[arg-type]
+        model="m",
+        input=history,
+        max_output_tokens=MAX_TOKENS,
+        temperature=0,
+        store=False,  # type: ignore[arg-type]
     )
     return r.output_text
 
@@ -113,16 +126,14 @@ def test_turn_two_reuses_prompt_and_reply(pair, path):
     on, off = pair
     send, parts = PATHS[path]
     history: list[dict[str, Any]] = [{"role": "user", "content": f"{QUESTION} ({path})"}]
-    replies = []
-    for turn in range(2):
+    records = []
+    for _turn in range(2):
         reply = send(on.url, history)
         assert reply == send(off.url, history), "cached and uncached replies differ"
-        replies.append(reply)
-        rec = last_record(on.url)
-        if turn == 1:
-            # all but the new user message: the whole previous prompt and the reply's tokens
-            assert rec["cached_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
-        first = rec
+        records.append(last_record(on.url))
         history += [{"role": "assistant", "content": as_parts(reply, parts)},
                     {"role": "user", "content": "And then?"}]  # fmt: skip
+    first, second = records
     assert first["completion_tokens"] == MAX_TOKENS  # a reply long enough to have odd splits
+    # all but the new user message: the whole previous prompt and the reply's own tokens
+    assert second["cached_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
