@@ -47,6 +47,7 @@ class Steps:
         # the last request's live state and the sequence it covers: a hit that it also covers is
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self.live: tuple[Any, TokenSeq] | None = None
+        self.checkpoint_last = True  # see chunk_end (off: only chunk and prompt ends, to compare)
 
     # -- one request's part of a step (``batching.Batcher`` composes the step) ------------------
 
@@ -62,7 +63,9 @@ class Steps:
         return end
 
     def _checkpoints_last(self, req: Request) -> bool:
-        return req.seq is not None and self.runner.layout.requires_checkpoint
+        return (
+            self.checkpoint_last and req.seq is not None and self.runner.layout.requires_checkpoint
+        )
 
     def is_save_point(self, req: Request, end: int) -> bool:
         """Whether the state at ``end`` is saved: a chunk's end, the prompt's, and for snapshot
