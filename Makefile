@@ -3,11 +3,21 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
-# the real Claude Code CLI, for the agent end-to-end test (npm; skipped where npm is missing)
+# the real agent CLIs, for the tool-loop end-to-end tests (npm; each test skipped where it is missing)
 CLAUDE_CODE_VERSION := 2.1.197
 CLAUDE := .tools/claude-code-$(CLAUDE_CODE_VERSION)/node_modules/.bin/claude
+CODEX_VERSION := 0.171.0
+CODEX := .tools/codex-$(CODEX_VERSION)/node_modules/.bin/codex
+OPENCODE_VERSION := 1.18.33
+OPENCODE := .tools/opencode-$(OPENCODE_VERSION)/node_modules/.bin/opencode
+QWEN_CODE_VERSION := 0.24.4
+QWEN := .tools/qwen-code-$(QWEN_CODE_VERSION)/node_modules/.bin/qwen
+# one npm package into its own folder under .tools/ ($(1) folder, $(2) package@version)
+npm_tool = @if command -v npm >/dev/null; then \
+		npm install -s --no-audit --no-fund --prefix .tools/$(1) $(2); \
+	else echo "npm not found: the $(2) end-to-end test will be skipped"; fi
 
-.PHONY: install claude-code chromium serve test bench lint fmt clean
+.PHONY: install claude-code agent-clis chromium serve test bench lint fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,12 +31,16 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 $(CLAUDE):
-	@if command -v npm >/dev/null; then \
-		npm install -s --no-audit --no-fund --prefix .tools/claude-code-$(CLAUDE_CODE_VERSION) \
-			@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION); \
-	else echo "npm not found: the Claude Code end-to-end test will be skipped"; fi
+	$(call npm_tool,claude-code-$(CLAUDE_CODE_VERSION),@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION))
+$(CODEX):
+	$(call npm_tool,codex-$(CODEX_VERSION),@openai/codex@$(CODEX_VERSION))
+$(OPENCODE):
+	$(call npm_tool,opencode-$(OPENCODE_VERSION),opencode-ai@$(OPENCODE_VERSION))
+$(QWEN):
+	$(call npm_tool,qwen-code-$(QWEN_CODE_VERSION),@qwen-code/qwen-code@$(QWEN_CODE_VERSION))
 
 claude-code: $(CLAUDE)
+agent-clis: $(CLAUDE) $(CODEX) $(OPENCODE) $(QWEN)
 
 # Debian's chromium for the dashboard page test (installed where we may: root with apt-get)
 chromium:
@@ -38,8 +52,10 @@ chromium:
 serve: install
 	$(BIN)/promptcache serve $(ARGS)
 
-test: install claude-code chromium
-	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+test: install agent-clis chromium
+	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) PROMPTCACHE_CODEX=$(CURDIR)/$(CODEX) \
+	PROMPTCACHE_OPENCODE=$(CURDIR)/$(OPENCODE) PROMPTCACHE_QWEN=$(CURDIR)/$(QWEN) \
+		$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/core_bench.py

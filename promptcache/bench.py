@@ -241,9 +241,16 @@ def run_bench(args: argparse.Namespace) -> int:
     kind = args.engine = pick_engine(args.engine, found)  # run_once builds the same engine
     engine_cls = engine_class(kind)
     check_engine_reads(kind, found)
+    quant = {}
+    if args.weights not in (None, "model"):
+        from promptcache.engines.errors import ConfigError
+
+        if kind != "torch":
+            raise ConfigError(f"--weights {args.weights} needs --engine torch")
+        quant["weights"] = args.weights  # checked by load_weights
     path = prepare_model(found)
     model, tokenizer = engine_cls.load_weights(
-        path, dtype=args.dtype, device=args.device, max_context=args.max_context
+        path, dtype=args.dtype, device=args.device, max_context=args.max_context, **quant
     )
     if args.conversation:
         conv, source = (
@@ -265,7 +272,7 @@ def run_bench(args: argparse.Namespace) -> int:
         runs.append(run_once(model, tokenizer, conv, args))
     rows = summarize(runs)
     where = args.device if kind == "torch" else "mlx"
-    title = f"{path.name} on {where}, {source}, median of {args.repeats}"
+    title = f"{found.name} on {where}, {source}, median of {args.repeats}"
     print(f"\n{title}\n")
     print_table(rows)
     out = Path(args.out)

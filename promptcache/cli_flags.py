@@ -46,8 +46,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "threads",
         None,
         "torch intra-op threads; 0: torch's default (one per core) (default: OMP_NUM_THREADS "
-        "if set, else the cores but one, left to the server's HTTP and streaming threads: 1 on "
-        "a 2-core machine)",
+        "if set, else auto: the cores other processes leave free, at start from the load "
+        "average, then re-checked every 2 s)",
         int,
     )
     add_flag(
@@ -129,6 +129,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         int,
     )
     add_flag(p, "dtype", "float32", "model dtype: float32 | bfloat16 | float16")
+    add_flag(
+        p,
+        "weights",
+        None,
+        "torch engine, CPU: run the linear layers on int8 or int4 weights (weight-only, "
+        "torch's packed kernels; a separate cache fingerprint) (default: the model's dtype)",
+    )
     add_flag(p, "device", "cpu", "torch device: cpu | cuda")
     add_flag(
         p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int
@@ -176,3 +183,38 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         default=no_ssd,
         help="RAM tier only: nothing persists across restarts [env PROMPTCACHE_NO_SSD]",
     )
+
+
+def add_format_flags(p: argparse.ArgumentParser) -> None:
+    """--tool-parser and --reasoning-parser: override the formats detected from the model."""
+    from promptcache.tools import parser_names, reasoning_names
+
+    add_flag(
+        p,
+        "tool-parser",
+        None,
+        "tool-call format the model writes, overriding detection (chat template markers, "
+        f"tokenizer tokens, model_type): {', '.join(parser_names())}",
+    )
+    add_flag(
+        p,
+        "reasoning-parser",
+        None,
+        f"reasoning format, overriding detection: {', '.join(reasoning_names())}",
+    )
+
+
+def check_format_flags(args: argparse.Namespace) -> None:
+    """ConfigError (exit 2) for an unknown --tool-parser or --reasoning-parser name."""
+    from promptcache.engines.errors import ConfigError
+    from promptcache.tools import make_parser, make_reasoning
+
+    try:
+        if getattr(args, "tool_parser", None):
+            make_parser(args.tool_parser)
+        if getattr(args, "reasoning_parser", None):
+            make_reasoning(args.reasoning_parser)
+    except ValueError as exc:
+        raise ConfigError(
+            f"--{'tool' if 'tool-call' in str(exc) else 'reasoning'}-parser: {exc}"
+        ) from None

@@ -55,6 +55,7 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
             return FoundModel(path, "gguf", path.stem)
         if path.is_dir():
             return FoundModel(model_in_folder(path, model), "folder", path.name)
+        raise ModelNotFoundError(f"--model {model!r} is a file but not a .gguf")
     match = _HUB_ID.match(model)
     if match is None:
         raise ModelNotFoundError(
@@ -64,9 +65,9 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
     repo, file = match["repo"], match["file"]
     cached = hf_cached(repo, revision)
     studio = None if revision else lmstudio_model(repo)
-    if file is not None:  # the folder may hold other quants of the model but not this one
-        cached = cached if cached and (cached / file).is_file() else None
-        studio = studio if studio and (studio / file).is_file() else None
+    # a folder with nothing to load (only a README fetched; other quants than ``file``) is no hit
+    cached = cached if cached and has_model(cached, file) else None
+    studio = studio if studio and has_model(studio, file) else None
     if cached is not None:
         if studio is not None:
             log.info(
@@ -82,6 +83,12 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
         )
     log.info("model %s: %s (%s)", model, found.path, found.source)
     return found
+
+
+def has_model(folder: Path, file: str | None = None) -> bool:
+    if file is not None:
+        return (folder / file).is_file()
+    return (folder / "config.json").is_file() or any(folder.glob("*.gguf"))
 
 
 def model_in_folder(folder: Path, model: str, file: str | None = None) -> Path:
@@ -133,6 +140,10 @@ def hf_cached(repo: str, revision: str | None) -> Path | None:
         return None
     except hf.LocalEntryNotFoundError:
         return None
+    except hf.HFValidationError as exc:  # e.g. "a/b..c": no such id can exist
+        raise ModelNotFoundError(
+            f"--model {repo!r} is no local path and no valid hub id: {exc}"
+        ) from None
     return Path(path)
 
 
@@ -167,9 +178,9 @@ def hf_download(repo: str, revision: str | None, file: str | None) -> Path:
         raise ModelNotFoundError(f"{repo} has no revision {revision!r}") from None
     except Exception as exc:  # noqa: BLE001 (the network edge: no hub, DNS, proxy, timeouts)
         raise ModelNotFoundError(
-            f"{where} is not in the HF cache ({hub_cache_dir()}) and the hub could not be "
-            f"reached ({type(exc).__name__}: {str(exc).splitlines()[0]}); retry with network, "
-            "or pass --model a local folder or .gguf file (HF_HUB_OFFLINE=1 skips the hub)"
+            f"{where} is not (fully) in the HF cache ({hub_cache_dir()}) and downloading it "
+            f"failed ({type(exc).__name__}: {str(exc).splitlines()[0]}); run again to resume "
+            "(finished files are kept), or pass --model a local folder or .gguf file"
         ) from None
 
 

@@ -116,6 +116,9 @@ class ContextExtensionError(ConfigError):
 def native_context(config: dict) -> int:
     """The context the model was trained for (2048 when the config does not say: the engines'
     fallback too)."""
+    text = config.get("text_config")  # a vision-language checkpoint: the decoder's context
+    if isinstance(text, dict) and text.get("max_position_embeddings"):
+        return int(text["max_position_embeddings"])
     return int(config.get("max_position_embeddings") or 2048)
 
 
@@ -163,7 +166,16 @@ def rope_scaling_for(config: dict, max_context: int | None) -> dict | None:
     native = native_context(config)
     if not max_context or max_context <= native:
         return None
-    rope, reason = _plain_rope(config)
+    if isinstance(config.get("text_config"), dict):
+        rope, reason = (
+            None,
+            (
+                "its decoder's RoPE sits in the text_config of a vision-language checkpoint, "
+                "which promptcache does not rescale"
+            ),
+        )
+    else:
+        rope, reason = _plain_rope(config)
     if rope is None:
         raise ContextExtensionError(native, max_context, reason)
     return {

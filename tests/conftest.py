@@ -31,3 +31,14 @@ def server_factory(tmp_path):
     yield make
     for srv in started:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def scripted_model_dir(tmp_path_factory) -> str:
+    """A tiny llama with the bundled model's real tokenizer (real token counts, ChatML) and room
+    for an agent CLI's long prompts: the model behind ``serve --scripted-replies``."""
+    pytest.importorskip("torch")
+    from promptcache.engines.tiny_models import bundled_tokenizer, save_tiny_model
+
+    folder = str(tmp_path_factory.mktemp("scripted-llama"))
+    return save_tiny_model("llama", folder, tokenizer=bundled_tokenizer(), max_context=65536)

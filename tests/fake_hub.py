@@ -28,6 +28,7 @@ class FakeHub:
         self.commits: dict[str, dict[str, dict[str, bytes]]] = {}  # repo -> commit -> files
         self.refs: dict[str, dict[str, str]] = {}  # repo -> ref -> commit
         self.requests: list[str] = []
+        self.missing: set[str] = set()  # file names answered 404, as a download cut short
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -95,7 +96,7 @@ class FakeHub:
                     repo, rev, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
                     commit = hub._resolve(repo, rev)
                     data = hub.commits.get(repo, {}).get(commit or "", {}).get(name)
-                    if data is None:
+                    if data is None or name in hub.missing:
                         return self._missing("EntryNotFound")
                     etag = _etag(name, data)
                     start = 0

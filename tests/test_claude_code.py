@@ -1,8 +1,10 @@
-"""The real Claude Code CLI (installed by `make test` from npm) against the default model.
+"""The real Claude Code CLI (installed by `make test` from npm).
 
-Two `claude -p` sessions with different first prompts, in a throwaway git repo, as a user runs
-them: both must finish without an API error, and the second must reuse at least 80% of its
-prompt tokens from the first (the server's own usage counters, over every request it sent).
+With the default model: two `claude -p` sessions with different first prompts, in a throwaway
+git repo, as a user runs them: both must finish without an API error, and the second must reuse
+at least 80% of its prompt tokens from the first (the server's own usage counters, over every
+request it sent). With scripted replies: a loop through its Bash and Read tools
+(``agent_helpers``), every request reusing at least 90% of the prompt before it.
 """
 
 import os
@@ -13,11 +15,22 @@ from pathlib import Path
 
 import httpx
 import pytest
+from agent_helpers import (
+    assert_tool_loop,
+    base_env,
+    cli_path,
+    make_workspace,
+    run_cli,
+    start_scripted_server,
+    write_loop_script,
+)
 
 pytest.importorskip("torch")
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
-CLAUDE = os.environ.get("PROMPTCACHE_CLAUDE") or shutil.which("claude")
+CLAUDE = cli_path(
+    "PROMPTCACHE_CLAUDE", "claude-code-2.1.197/node_modules/.bin/claude"
+) or shutil.which("claude")
 
 
 def counters(url: str) -> tuple[int, int]:
@@ -67,3 +80,29 @@ def test_two_claude_code_sessions_finish_and_share_their_prefix(server_factory, 
     prompt_after, cached_after = counters(srv.url)
     prompt, cached = prompt_after - prompt_before, cached_after - cached_before
     assert cached >= 0.8 * prompt, (cached, prompt)
+
+
+@pytest.mark.skipif(
+    not CLAUDE or not os.path.exists(CLAUDE), reason="Claude Code CLI not installed"
+)
+def test_claude_code_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path):
+    ws = make_workspace(tmp_path)
+    subprocess.run(["git", "init", "-q"], cwd=ws.work, check=True)
+    script = write_loop_script(
+        tmp_path / "script.json",
+        {"name": "Bash", "arguments": {"command": "ls", "description": "List files"}},
+        {"name": "Read", "arguments": {"file_path": str(ws.note)}},
+    )
+    srv = start_scripted_server(server_factory, scripted_model_dir, script)
+    env = base_env(
+        ws,
+        ANTHROPIC_BASE_URL=srv.url,
+        ANTHROPIC_API_KEY="sk-any",
+        DISABLE_AUTOUPDATER="1",
+        DISABLE_TELEMETRY="1",
+        CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",  # no side requests, no error reporting
+    )
+    prompt = "List the files here, then tell me what notes.txt says."
+    cmd = [str(CLAUDE), "-p", prompt, "--tools", "Bash,Read", "--max-turns", "4"]
+    records = assert_tool_loop(srv.url, run_cli(cmd, ws, env))
+    assert all(r["endpoint"] == "/v1/messages" for r in records)

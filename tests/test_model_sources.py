@@ -4,6 +4,7 @@ model that is nowhere, ``promptcache models --json``, and a real ``serve --model
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -90,15 +91,16 @@ def test_download_writes_the_hf_cache_layout(hub_cache):
 def test_offline_resolution_through_huggingface_hub(hub_cache):
     main, v1 = hub_cache["main"], hub_cache["v1"]
     got = locate([(REPO, None), (REPO, "main"), (REPO, "v1"), (REPO, v1), (REPO, "v2"),
-                  ("nobody/nothing", None)], offline(hub_cache))  # fmt: skip
+                  ("nobody/nothing", None), ("ab/c..d", None)], offline(hub_cache))  # fmt: skip
     snap = hub_cache["home"] / "hub" / "models--tiny-org--tiny-llama" / "snapshots"
     assert got[0] == [str(snap / main), "hf-cache", REPO, main]
     assert got[1] == got[0]
     assert got[2] == [str(snap / v1), "hf-cache", REPO, v1]
     assert got[3] == got[2]  # a commit hash as the revision
-    for err in got[4:]:
+    for err in got[4:6]:
         assert err[:2] == ["error", "ModelNotFoundError"]
         assert "not in the HF cache" in err[2] and "HF_HUB_OFFLINE" in err[2]
+    assert got[6][:2] == ["error", "ModelNotFoundError"] and "no valid hub id" in got[6][2]
     # HF_HUB_CACHE wins over HF_HOME, as in huggingface_hub
     env = offline(hub_cache, HF_HOME=str(hub_cache["base"] / "empty"),
                   HF_HUB_CACHE=str(hub_cache["home"] / "hub"))  # fmt: skip
@@ -145,6 +147,10 @@ def studio_home(tmp_path_factory, hub_cache):
     odd.mkdir(parents=True)
     (odd / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
     (odd / "model.safetensors").write_bytes((mlx_dir / "model.safetensors").read_bytes())
+    gptq = models / "someone" / "tiny-gptq"
+    gptq.mkdir(parents=True)
+    (gptq / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4}}))  # fmt: skip
+    (gptq / "model.safetensors").write_bytes((hub_cache["base"] / "main" / "model.safetensors").read_bytes())  # fmt: skip
     dup = models / REPO
     dup.mkdir(parents=True)
     (dup / "config.json").write_text("{}")
@@ -189,10 +195,12 @@ def test_engine_follows_the_weights_format(studio_home):
 def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMPTCACHE_HOME": str(tmp_path),
            **offline(hub_cache, HOME=str(studio_home))}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "promptcache.cli", "models", "--json"],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    both = "from promptcache.cli import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", both], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rows = {(r["model"], r["revision"], r["source"]): r for r in json.loads(done.stdout)}
+    listing, table = done.stdout.split("=" * 8 + "\n")
+    rows = {(r["model"], r["revision"], r["source"]): r for r in json.loads(listing)}
     main, v1 = rows[(REPO, None, "hf-cache")], rows[(REPO, "v1", "hf-cache")]
     assert main["commit"] == hub_cache["main"] and v1["commit"] == hub_cache["v1"]
     for row in (main, v1):
@@ -206,9 +214,10 @@ def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     odd = rows[("someone/odd-model", None, "lmstudio")]
     assert odd["can_serve"] is False and "no_such_arch" in odd["reason"]
     assert rows[(REPO, None, "lmstudio")]["can_serve"] is False  # a config without a model
-    table = subprocess.run([sys.executable, "-m", "promptcache.cli", "models"], env=env,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert f"{REPO} --revision v1" in table.stdout and "no_such_arch" in table.stdout
+    gptq = rows[("someone/tiny-gptq", None, "lmstudio")]
+    if importlib.util.find_spec("gptqmodel") is None:
+        assert gptq["can_serve"] is False and "gptqmodel" in gptq["reason"]
+    assert f"{REPO} --revision v1" in table and "no_such_arch" in table
 
 
 @pytest.mark.server
@@ -233,3 +242,38 @@ def test_a_partial_download_is_not_served_offline(hub_cache, tmp_path):
     (snap / "model.safetensors").unlink()  # as an interrupted download leaves it
     got = locate([(REPO, None)], {**offline(hub_cache), "HF_HOME": str(home)})
     assert got[0][:2] == ["error", "ModelNotFoundError"] and "partial download" in got[0][2]
+
+
+@pytest.mark.server
+@pytest.mark.mlx
+def test_serve_an_lmstudio_mlx_model_on_mlx(studio_home, hub_cache, server_factory):
+    """``--engine auto`` puts mlx-lm's (4-bit) weights on the mlx engine, even on Linux."""
+    import httpx
+
+    srv = server_factory("--model", "mlx-community/tiny-4bit", "--no-ssd",
+                         env=offline(hub_cache, HOME=str(studio_home)))  # fmt: skip
+    reply = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0})  # fmt: skip
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] > 0
+    assert httpx.get(srv.url + "/v1/models").json()["data"][0]["id"] == "mlx-community/tiny-4bit"
+    assert "(mlx) on http" in srv.log.read_text()
+
+
+def test_an_interrupted_download_completes_later(tmp_path):
+    """A download that stopped part-way keeps the files it got; the next start fetches only the
+    rest (the partial snapshot is not served in between)."""
+    from promptcache.engines.tiny_models import save_tiny_model
+
+    hub = FakeHub()
+    try:
+        commit = hub.add(REPO, Path(save_tiny_model("llama", str(tmp_path / "m"))), ["main"])
+        env = {"HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url, "HF_HUB_OFFLINE": "0"}
+        hub.missing = {"model.safetensors"}
+        first = locate([(REPO, None)], env)[0]
+        assert first[:2] == ["error", "ModelNotFoundError"] and "downloading it failed" in first[2]
+        hub.missing, hub.requests[:] = set(), []
+        assert locate([(REPO, None)], env)[0][1:4] == ["hf-download", REPO, commit]
+        fetched = [r for r in hub.requests if r.startswith("GET") and "/resolve/" in r]
+        assert [r.rsplit("/", 1)[1] for r in fetched] == ["model.safetensors"]
+    finally:
+        hub.close()

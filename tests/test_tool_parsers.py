@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import llguidance
 import llguidance.hf
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -20,6 +21,7 @@ from promptcache.tools import (
     make_parser,
     parser_names,
 )
+from promptcache.tools.registry import ALIASES
 
 QWEN25_TEMPLATE = r"""{%- if tools %}
     {{- '<|im_start|>system\n' }}
@@ -317,7 +319,19 @@ SEARCH = {
     },
 }
 TOOLS = [WEATHER, SEARCH]
-PARSERS = parser_names()
+PARSERS = [n for n in parser_names() if n not in ALIASES]  # each format once
+TEXT_VALUED = ("qwen3_xml", "qwen3_coder", "glm45", "glm4_moe", "glm47")
+
+
+def tools_for(calls: list[ToolCall]) -> list[dict]:
+    """Tools whose schemas type each call's values (strings as strings, the rest any JSON)."""
+    out = []
+    for c in calls:
+        props = {k: ({"type": "string"} if isinstance(v, str) else {})
+                 for k, v in json.loads(c.arguments).items()}  # fmt: skip
+        out.append({"type": "function", "function": {"name": c.name, "parameters": {
+            "type": "object", "properties": props}}})  # fmt: skip
+    return out[::-1]  # a later tool of the same name must not win: first match is used
 
 
 def render_template(template: str, messages: list[dict], **kw) -> str:
@@ -572,7 +586,17 @@ contents = st.text(st.characters(blacklist_characters="{}[]<>", blacklist_catego
 @given(content=contents, calls=tool_calls)
 def test_round_trip(fmt, content, calls):
     p = make_parser(fmt)
-    assert p.parse(p.render(content, calls)) == ParsedReply(content, calls)
+    tools = None
+    if fmt in TEXT_VALUED:  # values are text: typed back by a schema, keys are tag names
+        assume(
+            all(
+                re.fullmatch(r"[A-Za-z_][\w.\-]*", k)
+                for c in calls
+                for k in json.loads(c.arguments)
+            )
+        )
+        tools = tools_for(calls)
+    assert p.parse(p.render(content, calls), tools) == ParsedReply(content, calls)
 
 
 # --- streaming ---
@@ -617,7 +641,18 @@ FRAGMENTS = {
     "hermes": ["<tool_call>", "</tool_call>", "<tool", '{"name": "f", "arguments": {}}'],
     "llama3_json": ["<|python_tag|>", "<|py", "{", "}", ";", '{"name": "f", "parameters": {}}'],
     "mistral": ["[TOOL_CALLS]", "[TOOL_", "f[ARGS]", "[", "]", '[{"name": "f", "arguments": {}}]'],
-}
+    "qwen3_xml": ["<tool_call>", "<function=f>", "<parameter=a>", "</parameter>", "</function>",
+                  "</tool_call>", "<tool", "\n"],
+    "glm45": ["<tool_call>", "f", "<arg_key>a</arg_key>", "<arg_value>", "</arg_value>",
+              "</tool_call>", "<arg_"],
+    "kimi_k2": ["<|tool_calls_section_begin|>", "<|tool_call_begin|>", "functions.f:0",
+                "<|tool_call_argument_begin|>", "{}", "<|tool_call_end|>",
+                "<|tool_calls_section_end|>", "<|tool_"],
+    "deepseek": ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "f", "<｜tool▁sep｜>", "{}",
+                 "<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>", "```json\n", "function"],
+    "harmony": ["<|start|>assistant", "<|channel|>", "commentary to=functions.f", " <|constrain|>json",
+                "<|message|>", "{}", "<|call|>", "<|end|>", "final", "<|chan"],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("fmt", PARSERS)
@@ -627,7 +662,7 @@ def test_stream_property(fmt, data):
     """Any mix of prose, markers, calls and debris, in any chunking: shown + rest == content."""
     p = make_parser(fmt)
     good = [p.render("", calls_of(("f", {"a": "}"}))), p.render("", calls_of(PARIS, NESTED))]
-    pieces = FRAGMENTS[fmt.removesuffix("_args")] + good
+    pieces = FRAGMENTS[fmt.removesuffix("_args").removesuffix("_v3").removesuffix("_v31")] + good
     pieces += ["Hello", " ", "\n", "x y", "ü"]
     text = "".join(data.draw(st.lists(st.sampled_from(pieces), max_size=12)))
     cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
@@ -707,6 +742,8 @@ def test_call_grammar_accepts_rendered_calls(fmt):
     ],
 )
 def test_call_grammar_rejects_bad_calls(fmt, call):
+    if fmt in TEXT_VALUED and call == ("get_weather", {"city": 3}):
+        pytest.skip("a text-valued format writes 3 and '3' alike: a valid string")
     p = make_parser(fmt)
     assert not accepts(p.call_grammar(TOOLS), p.render("", calls_of(call)))
 
@@ -743,7 +780,7 @@ def test_hermes_prompt_through_smollm2_template():
 def test_registry():
     assert set(parser_names()) >= {"hermes", "llama3_json", "mistral"}
     for name in parser_names():
-        assert make_parser(name).name in name
+        assert make_parser(name).name in ALIASES.get(name, name)
     with pytest.raises(ValueError, match="unknown tool-call format"):
         make_parser("nope")
 
@@ -775,7 +812,7 @@ def test_call_grammar_with_bpe_and_marker_tokens(fmt, bpe):
     call_grammar(special_tokens=...) writes those as <[id]>, which the model's tokens match."""
     hf, llg = bpe
     p = make_parser(fmt)
-    special = {m: hf.convert_tokens_to_ids(m) for m in p.markers}
+    special = {m: i for m, i in hf.get_added_vocab().items() if m in p.markers}
     grammar = p.call_grammar(TOOLS, special_tokens=special)
     assert llguidance.LLMatcher.validate_grammar(grammar, llg) == ""
     quotes = ("search", {"query": 'a "}{" \\ ü', "top_k": 3})  # the tokenizer would cut a marker

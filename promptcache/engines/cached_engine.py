@@ -21,16 +21,19 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
+    CacheAdmin,
+    EngineLimits,
     Event,
     Finished,
-    PromptTooLongError,
     RequestError,
     SamplingParams,
 )
 from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
-from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer
+from promptcache.engines.context import check_prompt_fits
+from promptcache.engines.forced import ForcedTokens, TokenConstraint
+from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.engines.layers import Layout
 from promptcache.engines.request import Request
 from promptcache.engines.runner import ModelRunner
@@ -68,6 +71,7 @@ class CachedEngine:
         self.cache = build_cache(
             opts, runner.fingerprint, runner.codec(), runner.layout.requires_checkpoint
         )
+        self._admin = CacheAdmin(self.cache) if self.cache is not None else None
         # a vision-language runner's image half (None: a text-only model)
         self.vision: VisionModel | None = getattr(runner, "vision", None)
         self.feeder: VisionFeeder | None = None
@@ -89,6 +93,8 @@ class CachedEngine:
         self.scheduler = Scheduler(self.batcher)
         self.batcher.on_events = self.scheduler.wake  # first tokens out before the decode forward
         self._ll_tokenizer: Any = None  # built on the first constrained request
+        # special tokens decode() keeps (a tool-call or reasoning format's markers); None: none
+        self._hidden: set[int] | None = None
 
     # -- what the runner knows (read by the server, tests and benchmarks) -----------------------
 
@@ -109,6 +115,13 @@ class CachedEngine:
         return self.runner.layout
 
     @property
+    def model_type(self) -> str:
+        """The config's model_type ("" when the runner's model has none)."""
+        model = self.runner.model
+        config = getattr(model, "config", None)
+        return str(getattr(config, "model_type", "") or getattr(model, "model_type", "") or "")
+
+    @property
     def eos_ids(self) -> set[int]:
         return self.runner.eos_ids
 
@@ -119,6 +132,15 @@ class CachedEngine:
     @property
     def rope_scaling(self) -> dict[str, Any] | None:
         return self.runner.rope_scaling
+
+    @property
+    def limits(self) -> EngineLimits:
+        block = self.cache.block_size if self.cache is not None else None
+        return EngineLimits(self.max_context, self.vocab_size, block, self.supports_images)
+
+    @property
+    def cache_admin(self) -> CacheAdmin | None:
+        return self._admin
 
     # -- one sequence on the model, outside the scheduler (tests, benchmarks' ideal runs) -------
 
@@ -142,12 +164,16 @@ class CachedEngine:
     # -- prompts --------------------------------------------------------------------------------
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
     ) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, add_generation_prompt=True, tokenize=False
-            )
+                messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                **template_kwargs,
+            )  # fmt: skip
         except Exception as exc:  # template errors are the client's (bad roles, bad tool shapes)
             raise RequestError(f"cannot apply the chat template: {exc}") from exc
         return self.encode_text(text, special=False)
@@ -179,7 +205,23 @@ class CachedEngine:
         return list(self.tokenizer.encode(text, add_special_tokens=special))
 
     def decode(self, ids: list[int]) -> str:
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        if self._hidden is None:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        kept = [i for i in ids if i not in self._hidden]
+        return str(self.tokenizer.decode(kept, skip_special_tokens=False))
+
+    def show_special_tokens(self, texts: set[str]) -> None:
+        """Make decode() keep the special tokens spelled ``texts`` (harmony's ``<|channel|>``,
+        Kimi's call markers), which the reply's parser reads; other special tokens and the
+        end-of-sequence ones stay skipped. Call before serving (replies read it per token)."""
+        tok = hf_tokenizer_of(self.tokenizer)
+        decoder = getattr(tok, "added_tokens_decoder", None) or {}
+        specials = {i for i, t in decoder.items() if getattr(t, "special", False)}
+        specials |= set(getattr(tok, "all_special_ids", None) or [])
+        added = {str(t): i for i, t in decoder.items()}
+        shown = {added[t] for t in texts if t in added} - set(self.eos_ids)
+        if shown & specials:
+            self._hidden = (specials - shown) | set(self.eos_ids)
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -193,7 +235,11 @@ class CachedEngine:
     ) -> Iterator[Event]:
         t0 = time.perf_counter()
         params.validate()
-        constraint = self.make_constraint(params.grammar) if params.grammar else None
+        constraint: TokenConstraint | None = None
+        if params.forced_ids:  # a scripted reply wins over any grammar
+            constraint = ForcedTokens(params.forced_ids)
+        elif params.grammar:
+            constraint = self.make_constraint(params.grammar)
         if cancel is not None and cancel.is_set():  # the client left while queued
             yield Finished("cancelled", 0, 0, 0, "")
             return
@@ -208,15 +254,7 @@ class CachedEngine:
             raise RequestError("this server's model takes no image input (text only)")
         if any(s.start < 0 or s.end > len(prompt_ids) for s in images):
             raise RequestError("an image span lies outside the prompt")
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty")
-        if n >= self.max_context:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens",
-                n,
-                self.max_context,
-            )
+        check_prompt_fits(len(prompt_ids), self.max_context)
 
     def prefill(
         self,

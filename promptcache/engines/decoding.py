@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from promptcache.engines.base import Finished, SamplingParams, TextDelta
-from promptcache.engines.grammar import GrammarConstraint
+from promptcache.engines.forced import TokenConstraint
 from promptcache.engines.request import Request
 from promptcache.engines.sampling import sample_token
 from promptcache.engines.textstream import StopTextStream
@@ -20,7 +20,7 @@ def sample_next(
     scores: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator | None,
-    constraint: GrammarConstraint | None,
+    constraint: TokenConstraint | None,
 ) -> int:
     if constraint is not None:
         scores = constraint.mask(scores)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -52,6 +51,17 @@ def check_engine_reads(kind: str, found: Any) -> None:
         )
 
 
+def check_weights_engine(kind: str, weights: str | None, device: str) -> str:
+    """``--weights`` for the engine ``kind``: int8/int4 on the torch engine only."""
+    if kind == "torch":
+        from promptcache.engines.torch.weights import check_weights_mode
+
+        return check_weights_mode(weights, device)
+    if weights not in (None, "model"):
+        raise ConfigError(f"--weights {weights} needs --engine torch (mlx models carry their own)")
+    return "model"
+
+
 def build_engine(
     engine: str = "auto",
     model: str | None = None,
@@ -80,6 +90,7 @@ def build_engine(
     cache_dtype: str | None = None,
     vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
+    weights: str | None = None,
 ) -> Any:
     from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
@@ -88,18 +99,26 @@ def build_engine(
         engine_class(engine)  # an unusable engine is refused before any model is resolved
         if kv_bits and engine != "mlx":
             raise ConfigError("--kv-bits needs --engine mlx")
+        check_weights_engine(engine, weights, device)
     found = locate_model(model, revision)
     kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
         raise ConfigError("--kv-bits needs --engine mlx")
     check_engine_reads(kind, found)
+    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if kind == "torch":
-        set_torch_threads(threads)
+        from promptcache.engines.torch.threads import make_thread_tuner
+
+        extra["weights"] = check_weights_engine(kind, weights, device)
+        extra["threads"] = tuner = make_thread_tuner(threads)
+        if tuner is not None:
+            tuner.apply()  # the loading thread too (weights conversion, warm-up)
+    else:
+        check_weights_engine(kind, weights, device)
     path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
         raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
-    extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
@@ -129,25 +148,6 @@ def build_engine(
         model_id=found.name,
         **extra,
     )
-
-
-def default_threads() -> int:
-    """One core left to the server's own threads: the HTTP loop, tokenizing and streaming run
-    while a forward holds the others. On a 2-core machine that is one: a thread pool spanning
-    every core stalls at each op's barrier whenever anything else takes a core."""
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on
-        return max(1, len(os.sched_getaffinity(0)) - 1)
-    return max(1, (os.cpu_count() or 2) - 1)
-
-
-def set_torch_threads(threads: int | None) -> None:
-    """torch's intra-op threads: ``threads`` (0: torch's own default, one per core), else
-    ``OMP_NUM_THREADS`` when set, else ``default_threads()``."""
-    if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
-        return
-    import torch
-
-    torch.set_num_threads(threads or default_threads())
 
 
 def engine_class(kind: str, path: Any = None) -> Any:

@@ -1,7 +1,8 @@
 """One generation request between its steps: what it asked for, where it is, what it produced.
 
-The scheduler moves a request through its phases one step at a time; the consumer's thread reads
-the events a step leaves in ``outbox``. Hot state: a slots dataclass, no per-step allocation
+The scheduler moves a request through its phases one step at a time (the steps say where it goes
+next; the scheduler alone sets ``phase``); the consumer's thread reads the events a step leaves
+in ``outbox``. Hot state: a slots dataclass, no per-step allocation
 beyond the events themselves.
 """
 
@@ -20,16 +21,23 @@ from promptcache.core.images import ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import Event, SamplingParams
-from promptcache.engines.grammar import GrammarConstraint
+from promptcache.engines.forced import TokenConstraint
 from promptcache.engines.textstream import StopTextStream
 
 
 class Phase(enum.Enum):
+    """Where a request is. Only the scheduler sets ``Request.phase``: a step returns the next
+    phase (an ``Outcome``) and the scheduler applies it once the step is over."""
+
     NEW = "new"  # queued: not looked up yet
     PREFILL = "prefill"  # restored (or empty) state, prompt chunks left to run
     DECODE = "decode"  # PrefillDone sent; one token per step
     SAVE = "save"  # Finished sent; the final save (prompt + reply) is left
     DONE = "done"  # nothing left; the lease is released
+
+
+# what one request's part of a step came to: its next phase, or the error that ends it
+Outcome = Phase | BaseException
 
 
 @dataclass(slots=True, eq=False)
@@ -38,7 +46,7 @@ class Request:
     params: SamplingParams
     tenant: str = ""
     cancel: threading.Event | None = None
-    constraint: GrammarConstraint | None = None
+    constraint: TokenConstraint | None = None  # a grammar or a forced reply
     deadline: float | None = None  # time.monotonic() when the time budget runs out
     t0: float = field(default_factory=time.perf_counter)  # arrival, for the TTFT
     images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models only)

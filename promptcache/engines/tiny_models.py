@@ -159,6 +159,17 @@ def train_tiny_tokenizer(extra_specials: tuple[str, ...] = (), template: str | N
     return fast
 
 
+def bundled_tokenizer() -> Any:
+    """The bundled model's real tokenizer (SmolLM2's 49K BPE vocabulary and ChatML template),
+    read from its GGUF: real token counts for a tiny model (the scripted agent-client tests)."""
+    from transformers import AutoTokenizer
+
+    from promptcache.models import bundled_gguf
+
+    gguf = bundled_gguf()
+    return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+
+
 def save_tiny_tokenizer(folder: str) -> Any:
     """``train_tiny_tokenizer``'s ChatML tokenizer, saved to ``folder``."""
     fast = train_tiny_tokenizer()
@@ -166,16 +177,25 @@ def save_tiny_tokenizer(folder: str) -> Any:
     return fast
 
 
-def save_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
-    """Write a tiny random-weight transformers model with ``save_tiny_tokenizer``'s tokenizer: an
-    HF-format folder that ``promptcache serve --model`` loads like any other."""
+def save_tiny_model(
+    kind: str, folder: str, seed: int = 0, tokenizer: Any = None, max_context: int | None = None
+) -> str:
+    """Write a tiny random-weight transformers model with ``save_tiny_tokenizer``'s tokenizer (or
+    ``tokenizer``, e.g. ``bundled_tokenizer()``; the vocabulary follows it): an HF-format folder
+    that ``promptcache serve --model`` loads like any other."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    fast = save_tiny_tokenizer(folder)
+    if tokenizer is None:
+        fast = save_tiny_tokenizer(folder)
+    else:
+        fast = tokenizer
+        fast.save_pretrained(folder)
     config = tiny_config(kind)
     config.vocab_size = len(fast)
     config.eos_token_id = fast.eos_token_id
+    if max_context:
+        config.max_position_embeddings = max_context
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(folder)

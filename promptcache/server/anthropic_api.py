@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import uuid
@@ -19,14 +21,16 @@ from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import Reply, ServerState
 from promptcache.server.streaming import keep_alive, start_first, stream_error
-from promptcache.tools import ToolStreamSplitter
+from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
 
 # Claude Code's first system block: per-prompt billing metadata, not an instruction; it changes
 # with the first user message and would break the prefix every new session shares
 BILLING_PREFIX = "x-anthropic-billing-header:"
-DROPPED_BLOCKS = ("thinking", "redacted_thinking")  # another model's reasoning: never rendered
+# reasoning sent back: thinking blocks reach the template as the turn's reasoning_content (as
+# this server returned them); redacted ones (another model's, encrypted) are dropped
+DROPPED_BLOCKS = ("thinking", "redacted_thinking")
 UNSUPPORTED_MEDIA = ("image", "document")
 
 
@@ -80,8 +84,11 @@ def to_chat(
         texts: list[str] = []
         parts: list[dict[str, Any]] = []  # text and images in order, when there are images
         calls: list[dict[str, Any]] = []
+        thoughts: list[str] = []
         for b in m.content:
             kind = b.get("type")
+            if kind == "thinking" and m.role == "assistant":
+                thoughts.append(str(b.get("thinking") or ""))
             if kind == "text":
                 texts.append(str(b.get("text") or ""))
                 parts.append({"type": "text", "text": texts[-1]})
@@ -106,6 +113,8 @@ def to_chat(
             msg["content"] = _joined_parts(parts)
         if calls:
             msg["tool_calls"] = calls
+        if any(thoughts):
+            msg["reasoning_content"] = "\n".join(t for t in thoughts if t)
         if (
             texts
             or calls
@@ -128,6 +137,11 @@ def to_chat(
     chat.tool_choice = {"any": "required", "tool": "named"}.get(kind, kind)
     chat.tool_name = choice.get("name") if kind == "tool" else None
     chat.parallel_tool_calls = not choice.get("disable_parallel_tool_use", False)
+    thinking = getattr(req, "thinking", None) or {}
+    if thinking.get("type") == "disabled":
+        chat.template_kwargs["enable_thinking"] = False
+    elif thinking.get("type") in ("enabled", "adaptive"):
+        chat.template_kwargs["enable_thinking"] = True
     fmt = (req.output_config or {}).get("format") or req.output_format
     if fmt:
         if fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
@@ -180,8 +194,22 @@ def event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n"
 
 
+def signature(thinking: str) -> str:
+    """The thinking block's signature: a digest of its text (clients send it back unchanged;
+    the text itself is what the next turn renders)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+
+
 def content_blocks(reply: Reply) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if reply.reasoning:
+        blocks.append(
+            {
+                "type": "thinking",
+                "thinking": reply.reasoning,
+                "signature": signature(reply.reasoning),
+            }
+        )
     if reply.content or not reply.calls:
         blocks.append({"type": "text", "text": reply.content})
     for cid, call in reply.calls:
@@ -219,11 +247,13 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
         return JSONResponse(
             {"id": mid, "type": "message", "role": "assistant", "model": model,
              "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
-             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
+             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)},
+            headers=prep.headers,
         )  # fmt: skip
 
     opening = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    splitter = ToolStreamSplitter(state.formatter.parser) if chat.can_call_tools else None
+    parser = state.formatter.parser if chat.can_call_tools else None
+    streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
 
     async def stream() -> AsyncIterator[str]:
         try:
@@ -244,34 +274,53 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                    "usage": usage(first.prompt_tokens, first.cached_tokens, 0)}  # fmt: skip
         yield event("message_start", {"message": message})
         yield event("ping", {})
-        index, text_open, shown = 0, False, ""
+        index, open_kind, thought = 0, "", ""
 
-        def text(piece: str) -> list[str]:
-            nonlocal text_open
+        def close() -> list[str]:
+            nonlocal index, open_kind, thought
+            if not open_kind:
+                return []
             out = []
-            if not text_open:
-                text_open = True
-                block = {"type": "text", "text": ""}
+            if open_kind == "thinking":  # the signature closes a thinking block
+                delta = {"type": "signature_delta", "signature": signature(thought)}
+                out.append(event("content_block_delta", {"index": index, "delta": delta}))
+            out.append(event("content_block_stop", {"index": index}))
+            index, open_kind, thought = index + 1, "", ""
+            return out
+
+        def piece(kind: str, text: str) -> list[str]:
+            """A text or thinking delta, in a block of its kind (opened, the other closed)."""
+            nonlocal open_kind, thought
+            out = []
+            if open_kind != kind:
+                out += close()
+                open_kind = kind
+                block = {"type": "text", "text": ""} if kind == "text" else {
+                    "type": "thinking", "thinking": "", "signature": ""}  # fmt: skip
                 out.append(event("content_block_start", {"index": index, "content_block": block}))
-            out.append(event("content_block_delta",
-                             {"index": index, "delta": {"type": "text_delta", "text": piece}}))  # fmt: skip
+            if kind == "thinking":
+                thought += text
+                delta = {"type": "thinking_delta", "thinking": text}
+            else:
+                delta = {"type": "text_delta", "text": text}
+            out.append(event("content_block_delta", {"index": index, "delta": delta}))
             return out
 
         async for ev in events:
             if isinstance(ev, TextDelta):
-                piece = splitter.push(ev.text) if splitter is not None else ev.text
-                shown += piece
-                for line in text(piece) if piece else ():
+                reasoning, text = streamer.push(ev.text)
+                for line in (piece("thinking", reasoning) if reasoning else []) + (
+                    piece("text", text) if text else []
+                ):
                     yield line
             elif isinstance(ev, Finished):
                 reply = state.finish_reply(chat, prep, ev, "toolu_")
-                rest = reply.content[len(shown) :]
-                if rest or (not text_open and not reply.calls):
-                    for line in text(rest):
-                        yield line
-                if text_open:
-                    yield event("content_block_stop", {"index": index})
-                    index += 1
+                reasoning, rest = streamer.left(ParsedReply(reply.content, [], reply.reasoning))
+                lines = piece("thinking", reasoning) if reasoning else []
+                if rest or (not streamer.shown and not reply.calls):
+                    lines += piece("text", rest)
+                for line in lines + close():
+                    yield line
                 for cid, call in reply.calls:
                     block = {"type": "tool_use", "id": cid, "name": call.name, "input": {}}
                     yield event("content_block_start", {"index": index, "content_block": block})
@@ -287,4 +336,4 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                 )  # fmt: skip
                 yield event("message_stop", {})
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)

@@ -23,7 +23,9 @@ from promptcache.engines.grammar import (
     styled_schema,
 )
 from promptcache.server.continuity import ReplyMemory
-from promptcache.tools import ParsedReply, ToolCall, detect_format, make_parser
+from promptcache.tools import ParsedReply, ToolCall, detect_formats, make_parser
+from promptcache.tools.base import lark_text
+from promptcache.tools.reasoning import make_reasoning
 
 log = logging.getLogger("promptcache.server")
 
@@ -42,6 +44,10 @@ class Chat:
     tool_name: str | None = None  # the forced tool when tool_choice is "named"
     parallel_tool_calls: bool = True
     response_schema: dict[str, Any] | None = None  # the reply must be JSON valid for it
+    # chat-template variables: enable_thinking (OpenAI extra body / chat_template_kwargs,
+    # Anthropic thinking: {type: disabled}) and the client's other chat_template_kwargs
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    reasoning_open: bool = False  # set by the formatter: the prompt ends inside a think block
 
     @property
     def can_call_tools(self) -> bool:
@@ -56,18 +62,36 @@ class Rendered(NamedTuple):
 class ChatFormatter:
     """The model's chat template, its tool-call format, and the memory of recent replies."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(
+        self, engine: Any, tool_parser: str | None = None, reasoning_parser: str | None = None
+    ) -> None:
+        """tool_parser / reasoning_parser: format names overriding detection (--tool-parser,
+        --reasoning-parser); ValueError for an unknown name."""
         self.engine = engine
-        template = getattr(hf_tokenizer_of(engine.tokenizer), "chat_template", None)
-        self.tool_format, self.native_tools = detect_format(
-            template if isinstance(template, str) else None
-        )
+        hf = hf_tokenizer_of(engine.tokenizer)
+        template = getattr(hf, "chat_template", None)
+        template = template if isinstance(template, str) else None
+        added = getattr(hf, "get_added_vocab", dict)()
+        found = detect_formats(template, added, str(getattr(engine, "model_type", "") or ""))
+        self.tool_format, self.native_tools = found.tool_format, found.native_tools
+        self.tool_format = tool_parser or found.tool_format
         self.parser = make_parser(self.tool_format)
+        self.reasoning = make_reasoning(reasoning_parser or found.reasoning)
+        log.info(
+            "tool calls of %s read in the %s format (%s), reasoning in the %s format (%s)",
+            getattr(engine, "model_id", "the model"),
+            self.tool_format,
+            "--tool-parser" if tool_parser else found.why,
+            self.reasoning.name,
+            "--reasoning-parser" if reasoning_parser else "detected",
+        )
         self.replies = ReplyMemory()
         self._warned = False
+        markers = set(self.parser.markers) | set(self.reasoning.markers)
+        if hasattr(engine, "show_special_tokens"):  # a format's special-token markers: visible
+            engine.show_special_tokens(markers)
         # markers the tokenizer holds as one added token: grammars must name them by id
-        added = getattr(hf_tokenizer_of(engine.tokenizer), "get_added_vocab", dict)()
-        self._marker_tokens = {m: added[m] for m in self.parser.markers if m in added}
+        self._marker_tokens = {m: added[m] for m in markers if m in added}
 
     # -- prompt --------------------------------------------------------------------------------
 
@@ -93,21 +117,55 @@ class ChatFormatter:
         if not self.native_tools:
             messages = _results_as_user(messages)
         try:
-            return self._encode(messages, tools)
+            out = self._encode(messages, tools, chat.template_kwargs)
         except RequestError:
             if not _has_late_system(messages):
                 raise
-        # templates that allow a system message only first: later ones become user turns
-        return self._encode(_late_system_as_user(messages), tools)
+            # templates that allow a system message only first: later ones become user turns
+            out = self._encode(_late_system_as_user(messages), tools, chat.template_kwargs)
+        tail = self.engine.decode(out.ids[-8:]) if self.reasoning.name != "none" else ""
+        chat.reasoning_open = self.reasoning.is_open(tail)
+        if not out.images:
+            out = Rendered(self._as_generated(chat, tenant, out.ids))
+        return out
+
+    def _as_generated(self, chat: Chat, tenant: str, ids: list[int]) -> list[int]:
+        """``ids`` with the previous turn's tokens where the text is the same: a reply the model
+        wrote in tokens other than the tokenizer's own split of that text (sampled pieces,
+        grammar-forced text) re-renders to the same text but other ids, which would end the
+        cached prefix inside the reply. Applied with and without the cache alike."""
+        last = next((m for m in reversed(chat.messages) if m.get("role") == "assistant"), None)
+        if last is None or isinstance(last.get("content"), list):
+            return ids
+        try:
+            calls = [_call_of(c) for c in last.get("tool_calls") or []]
+        except RequestError:
+            return ids
+        before = self.replies.tokens_of(tenant, str(last.get("content") or ""), calls)
+        if not before or len(before) > len(ids) or ids[: len(before)] == before:
+            return ids
+        hf = hf_tokenizer_of(self.engine.tokenizer)
+        if not hasattr(hf, "decode"):
+            return ids
+        old = hf.decode(before, skip_special_tokens=False)
+        new = hf.decode(ids, skip_special_tokens=False)
+        if not new.startswith(old):  # the text itself differs: the prefix really ends there
+            return ids
+        return before + self.engine.encode_text(new[len(old) :], special=False)
 
     def _encode(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> Rendered:
         images = [
             p["image"] for m in messages if isinstance(m.get("content"), list)
             for p in m["content"] if p.get("type") == "image"
         ]  # fmt: skip
         if not images:
+            if template_kwargs:
+                return Rendered(self.engine.encode_chat(messages, tools, **template_kwargs))
             return Rendered(self.engine.encode_chat(messages, tools))
         # vision templates iterate content parts: every message in parts, images as bare parts
         plain = [{**m, "content": _as_parts(m.get("content"))} for m in messages]
@@ -116,18 +174,27 @@ class ChatFormatter:
 
     def _message(self, m: dict[str, Any], tenant: str) -> dict[str, Any]:
         calls = m.get("tool_calls")
-        if m.get("role") != "assistant" or not calls:
+        if m.get("role") != "assistant":
             return m
-        parsed = [_call_of(c) for c in calls]
-        if self.native_tools:  # templates expect arguments as a mapping
-            out = dict(m)
-            out["tool_calls"] = [
-                {"type": "function", "id": c.get("id"),
-                 "function": {"name": p.name, "arguments": json.loads(p.arguments)}}
-                for c, p in zip(calls, parsed, strict=True)
-            ]  # fmt: skip
+        parsed = [_call_of(c) for c in calls or []]
+        content = str(m.get("content") or "") if not isinstance(m.get("content"), list) else ""
+        if self.native_tools or not calls:
+            out = {k: v for k, v in m.items() if k != "reasoning_content"}
+            reasoning = m.get("reasoning_content")
+            if reasoning is None and self.reasoning.name != "none":
+                # the client dropped the reasoning: the template sees what the model wrote
+                reasoning = self.replies.reasoning(tenant, content, parsed)
+            if reasoning:  # Qwen3-style templates read reasoning_content, gpt-oss' thinking
+                out["reasoning_content"] = out["thinking"] = reasoning
+            if calls and self.native_tools:
+                as_text = self.parser.template_args == "text"  # DeepSeek concatenates JSON text
+                out["tool_calls"] = [
+                    {"type": "function", "id": c.get("id"),
+                     "function": {"name": p.name,
+                                  "arguments": p.arguments if as_text else json.loads(p.arguments)}}
+                    for c, p in zip(calls, parsed, strict=True)
+                ]  # fmt: skip
             return out
-        content = str(m.get("content") or "")
         raw = self.replies.raw_text(tenant, content, parsed)
         text = raw if raw is not None else self.parser.render(content, parsed)
         return {"role": "assistant", "content": text}
@@ -135,7 +202,8 @@ class ChatFormatter:
     def grammar(self, chat: Chat) -> str | None:
         """The grammar the reply must follow, or None; raises RequestError (400) when invalid."""
         grammar = None
-        if chat.tools and chat.tool_choice in ("required", "named"):
+        for_calls = bool(chat.tools) and chat.tool_choice in ("required", "named")
+        if for_calls:
             try:
                 grammar = self.parser.call_grammar(
                     [_styled(t) for t in chat.tools],
@@ -147,28 +215,46 @@ class ChatFormatter:
                 raise RequestError(f"tool_choice: {exc}") from exc
         elif chat.response_schema is not None:
             grammar = json_schema_grammar(chat.response_schema)
-        if grammar is not None:
-            check_grammar(grammar)
+        if grammar is None:
+            return None
+        # the family's own frame around the constrained part: close an open think block
+        # (the forced reply skips reasoning), harmony's final channel for a JSON answer
+        prefix = self.reasoning.grammar_prefix(chat.reasoning_open, for_calls)
+        if prefix:
+            if not for_calls:
+                schema = styled_schema(chat.response_schema or {})
+                grammar = f"start: answer\nanswer: %json {json.dumps(schema)}\n"
+            body = grammar.replace("start:", "answer_body:", 1)
+            grammar = f"start: {lark_text(prefix, self._marker_tokens)} answer_body\n{body}"
+        check_grammar(grammar)
         return grammar
 
     # -- reply ---------------------------------------------------------------------------------
 
     def parse(self, chat: Chat, text: str) -> ParsedReply:
+        """The reply as the client sees it: ``content``, ``calls`` and ``reasoning`` (the
+        model's reasoning, never in content) of the generated ``text`` of a request rendered
+        by this formatter (render_prompt sets ``chat.reasoning_open``). The one place other
+        APIs (Responses, Ollama) get reasoning and tool calls out of a reply."""
+        reasoning, rest = self.reasoning.split(text, chat.reasoning_open)
         if not chat.can_call_tools:
-            return ParsedReply(text, [])
-        reply = self.parser.parse(text)
+            return ParsedReply(rest, [], reasoning)
+        reply = self.parser.parse(rest, chat.tools)
         known = {t["function"]["name"] for t in chat.tools}
         if any(c.name not in known for c in reply.calls):  # a made-up tool is no call
-            return ParsedReply(text, [])
-        # under a forced call any text left is a call cut short by max_tokens: it is returned as
-        # generated (finish_reason length), so a client that sends it back keeps the prefix
-        return reply
+            return ParsedReply(rest, [], reasoning)
+        # under a forced call any text left is a call cut short by max_tokens (the grammar
+        # writes nothing else): after whole calls it is dropped, never shown as text (the raw
+        # reply is remembered whole); with no whole call it is returned as generated
+        # (finish_reason length), so a client that sends it back keeps the prefix
+        forced = chat.tool_choice in ("required", "named")
+        return ParsedReply("" if forced and reply.calls else reply.content, reply.calls, reasoning)
 
     def remember(
         self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int], session: str = ""
     ) -> None:
         """Keep the raw reply and the sequence it ended (for the next turn's continuity)."""
-        self.replies.add(tenant, reply.content, reply.calls, raw, tokens, session)
+        self.replies.add(tenant, reply.content, reply.calls, raw, tokens, session, reply.reasoning)
 
     def check_continuity(
         self, chat: Chat, tenant: str, prompt: list[int], session: str = ""

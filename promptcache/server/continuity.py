@@ -46,6 +46,7 @@ class _Reply:
     raw: str
     tokens: np.ndarray  # prompt + generated ids of the turn that produced this reply
     sessions: set[str]  # every session that produced or was sent this reply ("": none)
+    reasoning: str = ""  # the reasoning the reply's parser took out of raw
 
 
 def _key(tenant: str, content: str, calls: list[ToolCall]) -> tuple[Any, ...]:
@@ -71,12 +72,14 @@ class ReplyMemory:
         raw: str,
         tokens: list[int],
         session: str = "",
+        reasoning: str = "",
     ) -> None:
         with self._lock:
             key = _key(tenant, content, calls)
             old = self._replies.get(key)
             sessions = ({session} | old.sessions) if old is not None else {session}
-            self._replies[key] = _Reply(raw, np.asarray(tokens, dtype=np.uint32), sessions)
+            ids = np.asarray(tokens, dtype=np.uint32)
+            self._replies[key] = _Reply(raw, ids, sessions, reasoning)
             self._replies.move_to_end(key)
             while len(self._replies) > self._capacity:
                 self._replies.popitem(last=False)
@@ -113,6 +116,16 @@ class ReplyMemory:
         """The text the model generated for a reply the client now sends back, if remembered."""
         reply = self._get(tenant, content, calls)
         return reply.raw if reply is not None else None
+
+    def tokens_of(self, tenant: str, content: str, calls: list[ToolCall]) -> list[int] | None:
+        """The prompt + generated ids of the turn that produced a remembered reply, or None."""
+        reply = self._get(tenant, content, calls)
+        return [int(t) for t in reply.tokens] if reply is not None else None
+
+    def reasoning(self, tenant: str, content: str, calls: list[ToolCall]) -> str | None:
+        """The reasoning of a remembered reply the client sends back without it, or None."""
+        reply = self._get(tenant, content, calls)
+        return reply.reasoning if reply is not None and reply.reasoning else None
 
     def check(
         self,

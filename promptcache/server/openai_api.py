@@ -15,7 +15,6 @@ from starlette.requests import Request
 
 from promptcache.engines.base import (
     Finished,
-    PromptTooLongError,
     RequestError,
     SamplingParams,
     TextDelta,
@@ -26,7 +25,7 @@ from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
 from promptcache.server.streaming import keep_alive, start_first, stream_error
-from promptcache.tools import ToolStreamSplitter
+from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
 
@@ -77,6 +76,8 @@ def chat_messages(
             msg["tool_calls"] = m.tool_calls
         if m.tool_call_id:
             msg["tool_call_id"] = m.tool_call_id
+        if m.reasoning_content and m.role == "assistant":
+            msg["reasoning_content"] = m.reasoning_content
         if m.name:
             msg["name"] = m.name
         out.append(msg)
@@ -103,6 +104,14 @@ def to_chat(req: ChatCompletionRequest, images: ImagePolicy = TEXT_ONLY) -> Chat
             f"tool_choice must be none, auto, required or a named function, not {choice!r}"
         )
     chat.parallel_tool_calls = req.parallel_tool_calls
+    kwargs = req.chat_template_kwargs
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise RequestError("chat_template_kwargs must be an object")
+    chat.template_kwargs = dict(kwargs or {})
+    if req.enable_thinking is not None:
+        chat.template_kwargs["enable_thinking"] = req.enable_thinking
+    if req.reasoning_effort is not None:
+        chat.template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     fmt = req.response_format or {"type": "text"}
     kind = fmt.get("type")
     if kind == "json_schema":
@@ -146,21 +155,11 @@ def tool_calls(reply: Reply) -> list[dict[str, Any]]:
 
 
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest) -> Any:
-    explicit = req.max_completion_tokens or req.max_tokens
+    explicit = bool(req.max_completion_tokens or req.max_tokens)
     params = sampling_from(req, state.default_max_tokens)
     params.session = session_of(request, req.prompt_cache_key, req.user)
     chat = to_chat(req, state.image_policy)
-    prep = await run_in_threadpool(state.prepare, request, chat, params)
-    limit = state.engine.max_context
-    if explicit and len(prep.prompt) + prep.params.max_tokens > limit:
-        raise PromptTooLongError(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{len(prep.prompt) + prep.params.max_tokens} tokens ({len(prep.prompt)} in the "
-            f"messages, {prep.params.max_tokens} in the completion). Please reduce the length of "
-            "the messages or completion.",
-            len(prep.prompt),
-            limit,
-        )
+    prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
     return await _respond(state, request, req, prep, chat)
 
 
@@ -179,9 +178,8 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
                 raise RequestError("prompt: exactly one prompt per request is supported")
             p = p[0]
         prompt = await run_in_threadpool(state.engine.encode_text, str(p))
-    state.check_params(params)
-    state.check_prompt(prompt)
-    prep = Prepared(prompt, params, state.tenant_of(request, req.user), state.cap_output(params))
+    tenant = state.tenant_of(request, req.user)
+    prep = state.prepare_ids(request, prompt, params, tenant, req.max_tokens is not None)
     return await _respond(state, request, req, prep, None)
 
 
@@ -203,6 +201,8 @@ async def _respond(
         if chat is not None:
             reply = state.finish_reply(chat, prep, fin, "call_")
             message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+            if reply.reasoning:
+                message["reasoning_content"] = reply.reasoning
             if reply.calls:
                 message["tool_calls"] = tool_calls(reply)
             else:
@@ -214,11 +214,14 @@ async def _respond(
             choice["finish_reason"] = finish_reason(fin)
         body = {"id": rid, "object": obj, "created": created, "model": model,
                 "choices": [choice], "usage": usage(fin)}  # fmt: skip
-        return JSONResponse(body)
+        return JSONResponse(body, headers=prep.headers)
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     first = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    splitter = ToolStreamSplitter(state.formatter.parser) if chat and chat.can_call_tools else None
+    streamer = None
+    if chat is not None:
+        parser = state.formatter.parser if chat.can_call_tools else None
+        streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
 
     def chunk(delta: dict[str, Any] | None, text: str | None, reason: str | None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
@@ -247,17 +250,19 @@ async def _respond(
         first.result()
         # the first chunk marks the end of the prefill, as clients measuring TTFT expect
         yield sse(chunk({"role": "assistant", "content": ""}, "", None))
-        shown = ""
         async for ev in events:
             if isinstance(ev, TextDelta):
-                piece = splitter.push(ev.text) if splitter is not None else ev.text
-                shown += piece
+                thought, piece = streamer.push(ev.text) if streamer else ("", ev.text)
+                if thought:
+                    yield sse(chunk({"reasoning_content": thought}, None, None))
                 if piece:
                     yield sse(chunk({"content": piece}, piece, None))
             elif isinstance(ev, Finished):
                 reply = state.finish_reply(chat, prep, ev, "call_") if chat else None
-                if reply is not None:
-                    rest = reply.content[len(shown) :]
+                if reply is not None and streamer is not None:
+                    thought, rest = streamer.left(ParsedReply(reply.content, [], reply.reasoning))
+                    if thought:
+                        yield sse(chunk({"reasoning_content": thought}, None, None))
                     if rest:
                         yield sse(chunk({"content": rest}, rest, None))
                     for i, (cid, call) in enumerate(reply.calls):
@@ -273,4 +278,4 @@ async def _respond(
                          "model": model, "choices": [], "usage": usage(ev)}
                     )  # fmt: skip
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)

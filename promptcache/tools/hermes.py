@@ -32,9 +32,10 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 class HermesParser:
     name: str = "hermes"
     start_markers: tuple[str, ...] = (OPEN,)
+    template_args: str = "mapping"
     markers: tuple[str, ...] = (OPEN, CLOSE)
 
-    def parse(self, text: str) -> ParsedReply:
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
         spans: list[tuple[int, int]] = []
         calls: list[ToolCall] = []
         pos = 0

@@ -44,6 +44,7 @@ def _as_call(value: Any) -> ToolCall | None:
 class Llama3JsonParser:
     name: str = "llama3_json"
     start_markers: tuple[str, ...] = (TAG, "{")
+    template_args: str = "mapping"
     markers: tuple[str, ...] = ()
 
     def _run(self, text: str, pos: int) -> tuple[list[ToolCall], int]:
@@ -58,7 +59,7 @@ class Llama3JsonParser:
                 pos = skip_ws(text, pos + 1)
         return calls, end
 
-    def parse(self, text: str) -> ParsedReply:
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
         spans: list[tuple[int, int]] = []
         calls: list[ToolCall] = []
         pos = 0

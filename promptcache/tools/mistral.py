@@ -41,6 +41,7 @@ def _as_call(value: Any) -> ToolCall | None:
 class MistralParser:
     name: str = "mistral"
     start_markers: tuple[str, ...] = (MARKER,)
+    template_args: str = "mapping"
     markers: tuple[str, ...] = (MARKER, "[ARGS]")
 
     def __init__(self, style: Literal["list", "args"] = "list") -> None:
@@ -67,7 +68,7 @@ class MistralParser:
             end = args[1]
         return (calls, end) if calls else None
 
-    def parse(self, text: str) -> ParsedReply:
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
         spans: list[tuple[int, int]] = []
         calls: list[ToolCall] = []
         pos = 0

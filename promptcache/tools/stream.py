@@ -16,6 +16,7 @@ until finish(), even if the marker turns out not to open a well-formed call.
 from __future__ import annotations
 
 from .base import ParsedReply, ToolCallParser
+from .reasoning import ReasoningParser
 
 
 def _held_from(text: str, markers: tuple[str, ...]) -> int:
@@ -68,3 +69,50 @@ class ToolStreamSplitter:
         if self.reply is None:
             raise RuntimeError("rest before finish()")
         return self.reply.content[len(self.shown) :]
+
+
+class ReplyStreamer:
+    """A streamed reply split three ways: reasoning, content safe to show, calls at the end.
+
+    push(delta) -> (reasoning, content) newly safe to show. The reasoning parser's partial split
+    gives prefixes of the whole reply's split; its rest goes through a ToolStreamSplitter when
+    tools can be called. After the reply is parsed (ChatFormatter.parse on the whole text),
+    ``left(reply)`` gives what is still to show of each side.
+    """
+
+    def __init__(
+        self, reasoning: ReasoningParser, parser: ToolCallParser | None, is_open: bool = False
+    ) -> None:
+        self._reasoning = reasoning
+        self._is_open = is_open
+        self._splitter = ToolStreamSplitter(parser) if parser is not None else None
+        self._text = ""
+        self._fed = ""  # the rest given to the splitter so far
+        self.shown_reasoning = ""
+        self.shown = ""
+
+    def push(self, delta: str) -> tuple[str, str]:
+        self._text += delta
+        split = self._reasoning.split(self._text, self._is_open, partial=True)
+        reasoning = ""
+        if split.reasoning.startswith(self.shown_reasoning):
+            reasoning = split.reasoning[len(self.shown_reasoning) :]
+            self.shown_reasoning = split.reasoning
+        content = ""
+        if split.rest.startswith(self._fed):
+            new = split.rest[len(self._fed) :]
+            self._fed = split.rest
+            content = self._splitter.push(new) if self._splitter is not None else new
+            self.shown += content
+        return reasoning, content
+
+    def left(self, reply: ParsedReply) -> tuple[str, str]:
+        """(reasoning, content) of the parsed reply not shown yet."""
+        reasoning = reply.reasoning
+        r = (
+            reasoning[len(self.shown_reasoning) :]
+            if reasoning.startswith(self.shown_reasoning)
+            else ""
+        )
+        c = reply.content
+        return r, (c[len(self.shown) :] if c.startswith(self.shown) else "")

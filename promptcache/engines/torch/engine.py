@@ -8,30 +8,51 @@ from typing import Any
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.torch.runner import TorchRunner, load_torch_processor, load_torch_weights
+from promptcache.engines.torch.threads import ThreadTuner
 
 
 class TorchEngine(CachedEngine):
     name = "torch"
 
-    def __init__(self, model: Any, tokenizer: Any, processor: Any = None, **options: Any) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        processor: Any = None,
+        threads: ThreadTuner | None = None,
+        **options: Any,
+    ) -> None:
         """``options``: the cache and serving options (``EngineOptions``) and the block scheme's
         (``cache_kv_bits``, ``cache_kv_group``, ``cache_kv_min_tokens``, ``cache_dtype``).
-        ``processor``: a vision-language model's processor (the engine then takes images)."""
+        ``processor``: a vision-language model's processor (the engine then takes images).
+        ``threads``: a ``ThreadTuner`` for torch's intra-op threads (None: left alone)."""
         scheme = pop_block_scheme(options)
-        super().__init__(TorchRunner(model, tokenizer, scheme, processor), **options)
+        runner = TorchRunner(model, tokenizer, scheme, processor, threads)
+        super().__init__(runner, **options)
 
     load_weights = staticmethod(load_torch_weights)
 
     @classmethod
     def load(
-        cls, path: str | Path, *, dtype: str = "float32", device: str = "cpu", **options: Any
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        weights: str | None = None,
+        **options: Any,
     ) -> TorchEngine:
         """An engine on the HF model folder ``path``; ``options`` as for the constructor. A
         ``max_context`` above the native context loads the model with YaRN RoPE scaling, or
-        raises ``ContextExtensionError``. The model id defaults to the folder name."""
+        raises ``ContextExtensionError``. ``weights``: ``int8``/``int4`` linear layers
+        (``torch.weights``). The model id defaults to the folder name."""
         path = Path(path)
         model, tokenizer = load_torch_weights(
-            path, dtype=dtype, device=device, max_context=options.get("max_context")
+            path,
+            dtype=dtype,
+            device=device,
+            max_context=options.get("max_context"),
+            weights=weights,
         )
         processor = load_torch_processor(path)
         return cls(

@@ -29,8 +29,10 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
+from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
 from promptcache.engines.torch.vision import TorchVision
+from promptcache.engines.torch.weights import check_weights_mode, quantize_linears, weights_mode
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")
@@ -42,29 +44,57 @@ def load_torch_weights(
     dtype: str = "float32",
     device: str = "cpu",
     max_context: int | None = None,
+    weights: str | None = None,
 ) -> tuple[Any, Any]:
     """(model, tokenizer) from an HF folder, for sharing one model between engines. A
     ``max_context`` above the native context loads the model with YaRN RoPE scaling (or raises
-    ContextExtensionError when it has no plain RoPE to scale)."""
-    config = AutoConfig.from_pretrained(path)
+    ContextExtensionError when it has no plain RoPE to scale). ``weights``: ``int8``/``int4``
+    replace the linear layers by quantized ones (``torch.weights``); None keeps the dtype."""
+    weights = check_weights_mode(weights, device)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:  # e.g. a model type this transformers lacks
+        raise load_error(path, exc) from None
     rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
     tokenizer = AutoTokenizer.from_pretrained(path)
     if rope is not None:  # before the weights load: the rotary tables are built from config
         config.rope_parameters = rope
         config.max_position_embeddings = max_context
-    auto = AutoModelForCausalLM
-    if is_vision_config(config):  # a vision-language model: its image-text class
-        from transformers import AutoModelForImageTextToText
-
-        auto = AutoModelForImageTextToText
-    model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    try:
+        model = model_class(config).from_pretrained(
+            path, config=config, dtype=getattr(torch, dtype)
+        )
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:  # transformers refusing it
+        raise load_error(path, exc) from None
     model = model.to(device).eval()
-    check_forward(model, path)
+    quantize_linears(model, weights)
+    check_forward(model, path)  # after the swap: the quantized kernels run too
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
         log.info("%s: %s", Path(path).name, context_extension_note(rope))
     return model, tokenizer
+
+
+def model_class(config: Any) -> Any:
+    """A vision-language checkpoint's image-text class when transformers has one for it (the
+    decoder's weights under ``model.language_model``), else the causal-LM class."""
+    from transformers import AutoModelForImageTextToText
+
+    if is_vision_config(config) and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_error(path: str | Path, exc: Exception) -> ConfigError:
+    """transformers refusing a checkpoint, as a start-up error that says what to do instead."""
+    from transformers import __version__
+
+    reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return ConfigError(
+        f"transformers {__version__} cannot load {path}: {reason}. Use --engine mlx if mlx-lm "
+        "has this architecture, or a transformers version that has it."
+    )
 
 
 def is_vision_config(config: Any) -> bool:
@@ -120,9 +150,12 @@ class TorchRunner:
         tokenizer: Any,
         block_scheme: BlockScheme | None = None,
         processor: Any = None,
+        threads: ThreadTuner | None = None,
     ) -> None:
         """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
-        then takes images (``vision``)."""
+        then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
+        each forward (None: left as they are)."""
+        self.threads = threads
         self.model = model.eval()
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -137,11 +170,15 @@ class TorchRunner:
             if self.block_scheme.is_default
             else TorchPacker(self.block_scheme, self.device, self.dtype)
         )
+        # int8/int4 linear layers compute other numbers: their blocks never mix with float ones
+        self.weights = weights_mode(model)
         config = {k: v for k, v in model.config.to_dict().items() if k not in VOLATILE_CONFIG_KEYS}
         self.fingerprint = fingerprint_model(
             config,
             digest_weights(model.state_dict().items(), lambda t: t.detach().float().cpu().numpy()),
-            str(self.dtype) + self.block_scheme.tag,
+            str(self.dtype)
+            + self.block_scheme.tag
+            + ("" if self.weights == "model" else "+w" + self.weights),
             self.name,
         )
         forward_args = inspect.signature(model.forward).parameters
@@ -171,17 +208,25 @@ class TorchRunner:
         dtype: str = "float32",
         device: str = "cpu",
         max_context: int | None = None,
+        weights: str | None = None,
     ) -> TorchRunner:
-        return cls(*load_torch_weights(path, dtype=dtype, device=device, max_context=max_context))
+        return cls(
+            *load_torch_weights(
+                path, dtype=dtype, device=device, max_context=max_context, weights=weights
+            )
+        )
 
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
-        # several one-token steps (decode) on a full-attention model: one padded forward; any
-        # other mix (prefill chunks of different lengths, snapshot layers) one sequence at a time
-        if all(len(x) == 1 for x in ids) and self.batches_decode(states):
+        if self.threads is not None:
+            self.threads.apply()  # the stepping thread runs every forward: set them there
+        # one-token steps (decode) on a full-attention model: one forward over the rows of a
+        # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
+        # copies the whole context every token); any other mix one sequence at a time
+        if all(len(x) == 1 for x in ids) and self._batches:
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
             )

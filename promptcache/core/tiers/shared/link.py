@@ -34,6 +34,8 @@ from urllib.parse import parse_qs, urlsplit
 import valkey
 from valkey import exceptions as vex
 
+from promptcache.core.tiers.write_behind import Backoff
+
 log = logging.getLogger("promptcache.shared")
 T = TypeVar("T")
 
@@ -146,33 +148,28 @@ class ValkeyLink:
         self.url = url
         self.cluster = is_cluster_url(url)
         self.timeout_s = timeout_s
-        self.retry_s, self.max_retry_s = retry_s, max(max_retry_s, retry_s)
+        self.backoff = Backoff(retry_s, max_retry_s)  # between probes while down
         self.stats = SharedStats()
         self._lock = threading.Lock()
         self._client: Any = None  # built lazily: a cluster client connects in its constructor
         self._up = False
-        self._failures = 0
-        self._retry_at = 0.0
 
     @property
     def is_up(self) -> bool:
         return self._up
 
     def describe(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "state": "connected" if self._up else "down",
-                "up": int(self._up),
-                "retry_in_s": round(max(0.0, self._retry_at - time.monotonic()), 3),
-            }
+        return {
+            "state": "connected" if self._up else "down",
+            "up": int(self._up),
+            "retry_in_s": round(self.backoff.seconds_to_retry(), 3),
+        }
 
     def _down(self, exc: BaseException) -> None:
         with self._lock:
             was_up = self._up
             self._up = False
-            self._failures += 1
-            delay = min(self.retry_s * 2 ** min(self._failures - 1, 20), self.max_retry_s)
-            self._retry_at = time.monotonic() + delay
+            delay = self.backoff.failed()
         self.stats.error(f"{type(exc).__name__}: {exc}", errors=1, num_disconnects=int(was_up))
         if was_up:
             log.warning(
@@ -180,8 +177,7 @@ class ValkeyLink:
             )
 
     def probe_due(self) -> bool:
-        with self._lock:
-            return not self._up and time.monotonic() >= self._retry_at
+        return not self._up and self.backoff.is_ready()
 
     def probe(self) -> bool:
         """PING when down and the back-off has passed; True when the link is (now) up."""
@@ -201,8 +197,8 @@ class ValkeyLink:
             self._down(exc)
             return False
         with self._lock:
-            recovered = self._failures > 0
-            self._up, self._failures, self._retry_at = True, 0, 0.0
+            recovered = self.backoff.succeeded()
+            self._up = True
         if recovered:
             self.stats.add(num_reconnects=1)
             log.warning("shared tier connected again: %s", self.url)

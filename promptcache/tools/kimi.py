@@ -1,0 +1,104 @@
+"""Kimi K2 tool calls: a section of calls, each an id then its JSON arguments.
+
+    <|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|><|tool_calls_section_end|>
+
+The id is ``functions.NAME:INDEX`` (INDEX counts the conversation's calls); Kimi's template writes
+the id the client sends back, so the parsed call keeps it (ToolCall.id) and the server returns it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .base import (
+    ParsedReply,
+    ToolCall,
+    args_rule,
+    canonical,
+    cut_calls,
+    decode_json,
+    lark_text,
+    make_call,
+    skip_ws,
+    tool_functions,
+    tools_json_lines,
+)
+
+SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
+CALL, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
+_ID = re.compile(r"\s*((?:functions\.)?([A-Za-z0-9_.\-]+?)(?::\d+)?)\s*" + re.escape(ARGS))
+
+
+class KimiParser:
+    name: str = "kimi_k2"
+    start_markers: tuple[str, ...] = (SECTION,)
+    markers: tuple[str, ...] = (SECTION, SECTION_END, CALL, ARGS, CALL_END)
+    template_args: str = "mapping"
+
+    def _section_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
+        calls: list[ToolCall] = []
+        while text.startswith(CALL, pos := skip_ws(text, pos)):
+            head = _ID.match(text, pos + len(CALL))
+            decoded = decode_json(text, skip_ws(text, head.end())) if head else None
+            if head is None or decoded is None:
+                return None
+            call = make_call(head.group(2), decoded[0])
+            end = skip_ws(text, decoded[1])
+            if call is None or not text.startswith(CALL_END, end):
+                return None
+            calls.append(ToolCall(call.name, call.arguments, head.group(1)))
+            pos = end + len(CALL_END)
+        if not calls or not text.startswith(SECTION_END, pos):
+            return None
+        return calls, pos + len(SECTION_END)
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
+        spans: list[tuple[int, int]] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while (start := text.find(SECTION, pos)) >= 0:
+            pos = start + len(SECTION)  # if the section is malformed, the marker stays as text
+            found = self._section_at(text, pos)
+            if found:
+                calls += found[0]
+                pos = found[1]
+                spans.append((start, pos))
+        return ParsedReply(cut_calls(text, spans), calls)
+
+    def render(self, content: str, calls: list[ToolCall]) -> str:
+        body = "".join(
+            f"{CALL}{c.id or f'functions.{c.name}:{i}'}{ARGS}{canonical(c.arguments)}{CALL_END}"
+            for i, c in enumerate(calls)
+        )
+        section = f"{SECTION}{body}{SECTION_END}" if calls else ""
+        return "\n".join(x for x in (content, section) if x)
+
+    def call_grammar(
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
+    ) -> str:
+        def text(s: str) -> str:
+            return lark_text(s, special_tokens)
+
+        alts, rules = [], []
+        for i, func in enumerate(tool_functions(tools, name)):
+            head = text(f"{CALL}functions.{func['name']}:")
+            rules += [f"call_{i}: {head} INDEX {text(ARGS)} args_{i} {text(CALL_END)}",
+                      f"args_{i}: {args_rule(func)}"]  # fmt: skip
+            alts.append(f"call_{i}")
+        calls = "call+" if parallel else "call"
+        return "\n".join(
+            [f"start: {text(SECTION)} {calls} {text(SECTION_END)}", "call: " + " | ".join(alts),
+             "INDEX: /[0-9]+/", *rules]
+        ) + "\n"  # fmt: skip
+
+    def system_prompt(self, tools: list[dict]) -> str:
+        return (
+            f"# Tools\n\n{tools_json_lines(tools)}\n\nTo call tools, write "
+            f"{SECTION}, then for each call {CALL}functions.<name>:<index>{ARGS}"
+            f"<arguments as a JSON object>{CALL_END}, then {SECTION_END}."
+        )

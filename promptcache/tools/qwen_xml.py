@@ -1,0 +1,126 @@
+"""Qwen3-Coder / Qwen3.5 / Qwen3.6 / Qwen3-Next tool calls: XML with one element per parameter.
+
+    <tool_call>
+    <function=get_weather>
+    <parameter=city>
+    Paris
+    </parameter>
+    <parameter=days>
+    3
+    </parameter>
+    </function>
+    </tool_call>
+
+Values are text: a string parameter is taken verbatim (one newline trimmed on each side), other
+types are parsed by the tool's JSON schema (numbers, booleans, null, objects and arrays as JSON).
+Parallel calls are several blocks in a row.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+
+from .base import (
+    ParsedReply,
+    ToolCall,
+    cut_calls,
+    grammar_of_values,
+    param_schema,
+    skip_ws,
+    text_value,
+    tool_functions,
+    tools_json_lines,
+    typed_value,
+)
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+P_CLOSE = "</parameter>"
+_FUNC = re.compile(r"<function=([^>\n]+)>")
+_PARAM = re.compile(r"<parameter=([^>\n]+)>")
+
+
+def _value(raw: str) -> str:
+    """The text between a parameter's tags, less the newline the format writes on each side."""
+    raw = raw[1:] if raw.startswith("\n") else raw
+    return raw[:-1] if raw.endswith("\n") else raw
+
+
+class QwenXmlParser:
+    name: str = "qwen3_xml"
+    start_markers: tuple[str, ...] = (OPEN,)
+    markers: tuple[str, ...] = (OPEN, CLOSE)
+    template_args: str = "mapping"
+
+    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[ToolCall, int]:
+        """The call whose body starts at pos (just past OPEN) and the index past its CLOSE;
+        raises ValueError when it is not well formed."""
+        func = _FUNC.match(text, skip_ws(text, pos))
+        if func is None:
+            raise ValueError("no <function=...>")
+        name, pos, args = func.group(1).strip(), func.end(), {}
+        while (param := _PARAM.match(text, skip_ws(text, pos))) is not None:
+            end = text.find(P_CLOSE, param.end())
+            if end < 0:
+                raise ValueError("unclosed parameter")
+            key = param.group(1).strip()
+            args[key] = typed_value(_value(text[param.end() : end]), param_schema(tools, name, key))
+            pos = end + len(P_CLOSE)
+        pos = skip_ws(text, pos)
+        if not text.startswith("</function>", pos):
+            raise ValueError("no </function>")
+        pos = skip_ws(text, pos + len("</function>"))
+        if not text.startswith(CLOSE, pos) or not name:
+            raise ValueError("no </tool_call>")
+        return ToolCall(name, json.dumps(args)), pos + len(CLOSE)
+
+    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
+        spans: list[tuple[int, int]] = []
+        calls: list[ToolCall] = []
+        pos = 0
+        while (start := text.find(OPEN, pos)) >= 0:
+            pos = start + len(OPEN)  # if the block is malformed, the tag stays as text
+            try:
+                call, end = self._call_at(text, pos, tools)
+            except ValueError:
+                continue
+            spans.append((start, end))
+            calls.append(call)
+            pos = end
+        return ParsedReply(cut_calls(text, spans), calls)
+
+    def render(self, content: str, calls: list[ToolCall]) -> str:
+        blocks = "\n".join(_block(c.name, json.loads(c.arguments)) for c in calls)
+        return "\n".join(x for x in (content, blocks) if x)
+
+    def call_grammar(
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
+    ) -> str:
+        return grammar_of_values(
+            tool_functions(tools, name),
+            head=lambda n: f"{OPEN}\n<function={n}>\n",
+            param=lambda k: (f"<parameter={k}>\n", "\n" + P_CLOSE, "\n"),
+            tail=f"</function>\n{CLOSE}",
+            sep="\n",
+            parallel=parallel,
+            special=special_tokens,
+        )
+
+    def system_prompt(self, tools: list[dict]) -> str:
+        return (
+            "# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+            f"{tools_json_lines(tools)}\n</tools>\n\nTo call a function, reply in this format:\n"
+            f"{OPEN}\n<function=example_function_name>\n<parameter=example_parameter>\nvalue\n"
+            f"{P_CLOSE}\n...\n</function>\n{CLOSE}\n\nEach result comes back to you inside "
+            "<tool_response></tool_response> tags."
+        )
+
+
+def _block(name: str, args: dict) -> str:
+    params = "".join(f"<parameter={k}>\n{text_value(v)}\n{P_CLOSE}\n" for k, v in args.items())
+    return f"{OPEN}\n<function={name}>\n{params}</function>\n{CLOSE}"

@@ -1,0 +1,141 @@
+"""--weights int8|int4 (engines.torch.weights), the in-place one-row decode and the threads default."""
+
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
+
+from promptcache.engines.base import SamplingParams  # noqa: E402
+from promptcache.engines.errors import ConfigError  # noqa: E402
+from promptcache.engines.factory import build_engine  # noqa: E402
+from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
+from promptcache.engines.torch.batch import GrowingLayer  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
+from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402
+from promptcache.engines.torch.weights import (  # noqa: E402
+    Int4Linear,
+    Int8Linear,
+    quantize_linears,
+    weights_bytes,
+    weights_mode,
+)
+
+pytestmark = pytest.mark.torch
+CHUNK, BLOCK = 16, 8
+
+
+@pytest.fixture(scope="module")
+def models():
+    """The tiny llama as float32, and quantized copies of it (its tied LM head included)."""
+    base = tiny_model("llama")
+    out = {"model": base}
+    for mode in ("int8", "int4"):
+        out[mode] = copy.deepcopy(base)
+        assert quantize_linears(out[mode], mode) == 15  # 2 x (4 attention + 3 MLP) + LM head
+    return out
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_layers_replace_every_linear_and_stay_close(models, mode):
+    model, base = models[mode], models["model"]
+    cls = {"int8": Int8Linear, "int4": Int4Linear}[mode]
+    assert weights_mode(model) == mode and weights_mode(base) == "model"
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert sum(isinstance(m, cls) for m in model.modules()) == 15
+    assert weights_bytes(model) < weights_bytes(base) * (0.6 if mode == "int8" else 0.5)
+    ids = torch.tensor([list(range(3, 60))])
+    with torch.inference_mode():
+        want, got = base(input_ids=ids).logits, model(input_ids=ids).logits
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < (0.02 if mode == "int8" else 0.12), rel  # int4: 16 levels per group of 32
+    assert rel > 0  # the weights really changed
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_engines_cache_on_equals_cache_off(models, mode):
+    model = models[mode]
+    cached = TorchEngine(
+        model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8, prefill_chunk=CHUNK
+    )
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    for turn, a, b, prev_len in greedy_turns(cached, plain, SamplingParams(max_tokens=10)):
+        assert token_ids(a) == token_ids(b), f"{mode} turn {turn}"
+        assert turn == 0 or a[0].cached_tokens >= prev_len
+    results = hit_results(cached, plain, _logits_of, lambda x, y: (x - y).abs().max().item())
+    for name, num_cached, _, diff, same_argmax in results:
+        assert num_cached > 0 and bool(same_argmax), name
+        # a hit splits the prefill elsewhere; the kernels round activations to bfloat16
+        assert diff < 0.05, (name, diff)
+    cached.cache.check_integrity()
+    assert cached.cache.stats().num_pinned_blocks == 0
+
+
+def _logits_of(engine, prompt):
+    _, logits, lease, _ = engine.prefill(prompt)
+    cached = (lease.num_tokens, lease.kind) if lease is not None else (0, "off")
+    if lease is not None:
+        lease.release()
+    return logits, cached
+
+
+def test_fingerprints_differ_per_weights_mode(models):
+    prints = {mode: TorchRunner(m, ByteTokenizer()).fingerprint for mode, m in models.items()}
+    assert len(set(prints.values())) == 3
+    assert TorchRunner(models["int8"], ByteTokenizer()).fingerprint == prints["int8"]  # stable
+
+
+def test_one_row_decode_in_place_equals_a_full_recompute(monkeypatch):
+    """A lone request decodes through a DecodeBatch of one row (appends in place, a regrow every
+    ROOM positions): its greedy tokens equal recomputing the whole sequence each step."""
+    monkeypatch.setattr(GrowingLayer, "ROOM", 8)  # regrown twice in 20 tokens
+    model = tiny_model("llama")
+    engine = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    prompt = list(range(3, 33))
+    got = list(engine.generate(prompt, SamplingParams(max_tokens=20)))[-1].completion_ids
+    seq = list(prompt)
+    with torch.inference_mode():
+        for _ in range(len(got)):
+            seq.append(int(model(input_ids=torch.tensor([seq])).logits[0, -1].argmax()))
+    assert len(got) == 20 and got == seq[len(prompt) :]
+
+
+def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
+    with pytest.raises(ConfigError, match="use int8 or int4"):
+        build_engine("torch", None, weights="int3")
+    with pytest.raises(ConfigError, match="needs --engine torch"):
+        build_engine("mlx", None, weights="int8")
+    with pytest.raises(ConfigError, match="CPU kernels"):
+        build_engine("torch", None, weights="int4", device="cuda")
+    cmd = [sys.executable, "-m", "promptcache.cli", "serve", "--weights", "fp3", "--no-ssd"]
+    env = {**os.environ, "PROMPTCACHE_HOME": str(tmp_path)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "--weights 'fp3': use int8 or int4" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_threads_default_follows_the_other_processes_load():
+    assert threads_for(2, 0.0) == 2 and threads_for(2, 0.2) == 2  # a quiet machine: every core
+    assert threads_for(2, 0.9) == 1 and threads_for(2, 5.0) == 1  # at least one
+    assert threads_for(16, 3.1) == 13 and threads_for(16, 3.3) == 12
+    calls = []
+    now = [0.0]
+    tuner = ThreadTuner(None, cores=2, set_threads=calls.append, clock=lambda: now[0])
+    first = tuner.apply()
+    assert calls == [first] and 1 <= first <= 2
+    tuner.apply()
+    assert calls == [first]  # set again only when it changes
+    now[0] += 10.0  # a re-check is due: it reads the machine and applies its answer
+    assert 1 <= tuner.apply() <= 2 and calls[-1] == tuner.threads
+    fixed = ThreadTuner(3, cores=2, set_threads=calls.append, clock=lambda: now[0])
+    now[0] += 10.0
+    assert fixed.apply() == 3 and fixed.apply() == 3 and calls[-1] == 3
+    assert make_thread_tuner(0) is None
+    with pytest.raises(ConfigError, match="--threads -1"):
+        make_thread_tuner(-1)
