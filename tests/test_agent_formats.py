@@ -80,7 +80,7 @@ def an(srv):
 
 
 def last_record(srv) -> dict:
-    return httpx.get(srv.url + "/v1/cache/requests").json()["requests"][-1]
+    return max(httpx.get(srv.url + "/v1/cache/requests").json()["requests"], key=lambda r: r["id"])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -112,6 +112,20 @@ def test_forced_agent_loop_reuses_every_turn_and_matches_no_cache(servers, kind)
             json.loads(call.function.arguments)
             messages.append({"role": "tool", "tool_call_id": call.id, "content": f"ok {turn}"})
     print(kind, "reuse per turn (cached, previous prompt, previous reply):", reuse)
+    # a client that edits the last call: the miss names the assistant message where it differs
+    edited = [dict(m) for m in messages]
+    k = max(i for i, m in enumerate(edited) if m["role"] == "assistant")
+    call = edited[k]["tool_calls"][0]
+    edited[k]["tool_calls"] = [
+        {**call, "function": {"name": "find_airport", "arguments": '{"code": "ZZZ", "near": true}'}}
+    ]
+    r = oa(on).chat.completions.create(model="m", messages=edited, tools=TOOLS, max_tokens=2,
+                                       temperature=0)  # fmt: skip
+    rec = last_record(on)
+    print(kind, "edited call:", rec["reason"], rec["detail"])
+    assert rec["reason"] in ("diverged", "snapshot"), rec  # both have snapshot layers
+    assert (rec["detail"]["message_index"], rec["detail"]["role"]) == (k, "assistant"), rec
+    assert r.usage.prompt_tokens_details.cached_tokens > 0.5 * r.usage.prompt_tokens
 
 
 @pytest.mark.parametrize("kind", KINDS)

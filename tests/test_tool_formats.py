@@ -221,3 +221,44 @@ def test_xml_grammars_write_what_the_parser_reads():
         text = p.render("", calls)
         assert accepts(grammar, text) and p.parse(text, TOOLS).calls == calls
         assert not accepts(grammar, text.replace('"two"', "two"))  # arrays are JSON
+
+
+class _Engine:
+    """Just what ChatFormatter reads at start-up: a tokenizer with the template, a model type."""
+
+    model_id = "tiny"
+
+    def __init__(self, tokenizer, model_type=""):
+        self.tokenizer, self.model_type = tokenizer, model_type
+
+    def decode(self, ids):
+        return self.tokenizer.decode(ids)
+
+
+def test_formats_detected_from_the_model_overridden_by_flags_and_logged(caplog):
+    pytest.importorskip("transformers")
+    import logging
+
+    from agent_models import QWEN35_SPECIALS, QWEN35_TEMPLATE
+
+    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.server.chat import ChatFormatter
+
+    tok = train_tiny_tokenizer(QWEN35_SPECIALS, QWEN35_TEMPLATE)
+    with caplog.at_level(logging.INFO, logger="promptcache.server"):
+        found = ChatFormatter(_Engine(tok, "qwen3_5_text"))
+    assert (found.tool_format, found.reasoning.name, found.native_tools) == (
+        "qwen3_xml", "think", True)  # fmt: skip
+    assert "qwen3_xml format (chat template markers <function=, <parameter=)" in caplog.text
+    named = ChatFormatter(_Engine(tok), tool_parser="hermes", reasoning_parser="none")
+    assert (named.tool_format, named.reasoning.name) == ("hermes", "none")
+
+
+@pytest.mark.parametrize("flag", ["--tool-parser", "--reasoning-parser"])
+def test_unknown_parser_flag_is_exit_status_2(flag):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "promptcache.cli", "serve", flag, "nope"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.returncode == 2 and "unknown" in run.stderr and "Traceback" not in run.stderr

@@ -130,28 +130,34 @@ class ChatFormatter:
         return out
 
     def _as_generated(self, chat: Chat, tenant: str, ids: list[int]) -> list[int]:
-        """``ids`` with the previous turn's tokens where the text is the same: a reply the model
+        """``ids`` with an earlier turn's tokens where the text is the same: a reply the model
         wrote in tokens other than the tokenizer's own split of that text (sampled pieces,
         grammar-forced text) re-renders to the same text but other ids, which would end the
-        cached prefix inside the reply. Applied with and without the cache alike."""
-        last = next((m for m in reversed(chat.messages) if m.get("role") == "assistant"), None)
-        if last is None or isinstance(last.get("content"), list):
-            return ids
-        try:
-            calls = [_call_of(c) for c in last.get("tool_calls") or []]
-        except RequestError:
-            return ids
-        before = self.replies.tokens_of(tenant, str(last.get("content") or ""), calls)
-        if not before or len(before) > len(ids) or ids[: len(before)] == before:
-            return ids
+        cached prefix inside the reply. The latest remembered reply whose turn's text still
+        starts the prompt is used (a client that edits the last reply keeps the ones before).
+        Applied with and without the cache alike."""
         hf = hf_tokenizer_of(self.engine.tokenizer)
         if not hasattr(hf, "decode"):
             return ids
-        old = hf.decode(before, skip_special_tokens=False)
-        new = hf.decode(ids, skip_special_tokens=False)
-        if not new.startswith(old):  # the text itself differs: the prefix really ends there
-            return ids
-        return before + self.engine.encode_text(new[len(old) :], special=False)
+        new: str | None = None
+        replies = [m for m in chat.messages if m.get("role") == "assistant"]
+        for m in reversed(replies[-8:]):
+            if isinstance(m.get("content"), list):
+                continue
+            try:
+                calls = [_call_of(c) for c in m.get("tool_calls") or []]
+            except RequestError:
+                continue
+            before = self.replies.tokens_of(tenant, str(m.get("content") or ""), calls)
+            if not before or len(before) > len(ids):
+                continue
+            if ids[: len(before)] == before:
+                return ids
+            new = hf.decode(ids, skip_special_tokens=False) if new is None else new
+            old = hf.decode(before, skip_special_tokens=False)
+            if new.startswith(old):  # same text: the turn's own tokens, then the rest
+                return before + self.engine.encode_text(new[len(old) :], special=False)
+        return ids
 
     def _encode(
         self,

@@ -27,13 +27,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import valkey
 from valkey import exceptions as vex
 
+from promptcache.core.tiers.counters import TierCounters, histogram
 from promptcache.core.tiers.write_behind import Backoff
 
 log = logging.getLogger("promptcache.shared")
@@ -46,7 +47,7 @@ _DOWN_ERRORS = (vex.ConnectionError, vex.TimeoutError, vex.ClusterDownError, vex
 
 
 @dataclass(slots=True)
-class SharedStats:
+class SharedStats(TierCounters):
     num_lookups: int = 0  # lookups asked of this tier (none while down)
     num_found: int = 0  # lookups that found blocks
     num_hits: int = 0  # lookups that promoted blocks from this tier
@@ -73,38 +74,17 @@ class SharedStats:
     num_reconnects: int = 0
     rtt_seconds: float = 0.0
     rtt_histogram: list[int] = field(default_factory=lambda: [0] * (len(RTT_BUCKETS_S) + 1))
-    last_error: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def observe(self, seconds: float) -> None:
-        i = next((k for k, b in enumerate(RTT_BUCKETS_S) if seconds <= b), len(RTT_BUCKETS_S))
-        with self._lock:
-            self.rtt_seconds += seconds
-            self.rtt_histogram[i] += 1
+    def observe_rtt(self, seconds: float) -> None:
+        self.observe("rtt_histogram", RTT_BUCKETS_S, seconds, rtt_seconds=seconds)
 
     def observe_read(self, seconds: float, nbytes: int) -> None:
-        with self._lock:
-            self.read_seconds += seconds
-            self.bytes_read += nbytes
-
-    def error(self, message: str, **counts: int) -> None:
-        with self._lock:
-            self.last_error = message[:300]
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
+        self.add(read_seconds=seconds, bytes_read=nbytes)
 
     def to_dict(self) -> dict[str, Any]:
-        with self._lock:
-            out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            hist = list(self.rtt_histogram)
-        out["rtt_histogram"] = {
-            f"le_{b}": c for b, c in zip((*RTT_BUCKETS_S, "inf"), hist, strict=True)
-        }
+        out = self.snapshot()
+        hist = out["rtt_histogram"]
+        out["rtt_histogram"] = histogram(RTT_BUCKETS_S, hist)
         n = sum(hist)
         out["rtt_mean_s"] = out["rtt_seconds"] / n if n else 0.0
         out["read_bytes_per_s"] = (
@@ -190,7 +170,7 @@ class ValkeyLink:
                 self._client = make_client(self.url, self.timeout_s)
             t0 = time.perf_counter()
             self._client.ping()
-            self.stats.observe(time.perf_counter() - t0)
+            self.stats.observe_rtt(time.perf_counter() - t0)
         except ValueError:
             raise
         except Exception as exc:
@@ -222,7 +202,7 @@ class ValkeyLink:
             self.stats.error(f"{type(exc).__name__}: {exc}", errors=1)
             log.debug("shared tier call failed", exc_info=True)
             return None
-        self.stats.observe(time.perf_counter() - t0)
+        self.stats.observe_rtt(time.perf_counter() - t0)
         return out
 
     def close(self) -> None:

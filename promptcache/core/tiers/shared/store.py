@@ -39,9 +39,8 @@ from promptcache.core.block import BlockMeta
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
-from promptcache.core.sequence import TokenSeq
-from promptcache.core.sessions import BlockUse
-from promptcache.core.tiers.base import BlockRecord, ReadResult, StoredBlock, register_tier
+from promptcache.core.tiers.base import register_tier
+from promptcache.core.tiers.parts import PartsTier
 from promptcache.core.tiers.shared.context import SharedContext
 from promptcache.core.tiers.shared.index import Keys
 from promptcache.core.tiers.shared.link import SharedStats, ValkeyLink
@@ -57,13 +56,16 @@ log = logging.getLogger("promptcache.shared")
 DEFAULT_TTL_S = 24 * 3600.0
 
 
-class ValkeyStore:
+class ValkeyStore(PartsTier):
     """A ``LowerTier`` composed of explicit parts over one ``SharedContext``: ``reader``
     (lookups, verified reads), ``writer`` (write-behind queue: puts, touches, tags; reconnects),
     ``sessions`` (session blocks, deletion)."""
 
     name = "shared"
     write_through = True
+    reader: SharedReader
+    writer: SharedWriter
+    sessions: SharedSessions
 
     def __init__(
         self,
@@ -124,28 +126,11 @@ class ValkeyStore:
 
     # -- TierReads, TierWrites: the parts' ---------------------------------------------------
 
-    def lookup(
-        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
-    ) -> list[StoredBlock]:
-        return self.reader.lookup(seq, start, parent, requires_checkpoint)
-
-    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
-        return self.reader.read(blocks)
-
-    def note_miss(self, failed: bool) -> None:
-        self.reader.note_miss(failed)
-
     def touch(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
         self.writer.touch(hashes, root)
 
     def refresh(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
         self.writer.refresh(hashes, root)
-
-    def put(self, record: BlockRecord) -> bool:
-        return self.writer.put(record)
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return self.writer.flush(timeout)
 
     def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
         self.ctx.delete(metas, data)
@@ -156,26 +141,6 @@ class ValkeyStore:
         """Tenant names are for display only (the root is the key): kept in this process."""
         if len(self._tenants) < 4096:
             self._tenants[root] = tenant
-
-    def tag(
-        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
-    ) -> None:
-        self.sessions.tag(hashes, use, now, root)
-
-    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
-        return self.sessions.session_blocks(session)
-
-    def forget_session(self, session: str) -> None:
-        self.sessions.forget_session(session)
-
-    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
-        return self.sessions.delete_blocks(hashes)
-
-    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
-        return self.sessions.delete_namespace(root)
-
-    def expire(self, now: float) -> int:
-        return self.sessions.expire(now)
 
     # -- server, checks, stats -------------------------------------------------------------
 

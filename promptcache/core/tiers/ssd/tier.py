@@ -21,9 +21,8 @@ from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE
-from promptcache.core.sequence import TokenSeq
-from promptcache.core.sessions import BlockUse
-from promptcache.core.tiers.base import BlockRecord, ReadResult, StoredBlock, register_tier
+from promptcache.core.tiers.base import register_tier
+from promptcache.core.tiers.parts import PartsTier
 from promptcache.core.tiers.ssd.folder import SsdFolder
 from promptcache.core.tiers.ssd.index import Row, SsdIndex
 from promptcache.core.tiers.ssd.read import SsdReader
@@ -36,13 +35,16 @@ DEFAULT_SSD_BUDGET = 10 * 10**9
 RETRY_S = 5.0  # first cool-down after a write error (it doubles while errors go on)
 
 
-class SsdTier:
+class SsdTier(PartsTier):
     """A ``LowerTier`` composed of explicit parts over one ``SsdFolder``: ``reader`` (lookup,
     verified reads), ``writer`` (write-behind queue, back-off), ``sessions`` (tags, deletion,
     expiry)."""
 
     name = "ssd"
     write_through = True
+    reader: SsdReader
+    writer: SsdWriter
+    sessions: SsdSessions
 
     def __init__(
         self,
@@ -118,50 +120,13 @@ class SsdTier:
 
     # -- TierReads, TierWrites: the parts' -----------------------------------------------------
 
-    def lookup(
-        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
-    ) -> list[StoredBlock]:
-        return self.reader.lookup(seq, start, parent, requires_checkpoint)
-
-    def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
-        return self.reader.read(blocks)
-
     def touch(self, hashes: list[BlockHash]) -> None:
         self.reader.touch(hashes)
-
-    def note_miss(self, failed: bool) -> None:
-        self.reader.note_miss(failed)
-
-    def put(self, record: BlockRecord) -> bool:
-        return self.writer.put(record)
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        return self.writer.flush(timeout)
 
     # -- TierAdmin -----------------------------------------------------------------------------
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
         self.folder.register_namespace(root, tenant)
-
-    def tag(
-        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
-    ) -> None:
-        self.sessions.tag(hashes, use, now, root)
-
-    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
-        return self.sessions.session_blocks(session)
-
-    def forget_session(self, session: str) -> None:
-        self.sessions.forget_session(session)
-
-    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
-        return self.sessions.delete_blocks(hashes)
-
-    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
-        return self.sessions.delete_namespace(root)
-
-    def expire(self, now: float) -> int:
-        return self.sessions.expire(now)
 
     def enforce_capacity(self) -> None:
         self.folder.enforce_capacity()
