@@ -98,6 +98,15 @@ def test_bad_requests_raise_engine_errors():
     engine.cache.check_integrity()
 
 
+def test_a_one_token_prompt_decodes_like_uncached():
+    """Its first forward has an empty state: no batched decode (nothing to gather) yet."""
+    model = tiny_model("llama")
+    cached = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8)
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False)
+    runs = [list(e.generate([5], SamplingParams(max_tokens=4))) for e in (cached, plain)]
+    assert runs[0][-1].text == runs[1][-1].text and runs[0][-1].completion_tokens == 4
+
+
 def test_sampling_is_seeded_and_stop_strings_cut():
     model = tiny_model("llama")
     engine = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8)
