@@ -178,7 +178,8 @@ def med(rows: list[dict[str, Any]], key: str) -> float | None:
 def summarize(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespace) -> None:
     names = list(results)
     labels = [r["turn"] for r in results[names[0]][0] if r["turn"] != "decode"]
-    print(f"\nmedians of {args.repeats} run(s); TTFT ms (cached tokens) [load average]\n")
+    runs = ", ".join(f"{n} {len(results[n])}" for n in names)
+    print(f"\nmedians of the runs ({runs}); TTFT ms (cached tokens) [load average]\n")
     print("| turn | " + " | ".join(names) + " |")
     print("|---|" + "---:|" * len(names))
     for label in labels:
@@ -218,7 +219,16 @@ def main() -> int:
     p.add_argument("--servers", default=",".join(SERVERS[:5]), help=f"from {', '.join(SERVERS)}")
     p.add_argument("--peers-home", type=Path, default=PEERS_HOME, help="the peers' venvs")
     p.add_argument("--out", default="bench-out/peers.json", help="every run's rows (JSON)")
+    p.add_argument("--table-from", default=None,
+                   help="only print the table of earlier --out files (comma-separated), merged")  # fmt: skip
     args = p.parse_args()
+    if args.table_from:
+        merged: dict[str, Any] = {}
+        for name in args.table_from.split(","):
+            merged.update(json.loads(Path(name).read_text())["results"])
+        args.repeats = max(len(runs) for runs in merged.values())
+        summarize(merged, args)
+        return 0
     if not Path(args.conversation).exists():
         raise SystemExit(f"--conversation {args.conversation}: no such file")
     args.folder, args.gguf = resolve_model(None), bundled_gguf()

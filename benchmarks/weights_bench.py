@@ -50,6 +50,12 @@ def decode_rate(engine: Any, prompt: list[int], num_tokens: int, concat: bool = 
     return num_tokens / (time.perf_counter() - t0)
 
 
+def max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -76,7 +82,7 @@ def main() -> int:
     engines = {}
     for mode in MODES:
         model, tokenizer = TorchEngine.load_weights(path, weights=mode)
-        engines[mode] = TorchEngine(model, tokenizer, model_id=path.name, ram_budget="4GB")
+        engines[mode] = TorchEngine(model, tokenizer, model_id=path.name, ram_budget="1GB")
     with open(args.conversation) as f:
         trajs = json.load(f)
     indices = [int(i) for i in args.indices.split(",")]
@@ -92,7 +98,8 @@ def main() -> int:
             q["nll"] += math.log(res["ppl"]) * res["tokens"]
             q["tokens"] += res["tokens"]
             q["greedy"] += res["greedy"]
-        print(f"{LABEL[mode]}: quality {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(f"{LABEL[mode]}: quality {time.perf_counter() - t0:.0f} s, max RSS "
+              f"{max_rss_mb():.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
     prompt = convs[0][0][0]
     runs = {name: [] for name in (*MODES, "concat")}
     loads: list[float] = []
@@ -102,8 +109,8 @@ def main() -> int:
             tuner.apply()
             runs[name].append(decode_rate(engine, prompt, args.decode, concat=name == "concat"))
             loads.append(os.getloadavg()[0])
-            print(f"round {r} {name}: {runs[name][-1]:.1f} tok/s, load {loads[-1]:.2f}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"round {r} {name}: {runs[name][-1]:.1f} tok/s, load {loads[-1]:.2f}, "
+                  f"max RSS {max_rss_mb():.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
     ref = quality["model"]
     rows = []
     for mode in MODES:
