@@ -239,7 +239,7 @@ def main() -> int:
         if command(name, 0, Path("."), args) is None:
             print(f"{name}: not installed, skipped (benchmarks/peers/install.sh {name})")
             continue
-        runs = []
+        runs: list[list[dict[str, Any]]] = []
         for run in range(args.repeats):
             print(f"run {run + 1}/{args.repeats}", end=" ")
             try:
@@ -249,9 +249,8 @@ def main() -> int:
             except (RuntimeError, OSError) as exc:  # one server failing ends its runs only
                 print(f"{name}: failed: {exc}")
                 break
-        if runs:
             results[name] = runs
-            write_results(results, args)
+            write_results(results, args)  # after every run: an interrupted bench keeps them
     if not results:
         return 1
     summarize(results, args)
@@ -260,7 +259,7 @@ def main() -> int:
 
 
 def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:
-    """After every server: what ran so far survives a later server's crash."""
+    """What ran so far (a later crash or interrupt keeps it)."""
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
