@@ -129,7 +129,9 @@ class Session:
 def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix=f"peer-{name}-"))
     port = free_port()
-    server = PeerServer(name, cmd_of(port, work), port, work, server_env(name))
+    # mlx_lm.server's /v1/models lists the HF cache, not what it serves: name the folder
+    model = str(mlx_ready(args.folder)) if name in ("mlx_lm", "vllm_mlx") else None
+    server = PeerServer(name, cmd_of(port, work), port, work, server_env(name), model)
     rows: list[dict[str, Any]] = []
 
     def turn(session: Session, tag: str = "") -> bool:

@@ -27,15 +27,23 @@ class PeerServer:
     leaks between runs; a restart keeps them) and the hub offline."""
 
     def __init__(
-        self, name: str, cmd: list[str], port: int, work: Path, env: dict[str, str] | None = None
+        self,
+        name: str,
+        cmd: list[str],
+        port: int,
+        work: Path,
+        env: dict[str, str] | None = None,
+        model: str | None = None,
     ) -> None:
+        """``model``: the id requests name (None: the first of ``/v1/models``)."""
         self.name, self.cmd, self.port, self.work = name, cmd, port, work
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.model: str | None = None
+        self.model = model
 
     def start(self, timeout: float = 900) -> float:
         home = self.work / "home"
+        (home / ".cache/huggingface/hub").mkdir(parents=True, exist_ok=True)  # mlx_lm lists it
         env = {**os.environ, "HOME": str(home), "PROMPTCACHE_HOME": str(home),
                "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **self.env}  # fmt: skip
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (owned by the child)
@@ -51,7 +59,8 @@ class PeerServer:
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, IndexError):
                 r = httpx.get(f"http://127.0.0.1:{self.port}/v1/models", timeout=2)
                 if r.status_code == 200:
-                    self.model = r.json()["data"][0]["id"]
+                    data = r.json().get("data") or []
+                    self.model = self.model or (data[0]["id"] if data else None)
                     return time.perf_counter() - t0
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} did not come up in {timeout} s")
@@ -73,8 +82,10 @@ class PeerServer:
         self.proc = None
 
     def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
-        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+        if self.model is not None:  # the served model's id (None: the server's only model)
+            body["model"] = self.model
         t0 = time.perf_counter()
         first = last = None
         text, usage, pieces = "", None, 0
