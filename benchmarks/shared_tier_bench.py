@@ -36,7 +36,7 @@ from promptcache.models import resolve_model  # noqa: E402
 
 
 def shared_of(engine: TorchEngine):  # noqa: ANN201
-    return next(t for t in engine.cache.ram.lower_tiers if t.name == "shared")
+    return engine.cache.tiers.find("shared")
 
 
 def timed_ttft(engine: TorchEngine, prompt: list[int]) -> tuple[float, int]:
@@ -126,7 +126,7 @@ def main() -> None:
         # through to its SSD and to the shared tier
         a = engine(f"a-{n}")
         t_re, _ = ttft(a, history)
-        a.cache.ram.lower_tiers[0].flush()
+        a.cache.tiers.flush()
         shared_of(a).flush(300)
         dropped = shared_of(a).describe()["dropped_writes"]
         if n == sizes[0]:

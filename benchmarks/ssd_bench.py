@@ -92,7 +92,7 @@ def main() -> None:
         prompt = history + torch.randint(100, 40000, (32,), generator=g).tolist()
         eng = TorchEngine(model, tok, ram_budget="4GB", ssd_dir=cache_dir)
         list(eng.generate(history, SamplingParams(max_tokens=1)))
-        eng.cache.ram.next_tier.flush()
+        eng.cache.tiers.flush()
         eng.steps.live = (
             None  # measure a RAM-tier hit (restore from blocks), not the live-KV shortcut
         )

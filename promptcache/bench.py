@@ -272,7 +272,7 @@ def run_bench(args: argparse.Namespace) -> int:
         runs.append(run_once(model, tokenizer, conv, args))
     rows = summarize(runs)
     where = args.device if kind == "torch" else "mlx"
-    title = f"{path.name} on {where}, {source}, median of {args.repeats}"
+    title = f"{found.name} on {where}, {source}, median of {args.repeats}"
     print(f"\n{title}\n")
     print_table(rows)
     out = Path(args.out)

@@ -68,6 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
     from promptcache.engines.errors import ConfigError
     from promptcache.server.app import create_app
+    from promptcache.server.response_store import ResponseStore
     from promptcache.server.script import ReplyScript
     from promptcache.server.state import ServerState
 
@@ -75,6 +76,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise SystemExit("promptcache: --hit-rate-alert must be in [0, 1], --hit-rate-window >= 1")
     script = ReplyScript.load(args.scripted_replies) if args.scripted_replies else None
     check_format_flags(args)
+    if args.responses_max < 0 or args.responses_ttl <= 0:
+        raise ConfigError("--responses-max must be >= 0 and --responses-ttl > 0")
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
@@ -85,6 +88,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
         max_output_tokens=args.max_output_tokens,
+        strict_max_tokens=args.strict_max_tokens,
+        responses=ResponseStore(args.responses_max, args.responses_ttl),
         keep_billing_header=args.keep_billing_header,
         limits=limits_from_args(args),
         hit_rate_alert=args.hit_rate_alert,
@@ -93,7 +98,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cache = (
         "off"
         if args.no_cache
-        else f"on (block {args.block_size}, {engine.cache.ram.budget_bytes / 1e6:.0f} MB RAM, "
+        else f"on (block {args.block_size}, {engine.cache_admin.ram_budget_bytes / 1e6:.0f} MB RAM, "
         + (
             "no SSD tier)"
             if args.no_ssd
@@ -108,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         flush=True,
     )
     if args.shared_tier and not args.no_cache:
-        warm_up_shared(engine.cache, args.warmup_bytes, args.warmup_seconds)
+        warm_up_shared(engine.cache_admin, args.warmup_bytes, args.warmup_seconds)
     try:
         # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
         uvicorn.run(
@@ -123,17 +128,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
+def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
     """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
-    bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables)."""
+    bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables). ``admin``: the
+    engine's ``CacheAdmin`` (None: the cache is off)."""
     from promptcache.core.budget import parse_size
-    from promptcache.core.tiers.shared.check import warm_up
     from promptcache.engines.errors import ConfigError
 
-    shared = next((t for t in cache.ram.lower_tiers if t.name == "shared"), None)
-    if shared is None or not seconds or seconds <= 0:
+    if admin is None or not admin.has_tier("shared") or not seconds or seconds <= 0:
         return
-    budget = cache.ram.budget_bytes
+    budget = admin.ram_budget_bytes
     try:
         nbytes = budget // 10 if size is None else parse_size(size, total_bytes=budget)
     except ValueError as exc:
@@ -146,7 +150,7 @@ def warm_up_shared(cache: Any, size: str | None, seconds: float) -> None:
         log.info("%s", line)
         print(f"promptcache: {line}", file=sys.stderr, flush=True)
 
-    warm_up(cache, shared, min(nbytes, budget), seconds, progress)
+    admin.warm_up_shared(nbytes, seconds, progress)
 
 
 def limits_from_args(args: argparse.Namespace) -> Any:
@@ -198,6 +202,24 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    strict = str(env_value("strict-max-tokens", "")).lower() in ("1", "true", "yes")
+    serve.add_argument(
+        "--strict-max-tokens",
+        action="store_true",
+        default=strict,
+        help="refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
+        "leaves in the context (default: clamped to the room, said in the "
+        "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
+    )
+    add_flag(
+        serve,
+        "responses-max",
+        1000,
+        "stored Responses API responses kept per tenant (oldest go first; 0: none kept, so "
+        "previous_response_id never continues)",
+        int,
+    )
+    add_flag(serve, "responses-ttl", 86400.0, "seconds a stored response is kept", float)
     add_flag(
         serve,
         "hit-rate-alert",
@@ -225,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scripted-replies",
         None,
         "for testing clients: a JSON file of replies the model emits instead of its own (each "
-        "chosen by a regex on the request's last message; tool calls in the model's format)",
+        "chosen by turn, a regex on the last message and the tools offered; see the README)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)

@@ -65,9 +65,9 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
     repo, file = match["repo"], match["file"]
     cached = hf_cached(repo, revision)
     studio = None if revision else lmstudio_model(repo)
-    if file is not None:  # the folder may hold other quants of the model but not this one
-        cached = cached if cached and (cached / file).is_file() else None
-        studio = studio if studio and (studio / file).is_file() else None
+    # a folder with nothing to load (only a README fetched; other quants than ``file``) is no hit
+    cached = cached if cached and has_model(cached, file) else None
+    studio = studio if studio and has_model(studio, file) else None
     if cached is not None:
         if studio is not None:
             log.info(
@@ -83,6 +83,12 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
         )
     log.info("model %s: %s (%s)", model, found.path, found.source)
     return found
+
+
+def has_model(folder: Path, file: str | None = None) -> bool:
+    if file is not None:
+        return (folder / file).is_file()
+    return (folder / "config.json").is_file() or any(folder.glob("*.gguf"))
 
 
 def model_in_folder(folder: Path, model: str, file: str | None = None) -> Path:
@@ -134,6 +140,10 @@ def hf_cached(repo: str, revision: str | None) -> Path | None:
         return None
     except hf.LocalEntryNotFoundError:
         return None
+    except hf.HFValidationError as exc:  # e.g. "a/b..c": no such id can exist
+        raise ModelNotFoundError(
+            f"--model {repo!r} is no local path and no valid hub id: {exc}"
+        ) from None
     return Path(path)
 
 

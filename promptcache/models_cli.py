@@ -129,7 +129,23 @@ def check_servable(path: Path) -> Verdict:
         ok, reason = False, "mlx-lm quantized weights need the mlx engine (not installed)"
     else:
         ok, reason = _torch_knows(model_type)
+        ok, reason = (ok, reason) if not ok else _torch_reads_quant(config)
     return Verdict(fmt, model_type, engine, ok, reason)
+
+
+# transformers' quantized checkpoints that need a package of their own to load
+_QUANT_PACKAGES = {"gptq": "gptqmodel", "awq": "awq", "bitsandbytes": "bitsandbytes",
+                   "compressed-tensors": "compressed_tensors", "hqq": "hqq", "quanto": "optimum.quanto",
+                   "aqlm": "aqlm", "eetq": "eetq", "torchao": "torchao"}  # fmt: skip
+
+
+def _torch_reads_quant(config: dict[str, Any]) -> tuple[bool, str | None]:
+    quant = config.get("quantization_config")
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    package = _QUANT_PACKAGES.get(str(method))
+    if package is None or importlib.util.find_spec(package.split(".")[0]) is not None:
+        return True, None
+    return False, f"{method}-quantized weights need the {package} package (not installed)"
 
 
 def _torch_knows(model_type: str | None) -> tuple[bool, str | None]:

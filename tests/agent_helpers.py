@@ -66,11 +66,8 @@ def write_loop_script(path: Path, first: dict[str, Any], second: dict[str, Any])
 
 
 def start_scripted_server(server_factory: Any, model_dir: str, script: Path) -> Any:
-    # output capped: agent CLIs ask max_tokens up to 64000 (the scripted replies are short)
-    return server_factory(
-        "--model", model_dir, "--no-ssd", "--max-output-tokens", "512",
-        "--scripted-replies", str(script),
-    )  # fmt: skip
+    # as a user starts it: a max_tokens past the context (Claude Code asks 64000) is clamped
+    return server_factory("--model", model_dir, "--no-ssd", "--scripted-replies", str(script))
 
 
 def base_env(ws: Workspace, **extra: str) -> dict[str, str]:

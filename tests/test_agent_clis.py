@@ -25,6 +25,7 @@ pytest.importorskip("torch")
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 OPENCODE = cli_path("PROMPTCACHE_OPENCODE", "opencode-1.18.33/node_modules/.bin/opencode")
+CODEX = cli_path("PROMPTCACHE_CODEX", "codex-0.171.0/node_modules/.bin/codex")
 QWEN = cli_path("PROMPTCACHE_QWEN", "qwen-code-0.24.4/node_modules/.bin/qwen")
 PROMPT = "List the files in this folder, then tell me what notes.txt says."
 
@@ -64,6 +65,7 @@ def test_opencode_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path)
         OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
         OPENCODE_DISABLE_SHARE="1",
         OPENCODE_DISABLE_CLAUDE_CODE="1",  # ignore any ~/.claude of the machine
+        OPENCODE_DISABLE_PROJECT_CONFIG="1",  # no opencode.json of a folder above the test's
     )
     proc = run_cli([str(OPENCODE), "run", PROMPT], ws, env)
     records = assert_tool_loop(srv.url, proc)
@@ -97,3 +99,48 @@ def test_qwen_code_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path
     proc = run_cli([str(QWEN), "-p", PROMPT, "--approval-mode", "yolo"], ws, env)
     records = assert_tool_loop(srv.url, proc)
     assert records[0]["prompt_tokens"] > 10_000  # Qwen Code's whole system prompt and tools
+
+
+CODEX_CONFIG = """
+model = "tiny"
+model_provider = "promptcache"
+model_context_window = 65536
+web_search = "disabled"
+check_for_update_on_startup = false
+
+[model_providers.promptcache]
+name = "promptcache"
+base_url = "{url}/v1"
+wire_api = "responses"
+env_key = "PROMPTCACHE_API_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+
+[agents]
+enabled = false
+
+[features]
+goals = false
+
+[analytics]
+enabled = false
+"""
+
+
+@pytest.mark.skipif(CODEX is None, reason=skip_reason("Codex CLI", "agent-clis"))
+def test_codex_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path):
+    ws = make_workspace(tmp_path)
+    script = write_loop_script(
+        tmp_path / "script.json",
+        {"name": "exec_command", "arguments": {"cmd": "ls"}},
+        {"name": "exec_command", "arguments": {"cmd": f"cat {ws.note.name}"}},
+    )
+    srv = start_scripted_server(server_factory, scripted_model_dir, script)
+    codex_home = tmp_path / "codex-home"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=srv.url))
+    env = base_env(ws, CODEX_HOME=str(codex_home), PROMPTCACHE_API_KEY="sk-local")
+    cmd = [str(CODEX), "exec", "--skip-git-repo-check",
+           "--dangerously-bypass-approvals-and-sandbox", PROMPT]  # fmt: skip
+    records = assert_tool_loop(srv.url, run_cli(cmd, ws, env))
+    assert all(r["endpoint"] == "/v1/responses" for r in records)

@@ -357,26 +357,52 @@ def test_openai_prompt_too_long_is_context_length_exceeded(servers):
     assert f"maximum context length is {MAX_CONTEXT} tokens" in str(exc.value)
 
 
-def test_max_tokens_beyond_the_room_left(servers):
-    """Anthropic: generation runs to the end of the context, stop_reason
-    model_context_window_exceeded. OpenAI: an explicit max_tokens that cannot fit is a 400
-    context_length_exceeded; without max_tokens the reply is capped at the room left."""
-    on, _, _ = servers
+def test_max_tokens_beyond_the_room_left_is_clamped(servers):
+    """A max_tokens larger than the room the prompt leaves is clamped to the room, as local
+    servers do (the header says to what); Anthropic's stop_reason says the context ran out."""
+    on, off, _ = servers
+    long = "ab " * 900
     count = post(on, "/v1/messages/count_tokens",
-                 {"model": "m", "messages": [{"role": "user", "content": "ab " * 600}]}).json()  # fmt: skip
+                 {"model": "m", "messages": [{"role": "user", "content": long}]}).json()  # fmt: skip
     room = MAX_CONTEXT - count["input_tokens"]
-    body = {
-        "model": "m",
-        "max_tokens": room + 500,
-        "messages": [{"role": "user", "content": "ab " * 600}],
-    }
-    r = post(on, "/v1/messages", body).json()
-    assert r["stop_reason"] in ("model_context_window_exceeded", "end_turn"), r["stop_reason"]
-    assert r["usage"]["output_tokens"] <= room
+    body = {"model": "m", "max_tokens": room + 500, "messages": [{"role": "user", "content": long}]}
+    r = post(on, "/v1/messages", body)
+    assert r.headers["x-promptcache-max-tokens-clamped"] == str(room)
+    assert r.json()["stop_reason"] in ("model_context_window_exceeded", "end_turn")
+    assert r.json()["usage"]["output_tokens"] <= room
+    replies = []
+    for srv in (on, off):
+        raw = oa(srv).chat.completions.with_raw_response.create(
+            model="m", max_tokens=32000, temperature=0,
+            messages=[{"role": "user", "content": long}])  # fmt: skip
+        assert raw.headers["x-promptcache-max-tokens-clamped"] == str(room)
+        replies.append(raw.parse())
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert replies[0].usage.completion_tokens <= room
+    unclamped = post(on, "/v1/chat/completions",
+                     {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": long}]})  # fmt: skip
+    assert "x-promptcache-max-tokens-clamped" not in unclamped.headers
+
+
+def test_strict_max_tokens_keeps_the_400(tiny_llama_dir, server_factory):
+    srv = server_factory(*_args(tiny_llama_dir, "--strict-max-tokens"))
+    long = "ab " * 600
     with pytest.raises(openai.BadRequestError) as exc:
-        oa(on).chat.completions.create(model="m", max_tokens=MAX_CONTEXT,
-                                       messages=[{"role": "user", "content": "ab " * 600}])  # fmt: skip
+        oa(srv).chat.completions.create(model="m", max_tokens=MAX_CONTEXT,
+                                        messages=[{"role": "user", "content": long}])  # fmt: skip
     assert exc.value.code == "context_length_exceeded"
+    assert f"maximum context length is {MAX_CONTEXT} tokens" in str(exc.value)
+    with pytest.raises(anthropic.BadRequestError) as aexc:
+        an(srv).messages.create(model="m", max_tokens=MAX_CONTEXT,
+                                messages=[{"role": "user", "content": long}])  # fmt: skip
+    assert "exceed context limit" in str(aexc.value)
+    r = httpx.post(srv.url + "/v1/responses", timeout=60, json={
+        "model": "m", "input": long, "max_output_tokens": MAX_CONTEXT})  # fmt: skip
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+    # without an explicit max_tokens the server's default is fitted to the room, said so
+    ok = post(srv, "/v1/chat/completions",
+              {"model": "m", "messages": [{"role": "user", "content": "ab " * 900}]})  # fmt: skip
+    assert ok.status_code == 200 and "x-promptcache-max-tokens-clamped" in ok.headers
 
 
 def test_bad_tool_requests_get_4xx(servers):

@@ -142,7 +142,11 @@ def test_forced_calls_return_a_call_cut_short_as_text_and_close_their_schemas():
     fmt = ChatFormatter(FakeEngine())
     text = '<tool_call>\n{"name": "ls", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "l'
     forced = fmt.parse(Chat([], [TOOL], tool_choice="required"), text)
-    assert forced.content == '<tool_call>\n{"name": "l' and [c.name for c in forced.calls] == ["ls"]
+    # after whole calls a call cut short is dropped (no text block of markup), before any it
+    # comes back as generated text
+    assert forced.content == "" and [c.name for c in forced.calls] == ["ls"]
+    cut = fmt.parse(Chat([], [TOOL], tool_choice="required"), '<tool_call>\n{"name": "l')
+    assert cut.content == '<tool_call>\n{"name": "l' and cut.calls == []
     schema = {"type": "object", "properties": {"a": {"type": "object", "properties": {}}},
               "anyOf": [{"properties": {"b": {}}}]}  # fmt: skip
     closed = _closed(schema)

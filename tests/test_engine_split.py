@@ -102,7 +102,7 @@ def test_scheduler_interleaves_a_short_request_into_a_long_prefill():
 
     def logged(reqs):
         steps.extend(len(r.prompt) for r in reqs)
-        advance(reqs)
+        return advance(reqs)
 
     engine.batcher.advance_batch = logged  # type: ignore[method-assign]  (looked up per step)
     long_prompt = [3 + i % 200 for i in range(400)]  # 50 chunks

@@ -4,6 +4,7 @@ model that is nowhere, ``promptcache models --json``, and a real ``serve --model
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -90,15 +91,16 @@ def test_download_writes_the_hf_cache_layout(hub_cache):
 def test_offline_resolution_through_huggingface_hub(hub_cache):
     main, v1 = hub_cache["main"], hub_cache["v1"]
     got = locate([(REPO, None), (REPO, "main"), (REPO, "v1"), (REPO, v1), (REPO, "v2"),
-                  ("nobody/nothing", None)], offline(hub_cache))  # fmt: skip
+                  ("nobody/nothing", None), ("ab/c..d", None)], offline(hub_cache))  # fmt: skip
     snap = hub_cache["home"] / "hub" / "models--tiny-org--tiny-llama" / "snapshots"
     assert got[0] == [str(snap / main), "hf-cache", REPO, main]
     assert got[1] == got[0]
     assert got[2] == [str(snap / v1), "hf-cache", REPO, v1]
     assert got[3] == got[2]  # a commit hash as the revision
-    for err in got[4:]:
+    for err in got[4:6]:
         assert err[:2] == ["error", "ModelNotFoundError"]
         assert "not in the HF cache" in err[2] and "HF_HUB_OFFLINE" in err[2]
+    assert got[6][:2] == ["error", "ModelNotFoundError"] and "no valid hub id" in got[6][2]
     # HF_HUB_CACHE wins over HF_HOME, as in huggingface_hub
     env = offline(hub_cache, HF_HOME=str(hub_cache["base"] / "empty"),
                   HF_HUB_CACHE=str(hub_cache["home"] / "hub"))  # fmt: skip
@@ -145,6 +147,10 @@ def studio_home(tmp_path_factory, hub_cache):
     odd.mkdir(parents=True)
     (odd / "config.json").write_text(json.dumps({"model_type": "no_such_arch"}))
     (odd / "model.safetensors").write_bytes((mlx_dir / "model.safetensors").read_bytes())
+    gptq = models / "someone" / "tiny-gptq"
+    gptq.mkdir(parents=True)
+    (gptq / "config.json").write_text(json.dumps({"model_type": "llama", "quantization_config": {"quant_method": "gptq", "bits": 4}}))  # fmt: skip
+    (gptq / "model.safetensors").write_bytes((hub_cache["base"] / "main" / "model.safetensors").read_bytes())  # fmt: skip
     dup = models / REPO
     dup.mkdir(parents=True)
     (dup / "config.json").write_text("{}")
@@ -189,10 +195,12 @@ def test_engine_follows_the_weights_format(studio_home):
 def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMPTCACHE_HOME": str(tmp_path),
            **offline(hub_cache, HOME=str(studio_home))}  # fmt: skip
-    done = subprocess.run([sys.executable, "-m", "promptcache.cli", "models", "--json"],
-                          env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    both = "from promptcache.cli import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", both], env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
-    rows = {(r["model"], r["revision"], r["source"]): r for r in json.loads(done.stdout)}
+    listing, table = done.stdout.split("=" * 8 + "\n")
+    rows = {(r["model"], r["revision"], r["source"]): r for r in json.loads(listing)}
     main, v1 = rows[(REPO, None, "hf-cache")], rows[(REPO, "v1", "hf-cache")]
     assert main["commit"] == hub_cache["main"] and v1["commit"] == hub_cache["v1"]
     for row in (main, v1):
@@ -206,9 +214,10 @@ def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     odd = rows[("someone/odd-model", None, "lmstudio")]
     assert odd["can_serve"] is False and "no_such_arch" in odd["reason"]
     assert rows[(REPO, None, "lmstudio")]["can_serve"] is False  # a config without a model
-    table = subprocess.run([sys.executable, "-m", "promptcache.cli", "models"], env=env,
-                           capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert f"{REPO} --revision v1" in table.stdout and "no_such_arch" in table.stdout
+    gptq = rows[("someone/tiny-gptq", None, "lmstudio")]
+    if importlib.util.find_spec("gptqmodel") is None:
+        assert gptq["can_serve"] is False and "gptqmodel" in gptq["reason"]
+    assert f"{REPO} --revision v1" in table and "no_such_arch" in table
 
 
 @pytest.mark.server

@@ -469,7 +469,7 @@ k = int(sys.argv[2])
 while True:
     toks = conversation(k)
     cache.save(cache.sequence(toks), None, make_slicer(toks))
-    say(f"SAVED {k} {tier._queue.qsize()}")
+    say(f"SAVED {k} {tier.num_queued_writes}")
     k += 1
 """
 

@@ -11,7 +11,7 @@ from core_helpers import make_slicer
 from promptcache.core.cache import PromptCache
 from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.tiers.base import BlockRecord, NullTier, StoredBlock
-from promptcache.core.tiers.factory import make_lower_tiers
+from promptcache.core.tiers.factory import build_tiers
 
 BLOCK = 4
 BLOCK_BYTES = BLOCK * 2 * 8  # make_slicer: two int64 per token
@@ -169,9 +169,9 @@ def test_concurrent_promotions_and_saves_keep_integrity():
     cache.check_integrity()
 
 
-def test_make_lower_tiers_builds_the_ssd_tier(tmp_path):
-    assert make_lower_tiers(fingerprint="m") == []
-    tiers = make_lower_tiers(fingerprint="m" * 32, ssd_dir=tmp_path, ssd_budget="1MB")
+def test_build_tiers_builds_the_ssd_tier(tmp_path):
+    assert build_tiers(fingerprint="m") == []
+    tiers = build_tiers(fingerprint="m" * 32, ssd_dir=tmp_path, ssd_budget="1MB")
     assert [t.name for t in tiers] == ["ssd"]
     cache = PromptCache("m" * 32, block_size=BLOCK, ram_budget=10**6, next_tier=tiers)
     a = tokens(5, 12)
@@ -183,7 +183,7 @@ def test_make_lower_tiers_builds_the_ssd_tier(tmp_path):
 
 def test_concurrent_ssd_promotions_and_saves_keep_integrity(tmp_path):
     def open_cache(ram_blocks):
-        tiers = make_lower_tiers(fingerprint="f" * 32, ssd_dir=tmp_path, ssd_budget="100MB")
+        tiers = build_tiers(fingerprint="f" * 32, ssd_dir=tmp_path, ssd_budget="100MB")
         return PromptCache(
             "f" * 32, block_size=BLOCK, ram_budget=ram_blocks * BLOCK_BYTES, next_tier=tiers
         )

@@ -15,7 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from promptcache.core import cache_admin, promotion
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.chain import find_partial
@@ -27,8 +26,8 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, session_key
 from promptcache.core.stats import CacheStats, Counters, LookupReport
 from promptcache.core.tiers.base import LowerTier, StoredBlock
-from promptcache.core.tiers.ram.sessions import tag_blocks
 from promptcache.core.tiers.ram.tier import RamTier
+from promptcache.core.tiers.stack import TierStack
 from promptcache.core.tree import Match
 from promptcache.core.whatif import attach_whatif
 
@@ -55,8 +54,6 @@ class PromptCache:
         ``evictions``: the log the lower tiers note their evictions in (one is made if none).
         ``ram_ttl``: seconds a RAM block may go unused before it expires (None: never, unless
         a request's TTL hint says so). ``clock``: wall-clock seconds (a test's fake clock)."""
-        if ram_ttl is not None and ram_ttl <= 0:
-            raise ValueError(f"ram_ttl must be positive, got {ram_ttl!r}")
         if not isinstance(block_size, int) or block_size <= 0:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         budget = default_ram_budget() if ram_budget is None else parse_size(ram_budget)
@@ -66,13 +63,10 @@ class PromptCache:
         self.counters = Counters()
         # where evicted blocks went (shared with the lower tiers): a miss can say so
         self.evictions = evictions if evictions is not None else EvictionLog()
-        self.ram = RamTier(budget, policy, next_tier, self.counters, self.evictions, clock)
-        self.ram_ttl_s = ram_ttl
+        self.ram = RamTier(budget, policy, self.counters, self.evictions, clock, ram_ttl)
+        # the only holder of the tiers behind RAM (routing, promotion, admin, their stats)
+        self.tiers = TierStack(self.ram, next_tier)
         self.clock = clock
-        self.deletions = 0  # bumped by every deletion: a promotion in flight then inserts nothing
-        # RAM sweeps walk every block: only once a TTL is in play (--ram-ttl, or a hint seen);
-        # lower tiers keep hints across restarts and look them up by index: always swept
-        self.ram_has_ttl = ram_ttl is not None
         self._last_sweep = clock()
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
         self._lock = threading.RLock()
@@ -93,8 +87,7 @@ class PromptCache:
         seq = TokenSeq(root, tokens, self.block_size, extras)
         if session or ttl_s is not None:
             seq.use = BlockUse(session_key(tenant, session) if session else "", ttl_s)
-        for tier in self.ram.stores:
-            tier.register_namespace(root, tenant)
+        self.tiers.register_namespace(root, tenant)
         return seq
 
     def _check_seq(self, seq: TokenSeq) -> None:
@@ -116,21 +109,18 @@ class PromptCache:
             self._maybe_expire()
             match = self.ram.match(seq, rc)
             plan = None
-            if self.ram.stores and match.num_matched < seq.num_tokens - 1:
-                plan = promotion.plan(self.ram, seq, match, rc)
+            if match.num_matched < seq.num_tokens - 1:
+                plan = self.tiers.plan_promotion(seq, match, rc)
             if plan is None:
                 return self._serve(seq, match, match.num_tokens)
-        deletions = self.deletions
         try:
-            loaded: list[Any] | None = promotion.load(plan)
+            loaded: list[Any] | None = self.tiers.load(plan)
         except BaseException:
             with self._lock:
-                promotion.finish(self.ram, plan, None)
+                self.tiers.finish_promotion(plan, None)
             raise
         with self._lock:
-            if self.deletions != deletions:  # what was read may have been deleted meanwhile
-                loaded = None
-            done = promotion.finish(self.ram, plan, loaded)
+            done = self.tiers.finish_promotion(plan, loaded)
             # matched again: RAM changed while the lock was let go
             return self._serve(
                 seq, self.ram.match(seq, rc), match.num_tokens, plan.tier.name, done.num_damaged
@@ -288,18 +278,16 @@ class PromptCache:
         then lag while RAM serves it; an expired copy comes back with RAM's tags on eviction."""
         use = seq.use
         new = [] if use.is_empty else [b.block_hash for b in blocks if _is_news(b, use)]
-        tag_blocks(blocks, use, self.clock())
-        self.ram_has_ttl = self.ram_has_ttl or use.ttl_s is not None
-        if not new:
-            return
-        now = self.clock()
-        for tier in self.ram.stores:
-            tier.tag(new, use, now, seq.root)
+        self.ram.note_use(blocks, use, self.clock())
+        if new:
+            self.tiers.tag_lower(new, use, self.clock(), seq.root)
 
     def _maybe_expire(self) -> None:
         """An expiry sweep once per ``EXPIRE_EVERY_S`` while any TTL is in play (caller holds
         the lock): the sweep walks the RAM index, so it is kept off most requests."""
-        swept = self.ram_has_ttl or self.ram.stores
+        # RAM's sweep walks every block: only once a TTL is in play (--ram-ttl, or a hint seen);
+        # lower tiers keep hints across restarts and look them up by index: always swept
+        swept = self.ram.has_ttl or self.tiers.has_lower
         if swept and self.clock() - self._last_sweep >= EXPIRE_EVERY_S:
             self.expire()
 
@@ -308,18 +296,20 @@ class PromptCache:
         with self._lock:
             now = self.clock() if now is None else now
             self._last_sweep = now
-            return cache_admin.expire(self, now)
+            return self.tiers.expire(now)
 
     def delete_session(self, session: str, tenant: str = "", force: bool = False) -> DeleteReport:
         """Remove the blocks only ``session`` (of ``tenant``) uses from every tier, with what
         hangs below them; shared ones too when ``force``. Pinned blocks stay (reported)."""
         with self._lock:
-            return cache_admin.delete_session(self, tenant, session, force)
+            return self.tiers.delete_session(session_key(tenant, session), force)
 
     def delete_tenant(self, tenant: str) -> DeleteReport:
         """Remove every block of ``tenant``'s namespace from every tier."""
         with self._lock:
-            return cache_admin.delete_tenant(self, tenant)
+            return self.tiers.delete_namespace(
+                Namespace(self.model_fingerprint, tenant).root_hash()
+            )
 
     def _drop_superseded(self, parent: Block, full: Block) -> None:
         for child in list(parent.children.get(full.first_token(), ())):
@@ -352,18 +342,15 @@ class PromptCache:
                 num_superseded=c.num_superseded,
                 num_blocks=len(index),
                 num_pinned_blocks=sum(1 for b in index.values() if b.ref_count),
-                bytes_by_tier={
-                    "ram": self.ram.used_bytes,
-                    **{t.name: t.used_bytes() for t in self.ram.lower_tiers},
-                },
+                bytes_by_tier=self.tiers.bytes_by_tier(),
                 ram_budget_bytes=self.ram.budget_bytes,
-                tiers={t.name: d for t in self.ram.lower_tiers if (d := t.describe())},
+                tiers=self.tiers.describe(),
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
                 whatif=self.whatif.snapshot() if self.whatif is not None else {},
                 num_expired=c.num_expired,
                 num_deleted=c.num_deleted,
-                ram_ttl_s=self.ram_ttl_s,
+                ram_ttl_s=self.ram.ttl_s,
             )
 
     def warm(self, tier: LowerTier, blocks: list[StoredBlock]) -> int:
@@ -372,17 +359,14 @@ class PromptCache:
         (``promotion.insert_warm``). Not counted as hits. Returns the number inserted."""
         loaded = tier.read(blocks)
         with self._lock:
-            return promotion.insert_warm(self.ram, blocks, loaded, tier)
+            return self.tiers.warm(tier, blocks, loaded)
 
     def check_integrity(self) -> None:
         with self._lock:
-            self.ram.check_integrity()
-            for tier in self.ram.lower_tiers:
-                tier.check_integrity()
+            self.tiers.check_integrity()
 
     def close(self) -> None:
-        for tier in self.ram.lower_tiers:
-            tier.close()
+        self.tiers.close()
 
 
 def _is_news(block: Block, use: BlockUse) -> bool:

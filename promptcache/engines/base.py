@@ -7,8 +7,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
+from promptcache.core.admin import CacheAdmin
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.stats import LookupReport
 from promptcache.engines.errors import (
@@ -24,8 +25,10 @@ from promptcache.engines.errors import (
 __all__ = [
     "CacheSaveError",
     "ConfigError",
+    "CacheAdmin",
     "Engine",
     "EngineError",
+    "EngineLimits",
     "EngineFailure",
     "EngineTimeoutError",
     "Event",
@@ -93,6 +96,15 @@ class Finished:
 Event = PrefillDone | TextDelta | Finished
 
 
+class EngineLimits(NamedTuple):
+    """What an engine can take, for the server's checks (it never reaches into the engine)."""
+
+    max_context: int  # tokens a sequence may hold: prompt + reply
+    vocab_size: int  # token ids are in [0, vocab_size)
+    block_size: int | None  # the prompt cache's block size; None: the cache is off
+    supports_images: bool  # a vision-language model: image parts are taken
+
+
 class Engine(Protocol):
     """What the server uses. Errors: ``RequestError`` (and its ``PromptTooLongError``,
     ``EngineTimeoutError``) for requests that cannot be served as asked, ``EngineFailure`` for
@@ -149,6 +161,15 @@ class Engine(Protocol):
         piece of text and Finished last. Raises RequestError before the first event on bad input.
         ``images``: where the prompt's images sit (from ``encode_chat_images``).
         Setting ``cancel`` stops decoding at the next token and still yields Finished."""
+
+    @property
+    def limits(self) -> EngineLimits:
+        """Its context, vocabulary, cache block and image support in one record."""
+
+    @property
+    def cache_admin(self) -> CacheAdmin | None:
+        """The handle to administer its prompt cache (deletions, warm-up, budget); None when
+        the cache is off. The server never touches the cache itself."""
 
     def cache_stats(self) -> dict[str, Any]:
         """The prompt cache's counters as JSON-ready values (empty when the cache is off)."""

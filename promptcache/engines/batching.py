@@ -24,7 +24,11 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    and its consumer woken (``on_events``): it streams while step 4 runs;
 4. **one forward for every one-token step**: the next token of every request that was decoding
    when the step began (and any final save left) go through the model together
-   (``ModelRunner.forward`` batches one-token steps: ``torch_batch``, ``mlx_batch``).
+   (``Steps.one_token_steps``; the runners batch one-token steps: ``torch.batch``,
+   ``mlx.batch``).
+
+The batcher never sets a request's phase: each part returns where the request goes next (or its
+error), and ``advance_batch`` hands the scheduler those outcomes.
 
 Requests join at any step (their lookup happens in the step they arrive) and leave when they
 finish: nothing waits for a batch to fill or drain. A decoding request's inter-token latency is
@@ -40,7 +44,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from promptcache.engines.request import Phase, Request
+from promptcache.engines.request import Outcome, Phase, Request
 from promptcache.engines.steps import Steps
 
 DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M model on 2 CPU cores
@@ -56,7 +60,7 @@ class Batcher:
         self.step_tokens = step_tokens
         # pieces smaller than a chunk only where the split cannot change the saved state's
         # numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)
-        self.splits = not steps.runner.layout.requires_checkpoint
+        self.splits = steps.can_split_chunks
         self.min_shared = min_shared  # a shared prefix shorter than this is not worth waiting for
         self._lock = threading.Lock()  # the counters are read by stats() from other threads
         self.num_steps = 0
@@ -70,8 +74,9 @@ class Batcher:
 
     # -- the scheduler's Work ---------------------------------------------------------------
 
-    def advance_batch(self, reqs: Sequence[Request]) -> None:
+    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Outcome]:
         steps = self.steps
+        moved: dict[Request, Outcome] = {}  # where each request goes; the scheduler applies it
         one: list[Request] = []  # decode steps and final saves: one token each, in step order
         new: list[Request] = []
         prefill: list[Request] = []
@@ -79,9 +84,9 @@ class Batcher:
             if req.phase is Phase.SAVE:  # no deadline, no cancel: the reply is out
                 one.append(req)
             elif req.is_expired():
-                _guard(req, steps.time_out)
+                moved[req] = _guard(req, steps.time_out)
             elif req.is_cancelled:
-                _guard(req, steps.cancel)
+                moved[req] = _guard(req, steps.cancel)
             elif req.phase is Phase.DECODE:
                 one.append(req)
             elif req.phase is Phase.NEW:
@@ -91,27 +96,29 @@ class Batcher:
         budget = self.step_tokens - len(one)
         saves = [r for r in one if r.phase is Phase.SAVE]
         if new and saves:  # saved before any lookup: a new turn hits the reply it follows
-            self._one_token_steps(saves)
+            self._one_token_steps(saves, moved)
             one = [r for r in one if r.phase is Phase.DECODE]  # the same order: a kept batch
         for req in new:
             if self._wait_for_inflight(req, prefill):
                 continue
-            if _guard(req, self._begin):
+            moved[req] = _guard(req, self._begin)
+            if moved[req] is Phase.PREFILL:
                 prefill.append(req)
         # prefill before the decode forward: a prompt completing here sends its first token
         # now, and its consumer (woken) streams it while the forward runs
-        self._prefill_chunks(prefill, budget)
+        self._prefill_chunks(prefill, budget, moved)
         if any(r.outbox for r in reqs):
             self.on_events()
-        self._one_token_steps(one)
+        self._one_token_steps(one, moved)
         with self._lock:
             self.num_steps += 1
+        return moved
 
-    def time_out(self, req: Request) -> None:
-        self.steps.time_out(req)
+    def time_out(self, req: Request) -> Outcome:
+        return self.steps.time_out(req)
 
-    def cancel(self, req: Request) -> None:
-        self.steps.cancel(req)
+    def cancel(self, req: Request) -> Outcome:
+        return self.steps.cancel(req)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -126,40 +133,30 @@ class Batcher:
 
     # -- the parts of a step ----------------------------------------------------------------
 
-    def _one_token_steps(self, reqs: list[Request]) -> None:
+    def _one_token_steps(self, reqs: list[Request], moved: dict[Request, Outcome]) -> None:
         if not reqs:
             return
-        runner = self.steps.runner
-        batched = runner.batches_decode([r.state for r in reqs])
-        try:
-            logits = runner.forward([r.state for r in reqs], [[r.generated[-1]] for r in reqs])
-        except Exception as exc:  # the batch's forward: every request in it fails
-            for req in reqs:
-                _fail(req, exc)
-            return
+        is_save = [r.phase is Phase.SAVE for r in reqs]
+        outcomes, batched = self.steps.one_token_steps(reqs, is_save)
+        moved.update(zip(reqs, outcomes, strict=True))
         if batched:
             with self._lock:
                 self.num_batched_forwards += 1
                 self.batched_rows += len(reqs)
                 self.max_batch_rows = max(self.max_batch_rows, len(reqs))
-        for req, row in zip(reqs, logits, strict=True):
-            if req.phase is Phase.SAVE:
-                _guard(req, self.steps.save_reply)
-            else:
-                _guard(req, partial(self.steps.decode_step, logits=row))
 
-    def _begin(self, req: Request) -> None:
-        self.steps.begin(req)
-        req.phase = Phase.PREFILL
+    def _begin(self, req: Request) -> Outcome:
+        out = self.steps.begin_step(req)
         if req.waited:
             with self._lock:
                 self.num_inflight_waits += 1
                 self.inflight_dedup_tokens += min(req.cached, req.waited)
+        return out
 
     def _wait_for_inflight(self, req: Request, prefilling: list[Request]) -> bool:
         """True when a request in flight is prefilling (and will save) a prefix ``req`` shares
         beyond what it has computed so far: ``req`` looks up after it, not alongside."""
-        if self.steps.cache is None:
+        if not self.steps.has_cache:
             return False
         for other in prefilling:
             if other.tenant != req.tenant or other.pos >= len(req.prompt):
@@ -170,12 +167,14 @@ class Batcher:
                 return True
         return False
 
-    def _prefill_chunks(self, reqs: list[Request], budget: int) -> None:
+    def _prefill_chunks(
+        self, reqs: list[Request], budget: int, moved: dict[Request, Outcome]
+    ) -> None:
         # skipped last step first, then the fewest tokens left (shortest remaining first)
         order = sorted(reqs, key=lambda r: (r.skipped == 0, r.num_prompt - r.pos))
         ran = delivered = False
         for req in order:
-            if req.phase is not Phase.PREFILL:
+            if moved.get(req, req.phase) is not Phase.PREFILL:
                 continue
             end = self.steps.chunk_end(req)
             if self.splits:  # a piece of the chunk: the budget bounds the step's length
@@ -190,26 +189,19 @@ class Batcher:
             ran = True
             budget -= end - req.pos
             delivered = delivered or finishes
-            _guard(req, partial(self.steps.prefill_step, end=end))
+            moved[req] = _guard(req, partial(self.steps.prefill_step, end=end))
 
 
 def _no_op() -> None:
     pass
 
 
-def _guard(req: Request, action: Callable[[Request], None]) -> bool:
-    """Run one request's part of the step; its exception goes to its consumer. True if it ran."""
+def _guard(req: Request, action: Callable[[Request], Outcome]) -> Outcome:
+    """Run one request's part of the step; its exception is its outcome (for its consumer)."""
     try:
-        action(req)
+        return action(req)
     except Exception as exc:
-        _fail(req, exc)
-        return False
-    return True
-
-
-def _fail(req: Request, exc: BaseException) -> None:
-    req.outbox.append(exc)
-    req.phase = Phase.DONE
+        return exc
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -1,5 +1,5 @@
 """Building the prompt cache an engine serves from: its options, the RAM tier, and the lower
-tiers the core's factory (``core.tiers.factory.make_lower_tiers``) builds from the settings."""
+tiers the core's factory (``core.tiers.factory.build_tiers``) builds from the settings."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.tiers.base import LowerTier
-from promptcache.core.tiers.factory import make_lower_tiers
+from promptcache.core.tiers.factory import build_tiers
 from promptcache.core.vision_cache import VisionCache
 from promptcache.engines.errors import ConfigError
 
@@ -84,7 +84,7 @@ def build_cache(
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--encrypt-key-file: {exc}") from None
         try:
-            built = next_tier = make_lower_tiers(
+            built = next_tier = build_tiers(
                 fingerprint=fingerprint,
                 ssd_dir=opts.ssd_dir,
                 ssd_budget=opts.ssd_budget,

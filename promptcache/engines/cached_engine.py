@@ -21,15 +21,17 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
+    CacheAdmin,
+    EngineLimits,
     Event,
     Finished,
-    PromptTooLongError,
     RequestError,
     SamplingParams,
 )
 from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
 from promptcache.engines.block_scheme import quant_stats
 from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
+from promptcache.engines.context import check_prompt_fits
 from promptcache.engines.forced import ForcedTokens, TokenConstraint
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.engines.layers import Layout
@@ -69,6 +71,7 @@ class CachedEngine:
         self.cache = build_cache(
             opts, runner.fingerprint, runner.codec(), runner.layout.requires_checkpoint
         )
+        self._admin = CacheAdmin(self.cache) if self.cache is not None else None
         # a vision-language runner's image half (None: a text-only model)
         self.vision: VisionModel | None = getattr(runner, "vision", None)
         self.feeder: VisionFeeder | None = None
@@ -129,6 +132,15 @@ class CachedEngine:
     @property
     def rope_scaling(self) -> dict[str, Any] | None:
         return self.runner.rope_scaling
+
+    @property
+    def limits(self) -> EngineLimits:
+        block = self.cache.block_size if self.cache is not None else None
+        return EngineLimits(self.max_context, self.vocab_size, block, self.supports_images)
+
+    @property
+    def cache_admin(self) -> CacheAdmin | None:
+        return self._admin
 
     # -- one sequence on the model, outside the scheduler (tests, benchmarks' ideal runs) -------
 
@@ -242,15 +254,7 @@ class CachedEngine:
             raise RequestError("this server's model takes no image input (text only)")
         if any(s.start < 0 or s.end > len(prompt_ids) for s in images):
             raise RequestError("an image span lies outside the prompt")
-        n = len(prompt_ids)
-        if n == 0:
-            raise RequestError("the prompt is empty")
-        if n >= self.max_context:
-            raise PromptTooLongError(
-                f"the prompt has {n} tokens; this server's context is {self.max_context} tokens",
-                n,
-                self.max_context,
-            )
+        check_prompt_fits(len(prompt_ids), self.max_context)
 
     def prefill(
         self,

@@ -28,10 +28,13 @@ class EngineTimeoutError(RequestError):
 class PromptTooLongError(RequestError):
     """The prompt (or prompt + the requested output) does not fit the context."""
 
-    def __init__(self, message: str, num_tokens: int = 0, max_context: int = 0) -> None:
+    def __init__(
+        self, message: str, num_tokens: int = 0, max_context: int = 0, max_tokens: int = 0
+    ) -> None:
         super().__init__(message)
         self.num_tokens = num_tokens
         self.max_context = max_context
+        self.max_tokens = max_tokens  # the output asked for, when that is what does not fit
 
 
 class EngineFailure(Exception):

@@ -1,7 +1,8 @@
 """One generation request between its steps: what it asked for, where it is, what it produced.
 
-The scheduler moves a request through its phases one step at a time; the consumer's thread reads
-the events a step leaves in ``outbox``. Hot state: a slots dataclass, no per-step allocation
+The scheduler moves a request through its phases one step at a time (the steps say where it goes
+next; the scheduler alone sets ``phase``); the consumer's thread reads the events a step leaves
+in ``outbox``. Hot state: a slots dataclass, no per-step allocation
 beyond the events themselves.
 """
 
@@ -25,11 +26,18 @@ from promptcache.engines.textstream import StopTextStream
 
 
 class Phase(enum.Enum):
+    """Where a request is. Only the scheduler sets ``Request.phase``: a step returns the next
+    phase (an ``Outcome``) and the scheduler applies it once the step is over."""
+
     NEW = "new"  # queued: not looked up yet
     PREFILL = "prefill"  # restored (or empty) state, prompt chunks left to run
     DECODE = "decode"  # PrefillDone sent; one token per step
     SAVE = "save"  # Finished sent; the final save (prompt + reply) is left
     DONE = "done"  # nothing left; the lease is released
+
+
+# what one request's part of a step came to: its next phase, or the error that ends it
+Outcome = Phase | BaseException
 
 
 @dataclass(slots=True, eq=False)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from promptcache.engines.base import Event
-from promptcache.engines.request import Phase, Request
+from promptcache.engines.request import Outcome, Phase, Request
 from promptcache.engines.turns import FairTurns
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
@@ -30,16 +30,19 @@ POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by 
 
 class Work(Protocol):
     """What the engine does to requests; called by the scheduler only, never concurrently for
-    the same request. Each call leaves its events in ``req.outbox`` and moves ``req.phase``."""
+    the same request. Each call leaves its events in ``req.outbox`` and returns where the
+    request goes next (an ``Outcome``: a phase, or the error that ends it); the scheduler
+    applies it (``_apply``): it alone moves ``req.phase``."""
 
-    def advance_batch(self, reqs: Sequence[Request]) -> None:
+    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Outcome]:
         """One step of every request in ``reqs`` (lookup + restore, a prefill chunk, a token
-        or the final save each); a request's error goes to its outbox, never raised."""
+        or the final save each): the outcome of each request that moved or failed (a
+        request's error is its outcome, never raised)."""
 
-    def time_out(self, req: Request) -> None:
+    def time_out(self, req: Request) -> Outcome:
         """The deadline passed (no model work: callable without a turn)."""
 
-    def cancel(self, req: Request) -> None:
+    def cancel(self, req: Request) -> Outcome:
         """The consumer cancelled (no model work: callable without a turn)."""
 
 
@@ -68,12 +71,12 @@ class Scheduler:
             for req in batch:
                 req.in_flight = True
         try:
-            self.work.advance_batch(batch)
+            for req, outcome in self.work.advance_batch(batch).items():
+                _apply(req, outcome)
         except Exception as exc:  # a bug outside any one request's part: all of them fail
             for req in batch:
                 if req.phase is not Phase.DONE:
-                    req.outbox.append(exc)
-                    req.phase = Phase.DONE
+                    _apply(req, exc)
         finally:
             with self._cond:
                 for req in batch:
@@ -167,7 +170,7 @@ class Scheduler:
             for r in self._active
         )
 
-    def _settle(self, req: Request, action: Callable[[Request], None]) -> None:
+    def _settle(self, req: Request, action: Callable[[Request], Outcome]) -> None:
         """Run a no-model ``action`` on ``req`` once no step works on it, and take it out of
         the line. A step that ran meanwhile may have produced events: those are read first."""
         with self._cond:
@@ -185,12 +188,11 @@ class Scheduler:
             req.phase = Phase.DONE
         req.release()
 
-    def _run(self, req: Request, action: Callable[[Request], None]) -> None:
+    def _run(self, req: Request, action: Callable[[Request], Outcome]) -> None:
         try:
-            action(req)
+            _apply(req, action(req))
         except Exception as exc:  # delivered to the request's consumer, which raises it
-            req.outbox.append(exc)
-            req.phase = Phase.DONE
+            _apply(req, exc)
         finally:
             done = req.phase is Phase.DONE
             with self._cond:
@@ -198,3 +200,12 @@ class Scheduler:
                 self._cond.notify_all()
             if done:
                 req.release()
+
+
+def _apply(req: Request, outcome: Outcome) -> None:
+    """The one place a request's phase moves (an error goes to its consumer and ends it)."""
+    if isinstance(outcome, BaseException):
+        req.outbox.append(outcome)
+        req.phase = Phase.DONE
+    else:
+        req.phase = outcome

@@ -1,6 +1,8 @@
 """What one step does to one request: its lookup and restore, one prefill chunk (saved at its
-end), one decoded token, or the final save of prompt + reply. Which requests step, and when, is
-the scheduler's; everything here runs inside a step, so the model and the live slot are ours.
+end), one decoded token (batched: ``one_token_steps``), or the final save of prompt + reply. Which
+requests step, and when, is the scheduler's; everything here runs inside a step, so the model
+and the live slot are ours. Each step returns where the request goes next (an ``Outcome``);
+the scheduler alone moves ``Request.phase``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from promptcache.engines.base import (
     RequestError,
 )
 from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
-from promptcache.engines.request import Phase, Request
+from promptcache.engines.request import Outcome, Phase, Request
 from promptcache.engines.runner import ModelRunner
 from promptcache.engines.vision import VisionFeeder
 
@@ -55,49 +57,79 @@ class Steps:
         aligned however the steps are composed, so checkpoints land on the same positions)."""
         return min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
 
-    def prefill_step(self, req: Request, end: int | None = None) -> None:
+    @property
+    def has_cache(self) -> bool:
+        return self.cache is not None
+
+    @property
+    def can_split_chunks(self) -> bool:
+        """Whether a prefill chunk may run in smaller pieces without changing the saved state's
+        numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)."""
+        return not self.runner.layout.requires_checkpoint
+
+    def begin_step(self, req: Request) -> Outcome:
+        """A new request's lookup and restore: it prefills next."""
+        self.begin(req)
+        return Phase.PREFILL
+
+    def prefill_step(self, req: Request, end: int | None = None) -> Outcome:
         """Prefill up to ``end`` (default: the chunk's end); the prompt's last piece sends
         PrefillDone and the first token."""
         self.prefill_chunk_of(req, end)
-        if req.pos == req.num_prompt:
-            report = req.lease.report if req.lease is not None else None
-            req.outbox.append(
-                PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
-            )
-            req.started = True
-            scores = self.runner.to_numpy(req.logits)
-            start_decoding(req, self.max_context, self.decode_text, scores)
-            req.phase = Phase.DECODE
-            self._token(req)  # the first token costs no forward: the prompt's logits
+        if req.pos < req.num_prompt:
+            return Phase.PREFILL
+        report = req.lease.report if req.lease is not None else None
+        req.outbox.append(PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report))
+        req.started = True
+        scores = self.runner.to_numpy(req.logits)
+        start_decoding(req, self.max_context, self.decode_text, scores)
+        return self._token(req)  # the first token costs no forward: the prompt's logits
 
-    def decode_step(self, req: Request, logits: Any) -> None:
+    def decode_step(self, req: Request, logits: Any) -> Outcome:
         """The token after the one the forward just fed (``logits`` are its row)."""
         sample_after(req, self.runner.to_numpy(logits))
-        self._token(req)
+        return self._token(req)
 
-    def time_out(self, req: Request) -> None:
+    def one_token_steps(
+        self, reqs: list[Request], is_save: list[bool]
+    ) -> tuple[list[Outcome], bool]:
+        """One forward feeding each request its last sampled token (batched where the runner
+        can), then each one's next token, or its final save where ``is_save``. Returns the
+        outcomes in order and whether the forward was batched. A failed forward fails them all."""
+        runner = self.runner
+        batched = runner.batches_decode([r.state for r in reqs])
+        try:
+            logits = runner.forward([r.state for r in reqs], [[r.generated[-1]] for r in reqs])
+        except Exception as exc:  # the batch's forward: every request in it fails
+            return [exc] * len(reqs), batched
+        out: list[Outcome] = []
+        for req, row, save in zip(reqs, logits, is_save, strict=True):
+            try:
+                out.append(self.save_reply(req) if save else self.decode_step(req, row))
+            except Exception as exc:
+                out.append(exc)
+        return out, batched
+
+    def time_out(self, req: Request) -> Outcome:
         """The deadline passed: before the first token the request fails (503), after it the
         reply ends with reason "timeout"."""
         if req.started:
-            self._finish(req, "timeout")
-            return
+            return self._finish(req, "timeout")
         timeout_s = req.params.timeout_s or 0.0
-        req.outbox.append(
-            EngineTimeoutError(
-                f"the request did not get through prefill within its time budget "
-                f"({timeout_s:g} s); the server is busy, try again later"
-            )
+        return EngineTimeoutError(
+            f"the request did not get through prefill within its time budget "
+            f"({timeout_s:g} s); the server is busy, try again later"
         )
-        req.phase = Phase.DONE
 
-    def cancel(self, req: Request) -> None:
+    def cancel(self, req: Request) -> Outcome:
         """Nobody waits for the reply any more: end it now (a queued request never looked its
         prompt up; after Finished the final save still runs)."""
         if req.phase is Phase.NEW:
             req.outbox.append(Finished("cancelled", 0, 0, 0, ""))
-            req.phase = Phase.DONE
-        elif req.phase in (Phase.PREFILL, Phase.DECODE):
-            self._finish(req, "cancelled")
+            return Phase.DONE
+        if req.phase in (Phase.PREFILL, Phase.DECODE):
+            return self._finish(req, "cancelled")
+        return req.phase
 
     # -- building blocks (``CachedEngine.prefill`` uses them too) -------------------------------
 
@@ -143,19 +175,19 @@ class Steps:
         if req.seq is not None and (end % self.prefill_chunk == 0 or end == req.num_prompt):
             self.save(req.seq, req.state, req.pos)
 
-    def final_save(self, req: Request) -> None:
+    def final_save(self, req: Request) -> Outcome:
         """Feed the last sampled token so the saved state covers prompt + every generated token:
         the next turn hits the assistant's reply too. The state stays live for that turn."""
         self.runner.forward([req.state], [[req.generated[-1]]])
-        self.save_reply(req)
+        return self.save_reply(req)
 
-    def save_reply(self, req: Request) -> None:
+    def save_reply(self, req: Request) -> Outcome:
         """The final save, once the last token has been fed (alone or in a batched forward)."""
         assert req.seq is not None
         full = req.seq.extend(req.generated)
         self.save(full, req.state, req.num_prompt + len(req.generated))
         self.live = (req.state, full)
-        req.phase = Phase.DONE
+        return Phase.DONE
 
     def save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:
         assert self.cache is not None
@@ -189,12 +221,11 @@ class Steps:
 
     # -- endings ----------------------------------------------------------------------------
 
-    def _token(self, req: Request) -> None:
+    def _token(self, req: Request) -> Outcome:
         reason = emit_token(req, self.runner.eos_ids)
-        if reason is not None:
-            self._finish(req, reason)
+        return Phase.DECODE if reason is None else self._finish(req, reason)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str) -> Outcome:
         finish_reply(req, reason)
         n, gen = req.num_prompt, req.generated
         save = (
@@ -203,7 +234,7 @@ class Steps:
             and reason not in ("cancelled", "timeout")
             and n + len(gen) < self.max_context
         )
-        req.phase = Phase.SAVE if save else Phase.DONE
+        return Phase.SAVE if save else Phase.DONE
 
 
 def _ttft(req: Request) -> float:

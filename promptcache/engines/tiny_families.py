@@ -255,19 +255,21 @@ def save_family(name: str, folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
-def save_mlx_family(name: str, folder: str | Path, seed: int = 0) -> Path:
+def save_mlx_family(name: str, folder: str | Path, seed: int = 0, bits: int | None = None) -> Path:
     """Family ``name`` as an MLX conversion (an mlx-community-style folder): the same config and
     tokenizer as ``save_family``, random weights in mlx-lm's own layout from its model class (a
-    ``-vl`` family keeps a vision-tower tensor beside them, which mlx-lm drops)."""
+    ``-vl`` family keeps a vision-tower tensor beside them, which mlx-lm drops). ``bits``: a
+    quantized conversion (groups of 32, bfloat16 scales, as ``mlx_lm.convert -q`` writes)."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_unflatten
     from mlx_lm.utils import _get_classes
 
     from promptcache.engines.mlx.config import mlx_model_config
 
     folder = save_family(name, folder, seed)
-    config = json.loads((folder / "config.json").read_text())
-    config = {**config, **mlx_model_config(config)}
+    raw = json.loads((folder / "config.json").read_text())
+    config = {**raw, **mlx_model_config(raw)}
     model_class, args_class = _get_classes(config)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(config))
@@ -275,6 +277,13 @@ def save_mlx_family(name: str, folder: str | Path, seed: int = 0) -> Path:
     for key, value in weights.items():  # matrices at initializer_range, as transformers inits
         if value.ndim >= 2 and mx.issubdtype(value.dtype, mx.floating):
             weights[key] = mx.random.normal(value.shape) * COMMON["initializer_range"]
+    if bits is not None:
+        model.update(tree_unflatten(list(weights.items())))
+        model.set_dtype(mx.bfloat16)
+        nn.quantize(model, group_size=32, bits=bits, class_predicate=_quantizable)
+        weights = dict(tree_flatten(model.parameters()))
+        raw["quantization"] = {"group_size": 32, "bits": bits}
+        (folder / "config.json").write_text(json.dumps(raw, indent=2))
     if FAMILIES[name].outer_type is not None:
         weights["vision_tower.patch_embed.proj.weight"] = mx.zeros((32, 3, 8, 8))
     for old in folder.glob("model*.safetensors"):
@@ -282,3 +291,8 @@ def save_mlx_family(name: str, folder: str | Path, seed: int = 0) -> Path:
     (folder / "model.safetensors.index.json").unlink(missing_ok=True)
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     return folder
+
+
+def _quantizable(path: str, module: Any) -> bool:
+    weight = getattr(module, "weight", None)
+    return hasattr(module, "to_quantized") and weight is not None and weight.shape[-1] % 32 == 0

@@ -247,7 +247,8 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
         return JSONResponse(
             {"id": mid, "type": "message", "role": "assistant", "model": model,
              "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
-             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)}
+             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)},
+            headers=prep.headers,
         )  # fmt: skip
 
     opening = await start_first(events)  # early errors are still a 4xx, not a broken stream
@@ -335,4 +336,4 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                 )  # fmt: skip
                 yield event("message_stop", {})
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)

@@ -19,7 +19,14 @@ from promptcache.engines.base import (
     PromptTooLongError,
     RequestError,
 )
-from promptcache.server import anthropic_api, openai_api, sessions
+from promptcache.server import (
+    anthropic_api,
+    models_api,
+    ollama_api,
+    openai_api,
+    responses_api,
+    sessions,
+)
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, Guard
 from promptcache.server.schemas import (
@@ -27,6 +34,10 @@ from promptcache.server.schemas import (
     CompletionRequest,
     CountTokensRequest,
     MessagesRequest,
+    OllamaChatRequest,
+    OllamaGenerateRequest,
+    OllamaShowRequest,
+    ResponsesRequest,
 )
 from promptcache.server.state import QueueFullError, ServerState
 from promptcache.server.streaming import cancel_all
@@ -38,7 +49,14 @@ ENDPOINTS = (
     "/v1/completions",
     "/v1/messages",
     "/v1/messages/count_tokens",
+    "/v1/responses",
     "/v1/models",
+    "/api/chat",
+    "/api/generate",
+    "/api/tags",
+    "/api/show",
+    "/api/version",
+    "/api/ps",
     "/v1/cache/stats",
     "/v1/cache/requests",
     "/dashboard",
@@ -47,7 +65,8 @@ ENDPOINTS = (
 )
 
 
-STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
+NDJSON_PATHS = ("/api/chat", "/api/generate")  # Ollama streams: one JSON object a line
 DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
@@ -97,6 +116,12 @@ def create_app(state: ServerState) -> FastAPI:
         # each API's own wording: clients parse it (Claude Code compacts on Anthropic's)
         if is_anthropic_path(request.url.path):
             message = f"prompt is too long: {exc.num_tokens} tokens > {exc.max_context} maximum"
+            if exc.max_tokens:  # --strict-max-tokens: the prompt fits, the output does not
+                message = (
+                    f"input length and `max_tokens` exceed context limit: {exc.num_tokens} + "
+                    f"{exc.max_tokens} > {exc.max_context}, decrease input length or "
+                    "`max_tokens` and try again"
+                )
             return reject(request, 400, message)
         message = str(exc)
         if not message.startswith("This model's"):
@@ -156,14 +181,58 @@ def create_app(state: ServerState) -> FastAPI:
     async def count_tokens(request: Request, body: CountTokensRequest) -> Any:
         return await anthropic_api.count_tokens(state, request, body)
 
+    @app.post("/v1/responses")
+    async def responses(request: Request, body: ResponsesRequest) -> Any:
+        return await responses_api.create(state, request, body)
+
+    # one route for both methods, so a 405 names both in Allow
+    @app.api_route(
+        "/v1/responses/{response_id}",
+        methods=["GET", "DELETE"],
+        responses={404: {"description": "No such stored response for this tenant"}},
+    )
+    async def stored_response(request: Request, response_id: str) -> Any:
+        """A stored response (``store`` was not false) of the caller's tenant: GET returns it,
+        DELETE removes it."""
+        if request.method == "DELETE":
+            return await responses_api.delete(state, request, response_id)
+        return await responses_api.get(state, request, response_id)
+
     @app.get("/v1/models")
-    async def models() -> Any:
-        return {
-            "object": "list",
-            "data": [
-                {"id": state.model_id, "object": "model", "created": 0, "owned_by": "promptcache"}
-            ],
-        }
+    async def models(request: Request) -> Any:
+        """The served model with its context length, engine and capabilities (OpenAI's list
+        and Anthropic's page in one body)."""
+        return models_api.list_models(state, "anthropic-version" in request.headers)
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(request: Request, model_id: str) -> Any:
+        """Any id names the served model (requests are served whatever ``model`` says)."""
+        return models_api.model_card(state, model_id, "anthropic-version" in request.headers)
+
+    # the Ollama API (Open WebUI, Continue, IDE plugins)
+    @app.post("/api/chat")
+    async def ollama_chat(request: Request, body: OllamaChatRequest) -> Any:
+        return await ollama_api.chat(state, request, body)
+
+    @app.post("/api/generate")
+    async def ollama_generate(request: Request, body: OllamaGenerateRequest) -> Any:
+        return await ollama_api.generate(state, request, body)
+
+    @app.get("/api/tags")
+    async def ollama_tags() -> Any:
+        return ollama_api.tags(state)
+
+    @app.post("/api/show")
+    async def ollama_show(body: OllamaShowRequest) -> Any:
+        return ollama_api.show(state, body)
+
+    @app.get("/api/ps")
+    async def ollama_ps() -> Any:
+        return ollama_api.ps(state)
+
+    @app.get("/api/version")
+    async def ollama_version() -> Any:
+        return ollama_api.version()
 
     @app.get("/health")
     async def health() -> Any:
@@ -252,6 +321,8 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
                 ok = responses.get("200", {}).setdefault("content", {})
                 if path in STREAMING_PATHS:  # "stream": true answers with server-sent events
                     ok["text/event-stream"] = {}
+                elif path in NDJSON_PATHS:  # streamed by default
+                    ok["application/x-ndjson"] = {}
                 elif path == "/metrics":
                     ok.clear()
                     ok["text/plain"] = text

@@ -125,7 +125,39 @@ class ChatFormatter:
             out = self._encode(_late_system_as_user(messages), tools, chat.template_kwargs)
         tail = self.engine.decode(out.ids[-8:]) if self.reasoning.name != "none" else ""
         chat.reasoning_open = self.reasoning.is_open(tail)
+        if not out.images:
+            out = Rendered(self._as_generated(chat, tenant, out.ids))
         return out
+
+    def _as_generated(self, chat: Chat, tenant: str, ids: list[int]) -> list[int]:
+        """``ids`` with an earlier turn's tokens where the text is the same: a reply the model
+        wrote in tokens other than the tokenizer's own split of that text (sampled pieces,
+        grammar-forced text) re-renders to the same text but other ids, which would end the
+        cached prefix inside the reply. The latest remembered reply whose turn's text still
+        starts the prompt is used (a client that edits the last reply keeps the ones before).
+        Applied with and without the cache alike."""
+        hf = hf_tokenizer_of(self.engine.tokenizer)
+        if not hasattr(hf, "decode"):
+            return ids
+        new: str | None = None
+        replies = [m for m in chat.messages if m.get("role") == "assistant"]
+        for m in reversed(replies[-8:]):
+            if isinstance(m.get("content"), list):
+                continue
+            try:
+                calls = [_call_of(c) for c in m.get("tool_calls") or []]
+            except RequestError:
+                continue
+            before = self.replies.tokens_of(tenant, str(m.get("content") or ""), calls)
+            if not before or len(before) > len(ids):
+                continue
+            if ids[: len(before)] == before:
+                return ids
+            new = hf.decode(ids, skip_special_tokens=False) if new is None else new
+            old = hf.decode(before, skip_special_tokens=False)
+            if new.startswith(old):  # same text: the turn's own tokens, then the rest
+                return before + self.engine.encode_text(new[len(old) :], special=False)
+        return ids
 
     def _encode(
         self,
@@ -217,10 +249,12 @@ class ChatFormatter:
         known = {t["function"]["name"] for t in chat.tools}
         if any(c.name not in known for c in reply.calls):  # a made-up tool is no call
             return ParsedReply(rest, [], reasoning)
-        reply = ParsedReply(reply.content, reply.calls, reasoning)
-        # under a forced call any text left is a call cut short by max_tokens: it is returned as
-        # generated (finish_reason length), so a client that sends it back keeps the prefix
-        return reply
+        # under a forced call any text left is a call cut short by max_tokens (the grammar
+        # writes nothing else): after whole calls it is dropped, never shown as text (the raw
+        # reply is remembered whole); with no whole call it is returned as generated
+        # (finish_reason length), so a client that sends it back keeps the prefix
+        forced = chat.tool_choice in ("required", "named")
+        return ParsedReply("" if forced and reply.calls else reply.content, reply.calls, reasoning)
 
     def remember(
         self, tenant: str, reply: ParsedReply, raw: str, tokens: list[int], session: str = ""

@@ -5,7 +5,8 @@ Reasons, checked in this order:
 - ``none``: everything but the last token was reused (its logits must be computed anyway).
 - ``damaged``: a block on disk failed its checks; the hit ends before it (it was quarantined).
 - ``snapshot``: the cache held more, but a model with snapshot layers (sliding window, SSM)
-  resumes only where a checkpoint was saved.
+  resumes only where a checkpoint was saved (and, where the prompt then differs from what the
+  cache holds, which message and role that is).
 - ``evicted``: an earlier request of this namespace covered more; its blocks were evicted
   (the eviction log says from which tier and when).
 - ``unsaved``: an earlier request covered more, but its blocks are gone and the eviction log does
@@ -187,10 +188,11 @@ def diagnose(
     if report.num_damaged:
         return Miss("damaged", {**missed, "damaged_blocks": report.num_damaged})
     if report.requires_checkpoint and report.num_matched > hit + 1:
-        return Miss(
-            "snapshot",
-            {**missed, "cached_tokens": min(report.num_matched, n), "checkpoint_at": hit},
-        )
+        detail = {**missed, "cached_tokens": min(report.num_matched, n), "checkpoint_at": hit}
+        if report.num_matched < n - 1 and locate is not None:  # where the prompt left the cache
+            message, role = locate(report.num_matched)
+            detail |= {"token_index": report.num_matched, "message_index": message, "role": role}
+        return Miss("snapshot", detail)
     reach = max(hit, report.num_matched)
     same, seen, _ = memory.closest(namespace, tokens, images=images)
     supplier: dict[str, Any] = {}

@@ -25,7 +25,9 @@ def error_response(
         503: "overloaded_error",
     }.get(status, "api_error")
     body: dict[str, Any]
-    if is_anthropic_path(path):
+    if path.startswith("/api/"):  # Ollama's clients read {"error": message}
+        body = {"error": message}
+    elif is_anthropic_path(path):
         body = {"type": "error", "error": {"type": kind, "message": message}}
     else:
         body = {"error": {"message": message, "type": kind, "param": param, "code": code}}

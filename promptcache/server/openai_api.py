@@ -15,7 +15,6 @@ from starlette.requests import Request
 
 from promptcache.engines.base import (
     Finished,
-    PromptTooLongError,
     RequestError,
     SamplingParams,
     TextDelta,
@@ -156,21 +155,11 @@ def tool_calls(reply: Reply) -> list[dict[str, Any]]:
 
 
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest) -> Any:
-    explicit = req.max_completion_tokens or req.max_tokens
+    explicit = bool(req.max_completion_tokens or req.max_tokens)
     params = sampling_from(req, state.default_max_tokens)
     params.session = session_of(request, req.prompt_cache_key, req.user)
     chat = to_chat(req, state.image_policy)
-    prep = await run_in_threadpool(state.prepare, request, chat, params)
-    limit = state.engine.max_context
-    if explicit and len(prep.prompt) + prep.params.max_tokens > limit:
-        raise PromptTooLongError(
-            f"This model's maximum context length is {limit} tokens. However, you requested "
-            f"{len(prep.prompt) + prep.params.max_tokens} tokens ({len(prep.prompt)} in the "
-            f"messages, {prep.params.max_tokens} in the completion). Please reduce the length of "
-            "the messages or completion.",
-            len(prep.prompt),
-            limit,
-        )
+    prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
     return await _respond(state, request, req, prep, chat)
 
 
@@ -189,9 +178,8 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
                 raise RequestError("prompt: exactly one prompt per request is supported")
             p = p[0]
         prompt = await run_in_threadpool(state.engine.encode_text, str(p))
-    state.check_params(params)
-    state.check_prompt(prompt)
-    prep = Prepared(prompt, params, state.tenant_of(request, req.user), state.cap_output(params))
+    tenant = state.tenant_of(request, req.user)
+    prep = state.prepare_ids(request, prompt, params, tenant, req.max_tokens is not None)
     return await _respond(state, request, req, prep, None)
 
 
@@ -226,7 +214,7 @@ async def _respond(
             choice["finish_reason"] = finish_reason(fin)
         body = {"id": rid, "object": obj, "created": created, "model": model,
                 "choices": [choice], "usage": usage(fin)}  # fmt: skip
-        return JSONResponse(body)
+        return JSONResponse(body, headers=prep.headers)
 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     first = await start_first(events)  # early errors are still a 4xx, not a broken stream
@@ -290,4 +278,4 @@ async def _respond(
                          "model": model, "choices": [], "usage": usage(ev)}
                     )  # fmt: skip
 
-    return StreamingResponse(stream(), media_type="text/event-stream")
+    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)

@@ -97,3 +97,71 @@ class MessagesRequest(CountTokensRequest):
     top_k: int = Field(default=0, ge=0)
     stream: bool = False
     metadata: dict[str, Any] | None = None
+
+
+class ResponsesRequest(_Loose):
+    """``POST /v1/responses``. ``input``: text or items (messages, function calls and their
+    outputs, reasoning); ``include``, ``truncation``, ``service_tier``, ``background: false``
+    and the like are accepted and ignored."""
+
+    model: str = ""
+    input: str | list[dict[str, Any]] = ""
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = None
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+
+
+class OllamaMessage(_Loose):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | None = None
+    images: list[str] | None = None  # base64, no data-URL prefix
+    tool_calls: list[dict[str, Any]] | None = None  # [{function: {name, arguments: {...}}}]
+    tool_name: str | None = None  # a tool result's tool
+    thinking: str | None = None  # an earlier reply's reasoning, sent back
+
+
+class OllamaBase(_Loose):
+    """What /api/chat and /api/generate share. ``keep_alive`` is accepted and ignored (the
+    model stays loaded); ``options`` beyond the sampling ones are ignored, said in a header."""
+
+    model: str = ""
+    format: str | dict[str, Any] | None = None  # "json" or a JSON schema
+    options: dict[str, Any] | None = None
+    stream: bool = True
+    keep_alive: str | int | float | None = None
+    think: bool | str | None = None
+
+
+class OllamaChatRequest(OllamaBase):
+    messages: list[OllamaMessage] = Field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+
+
+class OllamaGenerateRequest(OllamaBase):
+    prompt: str = ""
+    system: str | None = None
+    raw: bool = False
+    images: list[str] | None = None
+    context: list[int] | None = None
+    suffix: str | None = None
+    template: str | None = None
+
+
+class OllamaShowRequest(_Loose):
+    model: str = ""
+    name: str | None = None  # the older field name
+    verbose: bool = False

@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
+from promptcache.core.admin import CacheAdmin
 from promptcache.core.sessions import TTL_HINTS, longer_ttl
 from promptcache.engines.base import RequestError
 from promptcache.server.schemas import MessagesRequest
@@ -68,11 +69,11 @@ def _longest(ttls: Iterable[float | None]) -> float | None:
     return out
 
 
-def _cache(state: ServerState) -> Any:
-    cache = getattr(state.engine, "cache", None)
-    if cache is None:
+def _cache(state: ServerState) -> CacheAdmin:
+    admin = state.engine.cache_admin
+    if admin is None:
         raise StarletteHTTPException(404, "the prompt cache is off on this server")
-    return cache
+    return admin
 
 
 async def delete_session(

@@ -22,17 +22,20 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
+from promptcache.engines.context import fit_output
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
 from promptcache.server.diagnosis import PromptMemory, diagnose
 from promptcache.server.guard import KeyGrant
 from promptcache.server.image_parts import ImagePolicy, check_count
 from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
+from promptcache.server.response_store import ResponseStore
 from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
 from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
+CLAMP_HEADER = "x-promptcache-max-tokens-clamped"  # the max_tokens the request got instead
 log = logging.getLogger("promptcache.cache")
 
 
@@ -69,6 +72,14 @@ class Prepared(NamedTuple):
     tenant: str
     is_capped: bool = False  # --max-output-tokens lowered the client's max_tokens
     images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models)
+    clamped_from: int | None = None  # the max_tokens lowered to the room left in the context
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """What the response says about the request's limits (a clamped max_tokens)."""
+        if self.clamped_from is None:
+            return {}
+        return {CLAMP_HEADER: str(self.params.max_tokens)}
 
 
 class Reply(NamedTuple):
@@ -85,6 +96,7 @@ class ServerState:
         model_id: str | None = None,
         default_max_tokens: int = 512,
         max_output_tokens: int | None = None,
+        strict_max_tokens: bool = False,
         keep_billing_header: bool = False,
         limits: Limits | None = None,
         hit_rate_alert: float = 0.8,
@@ -92,12 +104,14 @@ class ServerState:
         script: ReplyScript | None = None,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
+        responses: ResponseStore | None = None,
     ) -> None:
         self.engine = engine
         self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
+        self.strict_max_tokens = strict_max_tokens  # a max_tokens over the room: 400, not clamped
         self.keep_billing_header = keep_billing_header
         self.metrics = ServerMetrics()
         self.formatter = ChatFormatter(engine, tool_parser, reasoning_parser)
@@ -105,6 +119,8 @@ class ServerState:
         self.num_active = 0  # requests running or waiting for the engine (event-loop owned)
         self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
         self.prompts = PromptMemory()  # what miss diagnosis compares a prompt with
+        self.responses = responses or ResponseStore()  # stored Responses API responses
+        self.is_cache_on = bool(engine.cache_stats())
         self.image_policy = ImagePolicy(
             enabled=bool(getattr(engine, "supports_images", False)),
             allow_urls=self.limits.allow_image_urls,
@@ -120,37 +136,58 @@ class ServerState:
         return request.headers.get(TENANT_HEADER, "")
 
     def check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise RequestError("the prompt is empty")
-        limit = self.engine.max_context
-        if self.limits.max_prompt_tokens and len(prompt) > self.limits.max_prompt_tokens:
+        """The server's own prompt limit (--max-prompt-tokens); the context is the engine's
+        one check (``engines.context``), an empty prompt too."""
+        cap = self.limits.max_prompt_tokens
+        if cap and len(prompt) > cap:
             raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens; this server takes at most "
-                f"{self.limits.max_prompt_tokens} per request (--max-prompt-tokens)",
+                f"the prompt has {len(prompt)} tokens; this server takes at most {cap} per "
+                "request (--max-prompt-tokens)",
                 len(prompt),
-                self.limits.max_prompt_tokens,
-            )
-        if len(prompt) >= limit:
-            raise PromptTooLongError(
-                f"the prompt has {len(prompt)} tokens, over this server's context of {limit} tokens",
-                len(prompt),
-                limit,
+                cap,
             )
 
-    def prepare(self, request: Request, chat: Chat, params: SamplingParams) -> Prepared:
+    def prepare(
+        self, request: Request, chat: Chat, params: SamplingParams, explicit_max: bool = True
+    ) -> Prepared:
         """Render, check and constrain a chat request; raises a 4xx-mapped error when it can't
-        be served. ``params.max_tokens`` is capped by ``--max-output-tokens``."""
+        be served. ``params.max_tokens`` is capped by ``--max-output-tokens`` and the room left
+        in the context (``explicit_max``: the client asked for it, so --strict-max-tokens
+        refuses it instead)."""
         tenant = self.tenant_of(request)
         prompt, images = self.formatter.render_prompt(chat, tenant)
         check_count([s.image for s in images], self.image_policy)
-        self.check_prompt(prompt)
         params.grammar = self.formatter.grammar(chat)
         if self.script is not None:
             params.forced_ids = self.script.forced_ids(chat, self.formatter.parser, self.engine)
-        is_capped = self.cap_output(params)
-        self.check_params(params)
+        prep = self.prepare_ids(request, prompt, params, tenant, explicit_max, images)
         self.formatter.check_continuity(chat, tenant, prompt, params.session)
-        return Prepared(prompt, params, tenant, is_capped, images)
+        return prep
+
+    def prepare_ids(
+        self,
+        request: Request,
+        prompt: list[int],
+        params: SamplingParams,
+        tenant: str,
+        explicit_max: bool = True,
+        images: tuple[ImageSpan, ...] = (),
+    ) -> Prepared:
+        """The checks and output budget of a rendered prompt (raw completions start here)."""
+        self.check_prompt(prompt)
+        is_capped = self.cap_output(params)
+        strict = self.strict_max_tokens and explicit_max
+        fit = fit_output(len(prompt), params.max_tokens, self.engine.max_context, strict)
+        if fit.clamped_from is not None:
+            params.max_tokens = fit.max_tokens
+            log.info(
+                "%s: max_tokens %d clamped to %d, the room left in the %d-token context by a "
+                "%d-token prompt (--strict-max-tokens refuses instead)",
+                request.url.path, fit.clamped_from, fit.max_tokens, self.engine.max_context,
+                len(prompt),
+            )  # fmt: skip
+        self.check_params(params)
+        return Prepared(prompt, params, tenant, is_capped, images, fit.clamped_from)
 
     def check_params(self, params: SamplingParams) -> None:
         """Stop-string limits and the time budget; then the engine's own checks."""
@@ -318,6 +355,7 @@ class ServerState:
             "prompts": self.prompts.forget(tenant, session),
             "replies": self.formatter.replies.forget(tenant, session, force),
             "records": self.records.forget(tenant, session),
+            "responses": self.responses.forget(tenant, session),
             "image_embeddings": self.engine.forget_images(tenant, session, force),
         }
 

@@ -254,10 +254,15 @@ def text_value(value: Any) -> str:
 def value_rule(schema: dict | None, string_terminal: str) -> str:
     """Lark for one text-written value: ``string_terminal`` for a string parameter (verbatim
     text up to the closing marker), else the value as JSON under its schema."""
-    if _types(schema) == {"string"} and "enum" not in (schema or {}):
+    schema = schema or {}
+    if _types(schema) == {"string"} and "enum" in schema:  # one of them, verbatim
+        return "(" + " | ".join(lark_str(v) for v in schema["enum"]) + ")"
+    if _types(schema) == {"string"} and isinstance(schema.get("pattern"), str):
+        # JSON Schema patterns are searched, not anchored: an anchored one is the whole value
+        pattern = schema["pattern"].removeprefix("^").removesuffix("$").replace("/", "\\/")
+        return f"/{pattern}/"
+    if _types(schema) == {"string"}:
         return string_terminal
-    if _types(schema) == {"string"}:  # an enum of strings: one of them, verbatim
-        return "(" + " | ".join(lark_str(v) for v in (schema or {})["enum"]) + ")"
     return "%json " + json.dumps(schema or {})
 
 

@@ -26,6 +26,7 @@ from .base import (
     decode_json,
     lark_text,
     make_call,
+    skip_ws,
     tool_functions,
     tools_json_lines,
 )
@@ -74,6 +75,12 @@ def scan(text: str) -> tuple[list[Message], int]:
         if nxt >= 0:  # a new header before any end marker: this message ended unclosed
             ends.append((body_at + nxt, ""))
         stop, marker = min(ends) if ends else (len(text), "")
+        decoded = decode_json(text, skip_ws(text, body_at)) if recipient else None
+        if decoded is not None and decoded[1] > stop:  # a marker inside a JSON string: not one
+            after = skip_ws(text, decoded[1])
+            marker = next((e for e in ENDS if text.startswith(e, after)), "")
+            if marker or after == len(text) or header_at(text[after:]) == 0:
+                stop = after
         out.append(Message(start, stop + len(marker), channel, recipient, text[body_at:stop],
                            bool(marker)))  # fmt: skip
         pos = stop + len(marker)

@@ -89,7 +89,8 @@ class ThinkReasoning:
         return Reasoned(body.strip(), "")
 
     def grammar_prefix(self, is_open: bool, for_calls: bool) -> str:
-        return END_THINK + "\n\n" if is_open else ""
+        # an empty block, as Qwen3 templates render one (and enable_thinking=False prompts end)
+        return "\n" + END_THINK + "\n\n" if is_open else ""
 
 
 class HarmonyReasoning:

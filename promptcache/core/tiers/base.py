@@ -1,4 +1,5 @@
-"""The tiers behind RAM: the protocol they share, what passes between them, the null tier."""
+"""The tiers behind RAM: their protocols by role (reads, writes, admin), what passes between
+them, the null tier and the registry."""
 
 from __future__ import annotations
 
@@ -54,20 +55,13 @@ class StoredBlock(NamedTuple):
 ReadResult = tuple[Any, Any] | Exception
 
 
-class LowerTier(Protocol):
-    """A tier behind RAM, keyed by block hash (SSD today, a shared tier later).
+class TierReads(Protocol):
+    """How a lookup reads a tier: find a continuation under the cache's lock, read it outside.
 
-    RAM hands it evicted blocks (and, when ``write_through``, every new one); a lookup that RAM
-    cannot serve far enough asks each lower tier for a continuation and promotes the longest.
     Calls may come from several request threads at once (under the cache's lock for all but
-    ``read``, which runs outside it); a tier must never block a request on its writes.
-    """
+    ``read``, which runs outside it)."""
 
     name: str
-    write_through: bool  # True: the RAM tier also puts every new block, not only evicted ones
-
-    def register_namespace(self, root: BlockHash, tenant: str) -> None:
-        """A namespace root is in use by ``tenant`` (for names on disk; may be ignored)."""
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
@@ -81,11 +75,6 @@ class LowerTier(Protocol):
         unusable (damaged: the tier quarantines it; gone since the lookup: nothing is wrong).
         Called outside the cache's lock; slow I/O belongs here."""
 
-    def put(self, record: BlockRecord) -> bool:
-        """Accept a block (evicted, or new when ``write_through``). Must not block the caller:
-        it may queue the write or drop the block (returning False). Putting the same hash twice
-        is harmless."""
-
     def touch(self, hashes: list[BlockHash]) -> None:
         """These blocks were promoted to RAM (a hit of this tier): count it, refresh recency."""
 
@@ -93,7 +82,30 @@ class LowerTier(Protocol):
         """A lookup asked this tier and promoted nothing from it: its continuation was not the
         longest (``failed`` False), or RAM had no room for it (``failed`` True)."""
 
-    # -- sessions, deletion, expiry (a shared tier implements these the same way) ----------------
+
+class TierWrites(Protocol):
+    """How blocks reach a tier: RAM's evictions (spill) and, when ``write_through``, every new
+    block. A tier must never block a request on its writes."""
+
+    write_through: bool  # True: the stack also puts every new block, not only evicted ones
+
+    def put(self, record: BlockRecord) -> bool:
+        """Accept a block (evicted, or new when ``write_through``). Must not block the caller:
+        it may queue the write or drop the block (returning False). Putting the same hash twice
+        is harmless."""
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every queued write is done; False on timeout."""
+
+
+class TierAdmin(Protocol):
+    """Sessions, deletion, expiry, stats and checks: the same in every tier (RAM included), so
+    the stack fans each operation out to every tier alike."""
+
+    name: str
+
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        """A namespace root is in use by ``tenant`` (for names on disk; may be ignored)."""
 
     def tag(
         self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
@@ -137,7 +149,12 @@ class LowerTier(Protocol):
         """Flush what is pending and release resources; safe to call twice."""
 
 
-Tier = LowerTier  # the name before reads joined the protocol
+class LowerTier(TierReads, TierWrites, TierAdmin, Protocol):
+    """A tier behind RAM, keyed by block hash (SSD, the shared tier): all three roles.
+
+    Only ``tiers.stack.TierStack`` holds lower tiers: it hands them RAM's evicted blocks (and,
+    when ``write_through``, every new one), asks them for a continuation RAM cannot serve and
+    promotes the longest, and fans the admin operations out to them."""
 
 
 class NullTier:
@@ -165,6 +182,9 @@ class NullTier:
 
     def note_miss(self, failed: bool) -> None:
         pass
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return True
 
     def tag(
         self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from promptcache.core.tiers.shared.store import ValkeyStore
 
 
-def make_lower_tiers(
+def build_tiers(
     *,
     fingerprint: str,
     ssd_dir: str | Path | None = None,

@@ -1,1 +1,4 @@
-"""The MLX engines: mlx-lm text models and mlx-vlm vision-language models."""
+"""The MLX engines: ``engine.MlxEngine`` (mlx-lm text models) and ``vlm_engine.MlxVlmEngine``
+(mlx-vlm vision-language models), each on its runner."""
+
+__all__ = ["engine", "runner", "vlm_engine", "vlm_load"]

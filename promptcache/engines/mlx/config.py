@@ -42,6 +42,16 @@ def _rope_keys(config: dict[str, Any]) -> dict[str, Any]:
     rope = rope if isinstance(rope, dict) else {}
     if "partial_rotary_factor" in rope and "partial_rotary_factor" not in config:
         out["partial_rotary_factor"] = rope["partial_rotary_factor"]
+    per_type = [v for v in rope.values() if isinstance(v, dict)]
+    if per_type and len(per_type) == len(rope) and "rope_theta" not in config:
+        # RoPE per layer type (transformers 5 with layer_types): the full-attention layers'
+        # base is the model's rope_theta, the sliding ones' its local base where it has one
+        full = rope.get("full_attention", per_type[0])
+        if "rope_theta" in full:
+            out["rope_theta"] = full["rope_theta"]
+        local = rope.get("sliding_attention") or {}
+        if "rope_theta" in local and "rope_local_base_freq" not in config:
+            out["rope_local_base_freq"] = local["rope_theta"]
     return out
 
 
@@ -52,7 +62,7 @@ def _aliases(model_type: str) -> dict[str, str]:
         from transformers import AutoConfig
 
         return dict(AutoConfig.for_model(model_type).attribute_map)
-    except (ValueError, KeyError, TypeError):
+    except Exception:  # a type transformers lacks, or a config without defaults: no renames
         return {}
 
 
@@ -82,10 +92,26 @@ def _required_defaults(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _tagged_floats(value: Any) -> Any:
+    """``value`` with transformers 5's JSON tags for non-finite floats (``{"__float__":
+    "Infinity"}``) turned back into floats, which is what mlx-lm's readers expect."""
+    if isinstance(value, dict):
+        if set(value) == {"__float__"}:
+            return float(value["__float__"])
+        return {k: _tagged_floats(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tagged_floats(v) for v in value]
+    return value
+
+
 def mlx_model_config(config: dict[str, Any]) -> dict[str, Any]:
     """Overrides for ``mlx_lm.load(model_config=)`` that let mlx-lm read ``config`` as its
     architecture means it (empty when it reads it as is)."""
-    out = _rope_keys(config)
+    out = {k: _tagged_floats(v) for k, v in config.items() if "'__float__'" in repr(v)}
+    config = {**config, **out}
+    out.update(_rope_keys(config))
+    if "position_embedding_type" in config and config["position_embedding_type"] is None:
+        out["position_embedding_type"] = "nope"  # transformers 5's None: no RoPE at all
     model_type = str(config.get("model_type", ""))
     mlx_type = _mlx_model_type(model_type)
     if mlx_type != model_type:

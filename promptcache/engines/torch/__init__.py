@@ -1,1 +1,3 @@
-"""The PyTorch / transformers engine."""
+"""The PyTorch / transformers engine: ``engine.TorchEngine`` on ``runner.TorchRunner``."""
+
+__all__ = ["engine", "runner"]

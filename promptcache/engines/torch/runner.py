@@ -51,18 +51,21 @@ def load_torch_weights(
     ContextExtensionError when it has no plain RoPE to scale). ``weights``: ``int8``/``int4``
     replace the linear layers by quantized ones (``torch.weights``); None keeps the dtype."""
     weights = check_weights_mode(weights, device)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:  # e.g. a model type this transformers lacks
+        raise load_error(path, exc) from None
     rope = rope_scaling_for(config.to_dict(), max_context)  # refuses before any loading
     tokenizer = AutoTokenizer.from_pretrained(path)
     if rope is not None:  # before the weights load: the rotary tables are built from config
         config.rope_parameters = rope
         config.max_position_embeddings = max_context
-    auto = AutoModelForCausalLM
-    if is_vision_config(config):  # a vision-language model: its image-text class
-        from transformers import AutoModelForImageTextToText
-
-        auto = AutoModelForImageTextToText
-    model = auto.from_pretrained(path, config=config, dtype=getattr(torch, dtype))
+    try:
+        model = model_class(config).from_pretrained(
+            path, config=config, dtype=getattr(torch, dtype)
+        )
+    except (ValueError, KeyError, OSError, RuntimeError) as exc:  # transformers refusing it
+        raise load_error(path, exc) from None
     model = model.to(device).eval()
     quantize_linears(model, weights)
     check_forward(model, path)  # after the swap: the quantized kernels run too
@@ -71,6 +74,27 @@ def load_torch_weights(
     if rope is not None:
         log.info("%s: %s", Path(path).name, context_extension_note(rope))
     return model, tokenizer
+
+
+def model_class(config: Any) -> Any:
+    """A vision-language checkpoint's image-text class when transformers has one for it (the
+    decoder's weights under ``model.language_model``), else the causal-LM class."""
+    from transformers import AutoModelForImageTextToText
+
+    if is_vision_config(config) and type(config) in AutoModelForImageTextToText._model_mapping:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
+
+
+def load_error(path: str | Path, exc: Exception) -> ConfigError:
+    """transformers refusing a checkpoint, as a start-up error that says what to do instead."""
+    from transformers import __version__
+
+    reason = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return ConfigError(
+        f"transformers {__version__} cannot load {path}: {reason}. Use --engine mlx if mlx-lm "
+        "has this architecture, or a transformers version that has it."
+    )
 
 
 def is_vision_config(config: Any) -> bool:

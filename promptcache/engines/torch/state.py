@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import (
+    DummyLayer,
     DynamicLayer,
     DynamicSlidingWindowLayer,
     LinearAttentionAndFullAttentionLayer,
@@ -68,12 +69,14 @@ class TorchLayer:
 FULL_ATTENTION = TorchLayer(positional=True, snapshot=False)
 SNAPSHOT = TorchLayer(positional=False, snapshot=True)
 HYBRID = TorchLayer(positional=True, snapshot=True)
+STATELESS = TorchLayer(positional=False, snapshot=False)  # holds nothing: nothing to store
 
 LAYERS: AdapterRegistry[TorchLayer] = AdapterRegistry(default=SNAPSHOT)
 LAYERS.register(DynamicLayer, FULL_ATTENTION)
 LAYERS.register(DynamicSlidingWindowLayer, SNAPSHOT)  # a ring: positions are overwritten
 LAYERS.register(LinearAttentionLayer, SNAPSHOT)  # conv + recurrent state (Mamba, ...)
 LAYERS.register(LinearAttentionAndFullAttentionLayer, HYBRID)
+LAYERS.register(DummyLayer, STATELESS)  # an MLP-only layer (Nemotron-H) or a shared-cache one
 
 
 def describe_layers(cache: DynamicCache) -> Layout:

@@ -1,10 +1,11 @@
-"""Byte-budgeted RAM tier: resident blocks, pins, eviction of leaves, spill to the next tier."""
+"""Byte-budgeted RAM tier: resident blocks, pins, eviction of leaves (spilled to the stack below),
+its sessions, deletion and expiry."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
 from promptcache.core.evictions import EvictionLog
@@ -13,8 +14,8 @@ from promptcache.core.policy import EvictionPolicy, make_policy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
-from promptcache.core.tiers.base import BlockRecord, LowerTier, NullTier
-from promptcache.core.tiers.ram.sessions import tag_blocks
+from promptcache.core.tiers.base import LowerTier
+from promptcache.core.tiers.ram import sessions
 from promptcache.core.tree import Match, PrefixTree
 
 
@@ -22,19 +23,20 @@ class CacheBudgetError(ValueError):
     """A single block (or checkpoint) is larger than the whole RAM budget."""
 
 
-def as_tier_list(tiers: LowerTier | Sequence[LowerTier] | None) -> list[LowerTier]:
-    """The lower tiers in order (nearest first); a lone tier or None accepted as before."""
-    if tiers is None:
-        return []
-    if isinstance(tiers, Sequence):
-        return list(tiers)
-    return [tiers]
+class Below(Protocol):
+    """Where RAM's blocks go next (``TierStack``): new blocks written through, evicted ones
+    spilled. ``source``: the lower tier a promoted block was read from."""
+
+    def write_through(self, block: Block, source: LowerTier | None) -> None: ...
+
+    def spill(self, block: Block) -> bool: ...
 
 
 class RamTier:
-    """Invariant: ``used_bytes`` == sum of resident ``nbytes``, ``used_bytes + reserved_bytes
+    """Invariant: ``held_bytes`` == sum of resident ``nbytes``, ``held_bytes + reserved_bytes
     <= budget_bytes``; every resident block's parent is resident (or a root); the policy holds
-    exactly the evictable ones. Not thread-safe: the owning cache serialises calls."""
+    exactly the evictable ones. Not thread-safe: the owning cache serialises calls. Implements
+    ``TierAdmin`` (sessions, deletion, expiry: ``ram.sessions``) like every tier behind it."""
 
     name = "ram"
 
@@ -42,35 +44,30 @@ class RamTier:
         self,
         budget_bytes: int,
         policy: EvictionPolicy | str | None = None,
-        next_tier: LowerTier | Sequence[LowerTier] | None = None,
         counters: Counters | None = None,
         evictions: EvictionLog | None = None,
         wall_clock: Callable[[], float] = time.time,
+        ttl_s: float | None = None,
     ) -> None:
         if budget_bytes <= 0:
             raise ValueError(f"RAM budget must be positive, got {budget_bytes}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError(f"ram_ttl must be positive, got {ttl_s!r}")
         self.budget_bytes = budget_bytes
         self.policy = (
             policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
         )
-        # nearest first; never empty, so stats name a tier even without one (as before: "null")
-        self.lower_tiers: list[LowerTier] = as_tier_list(next_tier) or [NullTier()]
-        self._write_through = [t for t in self.lower_tiers if t.write_through]
-        # the tiers that can hold anything: spilled to, asked on a RAM miss (a subclass of
-        # NullTier, a test's recording tier, may hold things)
-        self.stores = [t for t in self.lower_tiers if type(t) is not NullTier]
+        self.below: Below | None = None  # set by the ``TierStack`` this tier heads
         self.counters = counters or Counters()
         self.evictions = evictions if evictions is not None else EvictionLog()
         self.tree = PrefixTree()
-        self.used_bytes = 0
+        self.held_bytes = 0
         self.reserved_bytes = 0  # promised to promotions loading outside the lock
         self.clock = 0
         self.wall_clock = wall_clock  # seconds, for TTL expiry (``clock`` counts bytes and uses)
-
-    @property
-    def next_tier(self) -> LowerTier:
-        """The nearest lower tier (the only one before tiers became a list)."""
-        return self.lower_tiers[0]
+        self.ttl_s = ttl_s  # a block unused this long expires (None: only by its TTL hint)
+        # expiry sweeps walk every block: only once a TTL is in play (ttl_s, or a hint seen)
+        self.has_ttl = ttl_s is not None
 
     def __len__(self) -> int:
         return len(self.tree)
@@ -140,12 +137,12 @@ class RamTier:
         if parent.is_evictable:
             self.policy.remove_evictable(parent)
         self.tree.add(block)
-        self.used_bytes += nbytes
+        self.held_bytes += nbytes
         self.clock += max(nbytes, 1) * TICKS_PER_BYTE
         block.last_access = self.clock
         self.policy.on_insert(block)
         self.policy.add_evictable(block)
-        tag_blocks((block,), use, self.wall_clock())
+        sessions.tag_blocks((block,), use, self.wall_clock())
         self._write_through_put(block, source)
         return block
 
@@ -161,19 +158,13 @@ class RamTier:
             return False
         block.checkpoint = checkpoint
         block.nbytes += nbytes
-        self.used_bytes += nbytes
+        self.held_bytes += nbytes
         self._write_through_put(block)
         return True
 
     def _write_through_put(self, block: Block, source: LowerTier | None = None) -> None:
-        tiers = self._write_through
-        if source is not None and source in self.lower_tiers:
-            below = self.lower_tiers[self.lower_tiers.index(source) + 1 :]
-            tiers = [t for t in tiers if t in below]
-        if tiers:
-            record = BlockRecord.from_block(block)
-            for tier in tiers:
-                tier.put(record)
+        if self.below is not None:
+            self.below.write_through(block, source)
 
     def reserve(self, nbytes: int, protect: Block) -> bool:
         """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit, then
@@ -224,7 +215,7 @@ class RamTier:
 
     def _make_room(self, nbytes: int, protect: Block, candidate: Block) -> bool:
         budget = self.budget_bytes - self.reserved_bytes
-        if self.used_bytes + nbytes <= budget:
+        if self.held_bytes + nbytes <= budget:
             return True
         # pin the block being extended so making room never evicts the chain being saved
         protect.ref_count += 1
@@ -234,7 +225,7 @@ class RamTier:
         if was_evictable:
             self.policy.remove_evictable(protect)
         try:
-            while self.used_bytes + nbytes > budget:
+            while self.held_bytes + nbytes > budget:
                 victim = self.policy.pop_victim()
                 if victim is None:
                     return False
@@ -264,19 +255,71 @@ class RamTier:
         self.counters.num_evictions += 1
         assert victim.parent is not None
         self.evictions.note(victim.block_hash, victim.parent.block_hash, self.name)
-        if self.stores:
-            record = BlockRecord.from_block(victim)
-            # every lower tier is offered it (a write-through tier may have dropped it before)
-            if sum(tier.put(record) for tier in self.stores):
-                self.counters.num_spills += 1
+        if self.below is not None and self.below.spill(victim):
+            self.counters.num_spills += 1
 
     def _remove(self, block: Block) -> None:
         parent = block.parent
         self.tree.remove(block)
-        self.used_bytes -= block.nbytes
+        self.held_bytes -= block.nbytes
         self.policy.on_evict(block)
         if parent is not None and parent.is_evictable:
             self.policy.add_evictable(parent)
+
+    # -- TierAdmin: sessions, deletion, expiry (``ram.sessions``); nothing removed is spilled ---
+
+    def register_namespace(self, root: BlockHash, tenant: str) -> None:
+        pass  # RAM keys nothing by tenant name
+
+    def note_use(self, blocks: Iterable[Block], use: BlockUse, now: float) -> None:
+        """Session tag, TTL hint and time of use on resident blocks (a hit, or a save)."""
+        sessions.tag_blocks(blocks, use, now)
+        self.has_ttl = self.has_ttl or use.ttl_s is not None
+
+    def tag(
+        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
+    ) -> None:
+        index = self.tree.index
+        self.note_use([b for h in hashes if (b := index.get(h)) is not None], use, now)
+
+    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
+        return sessions.session_blocks(self, session)
+
+    def forget_session(self, session: str) -> None:
+        sessions.forget_session(self, session)
+
+    def remove_blocks(self, hashes: list[BlockHash]) -> tuple[int, int, int]:
+        """``delete_blocks`` plus the number of blocks kept because a request pins them."""
+        n, nbytes, kept = sessions.remove_blocks(self, hashes)
+        self.counters.num_deleted += n
+        for root in [h for h, r in self.tree.roots.items() if r.num_children == 0]:
+            self.prune_root(root)
+        return n, nbytes, kept
+
+    def remove_namespace(self, root: BlockHash) -> tuple[int, int, int]:
+        n, nbytes, kept = sessions.remove_namespace(self, root)
+        self.counters.num_deleted += n
+        return n, nbytes, kept
+
+    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        return self.remove_blocks(hashes)[:2]
+
+    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
+        return self.remove_namespace(root)[:2]
+
+    def expire(self, now: float) -> int:
+        n = sessions.expire(self, now, self.ttl_s) if self.has_ttl else 0
+        self.counters.num_expired += n
+        return n
+
+    def describe(self) -> dict[str, Any]:
+        return {}  # RAM's figures are the cache's own stats
+
+    def used_bytes(self) -> int:
+        return self.held_bytes
+
+    def close(self) -> None:
+        pass
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -284,10 +327,10 @@ class RamTier:
         """Raise AssertionError unless accounting, reachability, pins and policy agree."""
         index = self.tree.index
         held = sum(b.nbytes for b in index.values())
-        assert held == self.used_bytes, f"accounted {self.used_bytes} != held {held}"
+        assert held == self.held_bytes, f"accounted {self.held_bytes} != held {held}"
         assert self.reserved_bytes >= 0
-        assert self.used_bytes + self.reserved_bytes <= self.budget_bytes, (
-            f"{self.used_bytes} used + {self.reserved_bytes} reserved over budget "
+        assert self.held_bytes + self.reserved_bytes <= self.budget_bytes, (
+            f"{self.held_bytes} used + {self.reserved_bytes} reserved over budget "
             f"{self.budget_bytes}"
         )
         child_counts: dict[int, int] = {}

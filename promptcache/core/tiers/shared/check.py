@@ -44,7 +44,7 @@ def namespace_index(
     got = store.link.call(run)
     if got is None:
         return {}, {}, {}
-    # entries have 16-byte fields, child lists 20-byte ones (the same hash: see valkey_index)
+    # entries have 16-byte fields, child lists 20-byte ones (the same hash: see index.py)
     entries = {BlockHash(h): unpack_meta(h, root, e) for h, e in got[0].items() if len(h) == 16}
     kids = {f: v for f, v in got[0].items() if len(f) == KID_FIELD_BYTES}
     return entries, kids, {h: s for h, s in got[1]}
@@ -91,7 +91,7 @@ def check_store(store: ValkeyStore) -> None:
             if value is None:
                 continue  # expired or evicted: dropped from the index at its next read
             try:
-                store._verify(meta.stored(), value)
+                store.reader.verify(meta.stored(), value)
             except CorruptBlockError as exc:
                 raise AssertionError(f"{meta.block_hash.hex()}: {exc}") from None
     info = store.server_info(max_age_s=0.0)
@@ -167,7 +167,7 @@ def warm_up(
     deadline = t0 + time_limit_s
     listed = hottest_prefixes(store, byte_budget, time_limit_s) if byte_budget > 0 else []
     done = 0
-    before = cache.ram.used_bytes
+    before = cache.ram.used_bytes()
     shown = t0
     for i in range(0, len(listed), WARM_BATCH):
         if time.monotonic() > deadline:
@@ -175,11 +175,11 @@ def warm_up(
         batch = listed[i : i + WARM_BATCH]
         n = cache.warm(store, [e.stored() for e in batch])
         done += n
-        nbytes = cache.ram.used_bytes - before  # start-up: nothing else fills RAM meanwhile
+        nbytes = cache.ram.used_bytes() - before  # start-up: nothing else fills RAM meanwhile
         if progress is not None and time.monotonic() - shown >= 1.0:
             shown = time.monotonic()
             progress(f"warm-up: {done}/{len(listed)} blocks, {nbytes / 1e6:.1f} MB")
-    nbytes = max(0, cache.ram.used_bytes - before)
+    nbytes = max(0, cache.ram.used_bytes() - before)
     out = WarmUp(done, nbytes, len(listed), time.monotonic() - t0)
     store.stats.add(num_warmed_blocks=done, warmed_bytes=nbytes)
     if progress is not None:

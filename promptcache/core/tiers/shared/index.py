@@ -17,7 +17,7 @@ script may touch all three; block data is tagged by its own hash, so data spread
 cluster (the index is ~1% of the bytes). The index is a hint, never trusted: reads verify the
 data (checksum, chained hash, model, root) and compare it with the entry.
 
-The scripts are in ``valkey_scripts``. Lookups gather candidates in one round trip (``LOOKUP_LUA``: walk the expected hashes
+The scripts are in ``scripts``. Lookups gather candidates in one round trip (``LOOKUP_LUA``: walk the expected hashes
 server-side while each entry's parent is the previous hash, then fetch the children of the last
 match under the next first token) or in two (pipelined: every expected entry and every possible
 child list, then the lists the walk asks for). Either way the choice (tokens, extra keys, longest

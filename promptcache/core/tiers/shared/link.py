@@ -27,12 +27,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import valkey
 from valkey import exceptions as vex
+
+from promptcache.core.tiers.counters import TierCounters, histogram
+from promptcache.core.tiers.write_behind import Backoff
 
 log = logging.getLogger("promptcache.shared")
 T = TypeVar("T")
@@ -44,7 +47,7 @@ _DOWN_ERRORS = (vex.ConnectionError, vex.TimeoutError, vex.ClusterDownError, vex
 
 
 @dataclass(slots=True)
-class SharedStats:
+class SharedStats(TierCounters):
     num_lookups: int = 0  # lookups asked of this tier (none while down)
     num_found: int = 0  # lookups that found blocks
     num_hits: int = 0  # lookups that promoted blocks from this tier
@@ -71,38 +74,17 @@ class SharedStats:
     num_reconnects: int = 0
     rtt_seconds: float = 0.0
     rtt_histogram: list[int] = field(default_factory=lambda: [0] * (len(RTT_BUCKETS_S) + 1))
-    last_error: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, **counts: int) -> None:
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def observe(self, seconds: float) -> None:
-        i = next((k for k, b in enumerate(RTT_BUCKETS_S) if seconds <= b), len(RTT_BUCKETS_S))
-        with self._lock:
-            self.rtt_seconds += seconds
-            self.rtt_histogram[i] += 1
+    def observe_rtt(self, seconds: float) -> None:
+        self.observe("rtt_histogram", RTT_BUCKETS_S, seconds, rtt_seconds=seconds)
 
     def observe_read(self, seconds: float, nbytes: int) -> None:
-        with self._lock:
-            self.read_seconds += seconds
-            self.bytes_read += nbytes
-
-    def error(self, message: str, **counts: int) -> None:
-        with self._lock:
-            self.last_error = message[:300]
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
+        self.add(read_seconds=seconds, bytes_read=nbytes)
 
     def to_dict(self) -> dict[str, Any]:
-        with self._lock:
-            out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            hist = list(self.rtt_histogram)
-        out["rtt_histogram"] = {
-            f"le_{b}": c for b, c in zip((*RTT_BUCKETS_S, "inf"), hist, strict=True)
-        }
+        out = self.snapshot()
+        hist = out["rtt_histogram"]
+        out["rtt_histogram"] = histogram(RTT_BUCKETS_S, hist)
         n = sum(hist)
         out["rtt_mean_s"] = out["rtt_seconds"] / n if n else 0.0
         out["read_bytes_per_s"] = (
@@ -146,33 +128,28 @@ class ValkeyLink:
         self.url = url
         self.cluster = is_cluster_url(url)
         self.timeout_s = timeout_s
-        self.retry_s, self.max_retry_s = retry_s, max(max_retry_s, retry_s)
+        self.backoff = Backoff(retry_s, max_retry_s)  # between probes while down
         self.stats = SharedStats()
         self._lock = threading.Lock()
         self._client: Any = None  # built lazily: a cluster client connects in its constructor
         self._up = False
-        self._failures = 0
-        self._retry_at = 0.0
 
     @property
     def is_up(self) -> bool:
         return self._up
 
     def describe(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "state": "connected" if self._up else "down",
-                "up": int(self._up),
-                "retry_in_s": round(max(0.0, self._retry_at - time.monotonic()), 3),
-            }
+        return {
+            "state": "connected" if self._up else "down",
+            "up": int(self._up),
+            "retry_in_s": round(self.backoff.seconds_to_retry(), 3),
+        }
 
     def _down(self, exc: BaseException) -> None:
         with self._lock:
             was_up = self._up
             self._up = False
-            self._failures += 1
-            delay = min(self.retry_s * 2 ** min(self._failures - 1, 20), self.max_retry_s)
-            self._retry_at = time.monotonic() + delay
+            delay = self.backoff.failed()
         self.stats.error(f"{type(exc).__name__}: {exc}", errors=1, num_disconnects=int(was_up))
         if was_up:
             log.warning(
@@ -180,8 +157,7 @@ class ValkeyLink:
             )
 
     def probe_due(self) -> bool:
-        with self._lock:
-            return not self._up and time.monotonic() >= self._retry_at
+        return not self._up and self.backoff.is_ready()
 
     def probe(self) -> bool:
         """PING when down and the back-off has passed; True when the link is (now) up."""
@@ -194,15 +170,15 @@ class ValkeyLink:
                 self._client = make_client(self.url, self.timeout_s)
             t0 = time.perf_counter()
             self._client.ping()
-            self.stats.observe(time.perf_counter() - t0)
+            self.stats.observe_rtt(time.perf_counter() - t0)
         except ValueError:
             raise
         except Exception as exc:
             self._down(exc)
             return False
         with self._lock:
-            recovered = self._failures > 0
-            self._up, self._failures, self._retry_at = True, 0, 0.0
+            recovered = self.backoff.succeeded()
+            self._up = True
         if recovered:
             self.stats.add(num_reconnects=1)
             log.warning("shared tier connected again: %s", self.url)
@@ -226,7 +202,7 @@ class ValkeyLink:
             self.stats.error(f"{type(exc).__name__}: {exc}", errors=1)
             log.debug("shared tier call failed", exc_info=True)
             return None
-        self.stats.observe(time.perf_counter() - t0)
+        self.stats.observe_rtt(time.perf_counter() - t0)
         return out
 
     def close(self) -> None:

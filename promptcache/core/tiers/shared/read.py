@@ -3,7 +3,7 @@
 A promotion reads a whole history (32 blocks of ~3 MB for 2K tokens of the bundled model). A
 plain pipeline would take every value in before verifying the first, and its parser copies each
 value twice on the way; instead every command is written at once on one connection, each value
-received straight into its own buffer (``valkey_stream``) and verified as it is read while the
+received straight into its own buffer (``stream``) and verified as it is read while the
 server keeps writing the next ones. No thread hand-off: measured on a busy 2-core machine,
 reader threads cost more than they overlapped. Cluster mode (values on several primaries) uses
 one pipeline.
@@ -12,7 +12,6 @@ one pipeline.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,11 +20,20 @@ import numpy as np
 
 from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import CorruptBlockError, decode_block, verify_identity
-from promptcache.core.codec import PayloadCodec
-from promptcache.core.evictions import EvictionLog
+from promptcache.core.hashing import BlockHash
+from promptcache.core.sequence import TokenSeq
 from promptcache.core.tiers.base import ReadResult, StoredBlock
-from promptcache.core.tiers.shared.index import Keys
-from promptcache.core.tiers.shared.link import SharedStats, ValkeyLink
+from promptcache.core.tiers.shared.context import SharedContext
+from promptcache.core.tiers.shared.index import (
+    FoundIndex,
+    SharedEntry,
+    kid_field,
+    lookup_args,
+    parse_lookup,
+    unpack_meta,
+    walk,
+)
+from promptcache.core.tiers.shared.scripts import LOOKUP_LUA
 from promptcache.core.tiers.shared.stream import RespStream
 
 log = logging.getLogger("promptcache.shared")
@@ -41,22 +49,85 @@ class SharedBlockRaceError(SharedBlockMissingError):
     """The right block, but rewritten (a checkpoint added) since the lookup: the hit ends."""
 
 
-class SharedReads:
-    """The read half of ``ValkeyStore`` (a mixin: the store owns the state below)."""
+class SharedReader:
+    """The shared tier's ``TierReads`` half (touches go through the writer's queue), over its
+    context: lookups and reads on the request path, bounded by the socket timeout, never
+    raising."""
 
-    name: str
-    model: str
-    keys: Keys
-    codec: PayloadCodec
-    link: ValkeyLink
-    stats: SharedStats
-    ttl_ms: int
-    evictions: EvictionLog | None
-    _closed: bool
-    _lock: threading.Lock
+    def __init__(self, ctx: SharedContext, lookup_mode: str) -> None:
+        if lookup_mode not in ("lua", "pipeline"):
+            raise ValueError(f"lookup_mode must be 'lua' or 'pipeline', got {lookup_mode!r}")
+        self.ctx = ctx
+        self.lookup_mode = lookup_mode
+        self.keys, self.link, self.stats = ctx.keys, ctx.link, ctx.stats
 
-    def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
-        raise NotImplementedError
+    def lookup(
+        self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
+    ) -> list[StoredBlock]:
+        if self.ctx.is_closed or not self.link.is_up or start * seq.block_size >= seq.num_tokens:
+            return []
+        hashes, toks = lookup_args(seq, start, parent)
+        if self.lookup_mode == "lua":
+            m, c, _ = self.keys.index(seq.root)
+            reply = self.link.call(
+                lambda cl: self.ctx.eval(cl, LOOKUP_LUA, [m, c], [parent, hashes, toks])
+            )
+            if reply is None:
+                found: list[SharedEntry] = []
+            else:
+                chain, kids = parse_lookup(reply, seq.root)
+                found = walk(FoundIndex([*chain, *kids]), seq, start, parent, requires_checkpoint)
+        else:
+            found = self._lookup_pipelined(seq, start, parent, hashes, toks, requires_checkpoint)
+        self.stats.add(num_lookups=1, num_found=int(bool(found)))
+        self.ctx.note_roots(e.meta for e in found)
+        return [e.stored() for e in found]
+
+    def _lookup_pipelined(
+        self, seq: TokenSeq, start: int, parent: BlockHash, hashes: bytes, toks: bytes, rc: bool
+    ) -> list[SharedEntry]:
+        """Round trip 1: every expected entry and every possible child list; then the entries
+        of each child list the walk asks for."""
+        m, c, _ = self.keys.index(seq.root)
+        hl = [hashes[i : i + 16] for i in range(0, len(hashes), 16)]
+        parents = [parent, *hl]
+        keys = [(BlockHash(parents[i]), int.from_bytes(toks[4 * i : 4 * i + 4], "little"))
+                for i in range(len(toks) // 4)]  # fmt: skip
+        fields = [kid_field(p, t) for p, t in keys]
+
+        def first(cl: Any) -> Any:
+            p = cl.pipeline(transaction=False)
+            if hl:
+                p.hmget(m, hl)
+            if fields:
+                p.hmget(c, fields)
+            return p.execute()
+
+        reply = self.link.call(first)
+        if reply is None:
+            return []
+        entries, kid_lists = (reply[0], reply[1] if fields else []) if hl else ([], reply[0])
+        lists = dict(zip(keys, kid_lists, strict=False))
+        chain: list[SharedEntry] = []
+        for h, e in zip(hl, entries, strict=True):
+            meta = unpack_meta(h, seq.root, e) if e else None
+            if meta is None:
+                break
+            chain.append(meta)
+
+        def more(p: BlockHash, t: int) -> list[SharedEntry]:
+            kids = lists.get((p, t))
+            if not kids:
+                return []
+            ks = [kids[i : i + 16] for i in range(0, len(kids), 16)]
+            got = self.link.call(lambda cl: cl.hmget(m, ks))
+            found = [unpack_meta(k, seq.root, e) for k, e in zip(ks, got or [], strict=False) if e]
+            return [x for x in found if x is not None]
+
+        return walk(FoundIndex(chain, more), seq, start, parent, rc)
+
+    def note_miss(self, failed: bool) -> None:
+        self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})
 
     def _refresh_cmds(self, metas: list[BlockMeta], now: int) -> list[tuple[Any, ...]]:
         """The entries' recency and the index keys' TTL, refreshed by a read."""
@@ -64,7 +135,9 @@ class SharedReads:
             ("ZADD", self.keys.index(x.root)[2], "XX", now, x.block_hash) for x in metas
         ]
         for root in {x.root for x in metas}:
-            cmds += [("PEXPIRE", k, self.ttl_ms) for k in dict.fromkeys(self.keys.namespace(root))]
+            cmds += [
+                ("PEXPIRE", k, self.ctx.ttl_ms) for k in dict.fromkeys(self.keys.namespace(root))
+            ]
         return cmds
 
     def _fetch(self, metas: list[BlockMeta], now: int) -> list[Any] | None:
@@ -73,7 +146,7 @@ class SharedReads:
         def run(cl: Any) -> Any:
             p = cl.pipeline(transaction=False)
             for x in metas:
-                p.getex(self.keys.data(x.block_hash), px=self.ttl_ms)
+                p.getex(self.keys.data(x.block_hash), px=self.ctx.ttl_ms)
             for cmd in self._refresh_cmds(metas, now):
                 p.execute_command(*cmd)
             return p.execute()[: len(metas)]
@@ -82,7 +155,7 @@ class SharedReads:
 
     def _stream(self, metas: list[BlockMeta], now: int, take: Callable[[Any], None]) -> bool:
         """Standalone: every command written at once on one pooled connection, each value
-        received into its own buffer (``valkey_stream``) and handed to ``take`` as soon as it
+        received into its own buffer (``stream``) and handed to ``take`` as soon as it
         is in (verified while the next ones arrive); False when the link failed (``take`` has
         had the values before the failure)."""
 
@@ -91,7 +164,9 @@ class SharedReads:
             conn = pool.get_connection("GETEX")
             done = False
             try:
-                cmds = [("GETEX", self.keys.data(x.block_hash), "PX", self.ttl_ms) for x in metas]
+                cmds = [
+                    ("GETEX", self.keys.data(x.block_hash), "PX", self.ctx.ttl_ms) for x in metas
+                ]
                 refresh = self._refresh_cmds(metas, now)
                 conn.send_packed_command(conn.pack_commands(cmds + refresh))
                 sock = getattr(conn, "_sock", None)
@@ -120,7 +195,7 @@ class SharedReads:
     def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
         if not blocks:
             return []
-        if not self.link.is_up or self._closed:
+        if not self.link.is_up or self.ctx.is_closed:
             return [SharedBlockMissingError("shared tier unreachable")] * len(blocks)
         now = int(time.time() * 1000)
         t0 = time.perf_counter()
@@ -138,7 +213,7 @@ class SharedReads:
                 out.append(SharedBlockMissingError(f"{x.block_hash.hex()} expired or evicted"))
                 return
             try:
-                out.append(self._verify(b, v))
+                out.append(self.verify(b, v))
                 nbytes += v.nbytes if isinstance(v, np.ndarray) else len(v)
             except SharedBlockRaceError as exc:
                 races += 1
@@ -160,19 +235,19 @@ class SharedReads:
         num_read = sum(1 for x in out if not isinstance(x, Exception))
         self.stats.add(num_blocks_read=num_read, num_corrupt=len(bad), num_missing=len(missing),
                        num_read_races=races)  # fmt: skip
-        if self.evictions is not None:
+        if self.ctx.evictions is not None:
             for x in missing:  # the server evicted or expired it: a miss can say so
-                self.evictions.note(x.block_hash, x.parent_hash, self.name)
+                self.ctx.evictions.note(x.block_hash, x.parent_hash, self.ctx.name)
         if bad or missing:
-            self.delete(bad + missing, data=bool(bad))
+            self.ctx.delete(bad + missing, data=bool(bad))
         return out
 
-    def _verify(self, block: StoredBlock, value: bytes | np.ndarray) -> tuple[Any, Any]:
+    def verify(self, block: StoredBlock, value: bytes | np.ndarray) -> tuple[Any, Any]:
         # no copy: the value is a fresh buffer owned by this read alone, so tensors may view it
         # (writable when it came off the socket directly; read-only views of a bytes object)
-        info, payload, checkpoint = decode_block(value, self.codec)
+        info, payload, checkpoint = decode_block(value, self.ctx.codec)
         verify_identity(info, block.meta.block_hash.hex())
-        if info.model != self.model or info.meta.root != block.meta.root:
+        if info.model != self.ctx.model or info.meta.root != block.meta.root:
             raise CorruptBlockError("value of another model or namespace")
         if info.meta != block.meta:
             raise CorruptBlockError("value does not match its index entry")

@@ -1,4 +1,4 @@
-"""The shared tier's Lua scripts (key layout in ``valkey_index``): put, delete, lookup, tag.
+"""The shared tier's Lua scripts (key layout in ``index``): put, delete, lookup, tag.
 
 Each runs atomically on the server and touches only one namespace's slot (``{M:R}``), except the
 optional value and session-set keys, which the put and tag scripts take only from standalone

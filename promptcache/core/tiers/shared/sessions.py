@@ -1,8 +1,8 @@
-"""The shared tier's half of the session protocol (a mixin of ``ValkeyStore``).
+"""The shared tier's half of the session protocol (``SharedSessions``, a part of ``ValkeyStore``).
 
 Tags live on the server, so any server (or ``promptcache cache``) finds a session's blocks, even
 blocks its own RAM and SSD never held: each block's session ids in its namespace's tags hash, and
-each session's blocks (root + hash) in a set of its own (``valkey_index.Keys``). Both are written
+each session's blocks (root + hash) in a set of its own (``index.Keys``). Both are written
 by the put script with the block (standalone; cluster: the set right after) or by the tag script
 (a hit, a touch), queued on the writer thread like every write. Session ids are digests of the
 session key, which names the tenant: one tenant can never name another's session.
@@ -15,43 +15,25 @@ several servers share. Members naming blocks gone since are ignored (their entry
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
 from promptcache.core.block import BlockMeta
 from promptcache.core.hashing import HASH_BYTES, BlockHash
 from promptcache.core.sessions import MAX_SESSIONS_PER_BLOCK, BlockUse
-from promptcache.core.tiers.shared.index import Keys, session_id
-from promptcache.core.tiers.shared.link import ValkeyLink
+from promptcache.core.tiers.shared.context import SharedContext
+from promptcache.core.tiers.shared.index import session_id
 from promptcache.core.tiers.shared.scripts import UNTAG_LUA
-from promptcache.core.tiers.shared.write import Tag
+from promptcache.core.tiers.shared.write import SharedWriter, Tag
 
 
 class SharedSessions:
-    """Needs the store's lock, hash -> root map, keys, link, queue, ``flush`` and ``delete``."""
+    """The shared tier's session half of ``TierAdmin``, over its context and its writer (tags
+    are queued on the writer; deletions wait for its queue)."""
 
-    _lock: threading.Lock
-    _roots: OrderedDict[BlockHash, BlockHash]
-    _closed: bool
-    keys: Keys
-    link: ValkeyLink
-
-    def flush(self, timeout: float = 30.0) -> bool:
-        raise NotImplementedError
-
-    def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
-        raise NotImplementedError
-
-    def _eval(self, client: Any, src: str, keys: list[str], args: list[Any]) -> Any:
-        raise NotImplementedError
-
-    def _note_roots(self, metas: Iterable[BlockMeta]) -> None:
-        raise NotImplementedError
-
-    def _enqueue(self, item: Tag) -> None:
-        raise NotImplementedError
+    def __init__(self, ctx: SharedContext, writer: SharedWriter) -> None:
+        self.ctx = ctx
+        self.writer = writer
+        self.keys, self.link = ctx.keys, ctx.link
 
     def tag(
         self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
@@ -59,17 +41,11 @@ class SharedSessions:
         """Queued (the request path never waits on Valkey); blocks without an entry yet are
         skipped by the script (their put carries their tags). Without ``root``, each hash's
         root comes from this store's recent lookups and puts."""
-        if not use.session or not hashes or self._closed or not self.link.is_up:
+        if not use.session or not hashes or not self.ctx.is_usable:
             return
         sid = session_id(use.session)
-        with self._lock:
-            groups: dict[BlockHash, list[BlockHash]] = {}
-            for h in hashes:
-                r = root or self._roots.get(h)
-                if r is not None:
-                    groups.setdefault(r, []).append(h)
-        for r, hs in groups.items():
-            self._enqueue(Tag(r, hs, [sid]))
+        for r, hs in self.ctx.group_by_root(hashes, root).items():
+            self.writer.enqueue(Tag(r, hs, [sid]))
 
     def _members(self, session: str) -> dict[BlockHash, list[BlockHash]]:
         """The session's blocks by namespace root, as its set names them."""
@@ -83,7 +59,7 @@ class SharedSessions:
     def session_blocks(self, session: str) -> dict[BlockHash, bool]:
         """Blocks still indexed that the session's set names -> whether another session's id
         is in their tags (or their tags are lost: then kept unless forced)."""
-        self.flush()  # queued puts and tags first
+        self.writer.flush()  # queued puts and tags first
         sid = session_id(session)
         out: dict[BlockHash, bool] = {}
         found: list[BlockMeta] = []
@@ -106,18 +82,18 @@ class SharedSessions:
                 ids = {tags[i : i + 16] for i in range(0, len(tags), 16)} if tags else set()
                 out[h] = not ids or bool(ids - {sid}) or len(ids) >= MAX_SESSIONS_PER_BLOCK
                 found.append(BlockMeta(h, BlockHash(b""), root, b"", b"", 0))
-        self._note_roots(found)  # so ``delete_blocks`` knows their namespaces
+        self.ctx.note_roots(found)  # so ``delete_blocks`` knows their namespaces
         return out
 
     def forget_session(self, session: str) -> None:
         """The session's id leaves the tags of the blocks that stay; its set goes."""
-        self.flush()
+        self.writer.flush()
         sid = session_id(session)
         members = self._members(session)
 
         def run(cl: Any) -> None:
             for root, hs in members.items():
-                self._eval(cl, UNTAG_LUA, [self.keys.tags(root)], [sid, *hs])
+                self.ctx.eval(cl, UNTAG_LUA, [self.keys.tags(root)], [sid, *hs])
             cl.delete(self.keys.session(sid))
 
         self.link.call(run)
@@ -126,12 +102,8 @@ class SharedSessions:
         """Values, entries and tags of the blocks whose namespace is known here (this
         process's lookups, puts and ``session_blocks``), with every block below them (found
         through the child lists). Bytes are not known here: (blocks, 0)."""
-        self.flush()
-        with self._lock:
-            by_root: dict[BlockHash, list[BlockHash]] = {}
-            for h in hashes:
-                if h in self._roots:
-                    by_root.setdefault(self._roots[h], []).append(h)
+        self.writer.flush()
+        by_root = self.ctx.group_by_root(hashes)
         metas: list[BlockMeta] = []
         for root, hs in by_root.items():
             entries = self.keys.index(root)[0]
@@ -141,12 +113,12 @@ class SharedSessions:
 
             below = self.link.call(run)
             metas += [BlockMeta(h, BlockHash(b""), root, b"", b"", 0) for h in below or hs]
-        self.delete(metas)
+        self.ctx.delete(metas)
         return len(metas), 0
 
     def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
         """Every value, the whole index and the tags of the namespace ``root``."""
-        self.flush()
+        self.writer.flush()
         entries, _, recency, tags = self.keys.namespace(root)
 
         def run(cl: Any) -> int:

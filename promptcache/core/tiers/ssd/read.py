@@ -1,4 +1,5 @@
-"""Reads of the SSD tier: walk the index for a continuation, read files back verified.
+"""Reads of the SSD tier (``SsdReader``): walk the index for a continuation, read files back
+verified.
 
 A reader opens a file under the tier's files lock after checking that the index still holds
 it, so eviction cannot delete it in between; once open, the file reads whole even if it is
@@ -9,11 +10,8 @@ without a quarantine: nothing is damaged.
 from __future__ import annotations
 
 import io
-import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from promptcache.core.block import BlockMeta
 from promptcache.core.block_file import (
@@ -25,14 +23,11 @@ from promptcache.core.block_file import (
     verify_identity,
 )
 from promptcache.core.chain import checkpoint_path, match_chain
-from promptcache.core.cipher import BlockCipher
-from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tiers.base import ReadResult, StoredBlock
-from promptcache.core.tiers.ssd.index import Row, SsdIndex
+from promptcache.core.tiers.ssd.folder import SsdFolder
 from promptcache.core.tiers.ssd.reconcile import matches_row
-from promptcache.core.tiers.ssd.stats import SsdStats
 
 _READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
 
@@ -43,21 +38,11 @@ class BlockEvictedError(CorruptBlockError):
     is_damage = False
 
 
-class SsdReads:
-    """The read half of ``SsdTier`` (a mixin: the tier owns the state below)."""
+class SsdReader:
+    """The SSD tier's ``TierReads`` half, over its folder."""
 
-    model: str
-    root_dir: Path
-    codec: PayloadCodec
-    stats: SsdStats
-    index: SsdIndex | None
-    files_lock: threading.RLock
-    _closed: bool
-    clock: Callable[[], float]
-    cipher: BlockCipher | None
-
-    def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
-        raise NotImplementedError
+    def __init__(self, folder: SsdFolder) -> None:
+        self.folder = folder
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
@@ -65,8 +50,9 @@ class SsdReads:
         """Indexed blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``):
         the shared walk (``chain.match_chain``); with ``requires_checkpoint`` only as far as
         the deepest checkpoint a hit could end on (``chain.checkpoint_path``)."""
-        index = self.index
-        if index is None or self._closed:
+        f = self.folder
+        index = f.index
+        if index is None or f.is_closed:
             return []
         full, tail, _ = match_chain(index, seq, start, parent)
         if requires_checkpoint:
@@ -79,30 +65,31 @@ class SsdReads:
         """((payload, checkpoint) or the error, file bytes read). A damaged file is
         quarantined (CorruptBlockError); a block evicted since the lookup is a
         BlockEvictedError."""
-        with self.files_lock:  # eviction cannot delete it between this check and the open
-            row = self.index.get(meta.block_hash) if self.index is not None else None
+        f = self.folder
+        with f.files_lock:  # eviction cannot delete it between this check and the open
+            row = f.index.get(meta.block_hash) if f.index is not None else None
             if row is None or row.meta != meta:
-                self.stats.add(num_read_races=1)
+                f.stats.add(num_read_races=1)
                 return BlockEvictedError(
                     f"{meta.block_hash.hex()} was evicted before it was read"
                 ), 0
-            path = self.root_dir / row.path
+            path = f.root_dir / row.path
             try:
-                f = io.FileIO(path, "rb")  # read outside the lock
+                fh = io.FileIO(path, "rb")  # read outside the lock
             except OSError as exc:
-                self.quarantine(path, row, str(exc))
+                f.quarantine(path, row, str(exc))
                 return CorruptBlockError(str(exc)), 0
         try:
-            with f:
-                data = read_open_file(f)
+            with fh:
+                data = read_open_file(fh)
             info, payload, checkpoint = decode_block(
-                unseal_file(data, self.cipher, path.stem), self.codec
+                unseal_file(data, f.cipher, path.stem), f.codec
             )
             verify_identity(info, path.stem)
-            if info.model != self.model or not matches_row(info, row):
+            if info.model != f.model or not matches_row(info, row):
                 raise CorruptBlockError("file does not hold the indexed block")
         except (OSError, CorruptBlockError) as exc:
-            self.quarantine(path, row, str(exc))
+            f.quarantine(path, row, str(exc))
             return CorruptBlockError(str(exc)), 0
         return (payload, checkpoint), row.file_bytes
 
@@ -110,33 +97,33 @@ class SsdReads:
         """Each block's (payload, checkpoint), several files at once (a few reads in flight
         beat one at a time on small files); a damaged or evicted block's entry is its
         CorruptBlockError. Records the reload's latency and throughput."""
+        f = self.folder
         if not blocks:
             return []
         t0 = time.perf_counter()
-        index = self.index
+        index = f.index
         if index is not None:
-            prefetch_files(
-                [self.root_dir / r.path for b in blocks if (r := index.get(b.block_hash))]
-            )
+            prefetch_files([f.root_dir / r.path for b in blocks if (r := index.get(b.block_hash))])
         metas = [b.meta for b in blocks]
         out = (
             [self._read_one(metas[0])]
             if len(metas) == 1
             else list(_READERS.map(self._read_one, metas))
         )
-        self.stats.observe_reload(time.perf_counter() - t0, sum(n for _, n in out))
+        f.stats.observe_reload(time.perf_counter() - t0, sum(n for _, n in out))
         return [res for res, _ in out]
 
     def touch(self, hashes: list[BlockHash]) -> None:
         """A promotion from this tier: count the hit, refresh the blocks' access times."""
-        self.stats.add(num_hits=1, num_promoted_blocks=len(hashes))
-        index = self.index
+        f = self.folder
+        f.stats.add(num_hits=1, num_promoted_blocks=len(hashes))
+        index = f.index
         if index is None:
             return
         try:
-            index.touch(hashes, self.clock())
+            index.touch(hashes, f.clock())
         except Exception as exc:
-            self.stats.error(f"{type(exc).__name__}: {exc}")
+            f.stats.error(f"{type(exc).__name__}: {exc}")
 
     def note_miss(self, failed: bool) -> None:
-        self.stats.add(**{"promotion_failures" if failed else "num_misses": 1})
+        self.folder.stats.add(**{"promotion_failures" if failed else "num_misses": 1})

@@ -27,7 +27,7 @@ from promptcache.core.cipher import BlockCipher
 from promptcache.core.tiers.ssd.index import Row, SsdIndex
 
 if TYPE_CHECKING:
-    from promptcache.core.tiers.ssd.tier import SsdTier
+    from promptcache.core.tiers.ssd.folder import SsdFolder
 
 log = logging.getLogger("promptcache.ssd")
 
@@ -50,55 +50,55 @@ def matches_row(info: BlockFileInfo, row: Row) -> bool:
     return info.meta == row.meta
 
 
-def reconcile_dir(tier: SsdTier, index: SsdIndex) -> None:
+def reconcile_dir(folder: SsdFolder, index: SsdIndex) -> None:
     """Drop rows without files, index valid files without rows, remove temp and old-format
     files, quarantine files that fail a check, prune namespace records without blocks."""
     t0 = time.perf_counter()
-    old_before = tier.stats.get("num_old_format_removed")
+    old_before = folder.stats.get("num_old_format_removed")
     rows = {r.path: r for r in index.all_rows()}
     on_disk: set[str] = set()
-    for path in tier.root_dir.rglob("*"):
+    for path in folder.root_dir.rglob("*"):
         if (
             not path.is_file()
-            or tier.quarantine_dir in path.parents
-            or path.parent == tier.root_dir
+            or folder.quarantine_dir in path.parents
+            or path.parent == folder.root_dir
         ):
             continue
         if path.name.startswith(TMP_PREFIX):
             path.unlink(missing_ok=True)
-            tier.stats.add(num_temp_removed=1)
+            folder.stats.add(num_temp_removed=1)
             continue
         if path.suffix != SUFFIX:
             continue
-        rel = str(path.relative_to(tier.root_dir))
+        rel = str(path.relative_to(folder.root_dir))
         on_disk.add(rel)
         if rel not in rows:
-            _reindex(tier, index, path, rel)
+            _reindex(folder, index, path, rel)
     missing = [r for p, r in rows.items() if p not in on_disk]
     if missing:
         index.delete(r.block_hash for r in missing)
-        tier.stats.add(num_rows_dropped=len(missing))
+        folder.stats.add(num_rows_dropped=len(missing))
     index.prune_namespaces()
-    tier.stats.set(reconcile_s=time.perf_counter() - t0)
-    if old := tier.stats.get("num_old_format_removed") - old_before:
-        log.warning("removed %d block files of an older format from %s", old, tier.root_dir)
+    folder.stats.set(reconcile_s=time.perf_counter() - t0)
+    if old := folder.stats.get("num_old_format_removed") - old_before:
+        log.warning("removed %d block files of an older format from %s", old, folder.root_dir)
 
 
-def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
+def _reindex(folder: SsdFolder, index: SsdIndex, path: Path, rel: str) -> None:
     try:
         data = path.read_bytes()
-        info = check_file(path, data, tier.model, tier.cipher)
+        info = check_file(path, data, folder.model, folder.cipher)
     except OldFormatError:
         path.unlink(missing_ok=True)
-        tier.stats.add(num_old_format_removed=1)
+        folder.stats.add(num_old_format_removed=1)
         return
     except (OSError, CorruptBlockError) as exc:
-        tier.quarantine(path, None, str(exc))
+        folder.quarantine(path, None, str(exc))
         return
     now = time.time()
     # the tenant's name only survives in the folder name ("<tenant>-<root>"): enough for display
-    folder = Path(rel).parts[0]
-    tenant = folder.rsplit("-", 1)[0] if "-" in folder else ""
+    ns_dir = Path(rel).parts[0]
+    tenant = ns_dir.rsplit("-", 1)[0] if "-" in ns_dir else ""
     index.upsert(
         Row(
             info.meta,
@@ -112,4 +112,4 @@ def _reindex(tier: SsdTier, index: SsdIndex, path: Path, rel: str) -> None:
         ),
         "" if tenant == "default" else tenant,
     )
-    tier.stats.add(num_reindexed=1)
+    folder.stats.add(num_reindexed=1)

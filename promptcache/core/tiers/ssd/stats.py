@@ -1,21 +1,18 @@
-"""SSD tier counters, with a reload latency histogram and throughput.
-
-Updated from the writer thread, the reader pool and request threads: every update and every
-snapshot goes through one lock, so no increment is lost and a snapshot is consistent.
-"""
+"""SSD tier counters (``counters.TierCounters``), with a reload latency histogram and throughput."""
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
+
+from promptcache.core.tiers.counters import TierCounters, histogram
 
 # latency of one promotion's reads (all its blocks, read concurrently)
 RELOAD_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 @dataclass(slots=True)
-class SsdStats:
+class SsdStats(TierCounters):
     num_writes: int = 0
     bytes_written: int = 0
     dropped_writes: int = 0  # queue full: never blocks a request
@@ -39,47 +36,20 @@ class SsdStats:
     reload_bytes: int = 0
     reload_histogram: list[int] = field(default_factory=lambda: [0] * (len(RELOAD_BUCKETS_S) + 1))
     reconcile_s: float = 0.0
-    last_error: str = ""
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **counts: int) -> None:
-        """``add(num_hits=1, num_promoted_blocks=3)``: several counters, atomically."""
-        with self._lock:
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def set(self, **values: Any) -> None:
-        with self._lock:
-            for name, v in values.items():
-                setattr(self, name, v)
-
-    def error(self, message: str, **counts: int) -> None:
-        """Record ``message`` as the last error, with counters such as ``write_errors=1``."""
-        with self._lock:
-            self.last_error = message
-            for name, n in counts.items():
-                setattr(self, name, getattr(self, name) + n)
-
-    def get(self, name: str) -> Any:
-        with self._lock:
-            return getattr(self, name)
 
     def observe_reload(self, seconds: float, nbytes: int) -> None:
-        i = next((k for k, b in enumerate(RELOAD_BUCKETS_S) if seconds <= b), len(RELOAD_BUCKETS_S))
-        with self._lock:
-            self.reload_seconds += seconds
-            self.reload_bytes += nbytes
-            self.reload_histogram[i] += 1
+        self.observe(
+            "reload_histogram",
+            RELOAD_BUCKETS_S,
+            seconds,
+            reload_seconds=seconds,
+            reload_bytes=nbytes,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        with self._lock:
-            out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "_lock"}
-            out["reload_histogram"] = list(self.reload_histogram)
+        out = self.snapshot()
         out["reload_bytes_per_s"] = (
             out["reload_bytes"] / out["reload_seconds"] if out["reload_seconds"] else 0.0
         )
-        out["reload_histogram"] = {
-            f"le_{b}": c
-            for b, c in zip((*RELOAD_BUCKETS_S, "inf"), out["reload_histogram"], strict=True)
-        }
+        out["reload_histogram"] = histogram(RELOAD_BUCKETS_S, out["reload_histogram"])
         return out

@@ -4,56 +4,47 @@ Every new block is written through in the background (a writer thread, bounded q
 writes are dropped and counted, never blocking a request), so a crash keeps what was written.
 Lookups walk the SQLite index; promotion reads files back, verifying checksums and chained
 hashes. A damaged file is moved to ``quarantine/`` and never served. The model's folder is
-private (0700/0600) and locked by one process for the tier's life (``ssd_lock``); after a write
-error the tier backs off and tries again (``ssd_health``), so it comes back once space is back.
+private (0700/0600) and locked by one process for the tier's life (``lock``); after a write
+error the tier backs off and tries again (``write_behind.Backoff``), so it comes back once space
+is back.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import re
-import shutil
-import sqlite3
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from promptcache.core.block_file import SUFFIX
 from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
-from promptcache.core.private_fs import (
-    FILE_MODE,
-    make_private_dirs,
-    tighten_cache_dir,
-    tighten_tree,
-)
-from promptcache.core.sessions import BlockUse
-from promptcache.core.tiers.base import BlockRecord, register_tier
-from promptcache.core.tiers.ssd.capacity import enforce_capacity
-from promptcache.core.tiers.ssd.health import WriteHealth
+from promptcache.core.private_fs import FILE_MODE
+from promptcache.core.tiers.base import register_tier
+from promptcache.core.tiers.parts import PartsTier
+from promptcache.core.tiers.ssd.folder import SsdFolder
 from promptcache.core.tiers.ssd.index import Row, SsdIndex
-from promptcache.core.tiers.ssd.lock import LOCK_NAME, CacheDirLock
-from promptcache.core.tiers.ssd.read import SsdReads
-from promptcache.core.tiers.ssd.reconcile import reconcile_dir
+from promptcache.core.tiers.ssd.read import SsdReader
 from promptcache.core.tiers.ssd.sessions import SsdSessions
 from promptcache.core.tiers.ssd.stats import SsdStats
-from promptcache.core.tiers.ssd.write import SsdWrites
+from promptcache.core.tiers.ssd.write import SsdWriter
+from promptcache.core.tiers.write_behind import Backoff
 
-log = logging.getLogger("promptcache.ssd")
 DEFAULT_SSD_BUDGET = 10 * 10**9
 RETRY_S = 5.0  # first cool-down after a write error (it doubles while errors go on)
-MAX_TENANT_NAMES = 4096  # namespace root -> tenant for folder names; bounded against header spam
 
 
-class SsdTier(SsdReads, SsdWrites, SsdSessions):
+class SsdTier(PartsTier):
+    """A ``LowerTier`` composed of explicit parts over one ``SsdFolder``: ``reader`` (lookup,
+    verified reads), ``writer`` (write-behind queue, back-off), ``sessions`` (tags, deletion,
+    expiry)."""
+
     name = "ssd"
     write_through = True
+    reader: SsdReader
+    writer: SsdWriter
+    sessions: SsdSessions
 
     def __init__(
         self,
@@ -73,122 +64,83 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
         ``cipher``: encrypt files and the index's token ids at rest (``core.cipher``).
         Raises CacheDirLockedError when another process uses this model's cache folder; any
         other start-up failure (unusable folder, full disk) leaves the tier off, retried later."""
-        self.model = model_fingerprint
-        self.cache_dir = Path(cache_dir)
-        self.root_dir = self.cache_dir / model_fingerprint[:16]
-        self.quarantine_dir = self.root_dir / "quarantine"
-        self.codec = codec or TreeCodec()
-        self.budget_bytes = budget_bytes
-        self.retention_s = retention_s
-        self.clock = clock
-        self.cipher = cipher
-        self.stats = SsdStats()
-        self.evictions = evictions  # shared with the cache: a miss can say "evicted from ssd"
-        self.health = WriteHealth(RETRY_S if retry_s is None else retry_s)
-        self._tenants: OrderedDict[BlockHash, str] = OrderedDict()
-        # queued hashes -> whether a queued record carries a checkpoint (a block may be queued
-        # again when its checkpoint is attached after the first write-through)
-        self._pending: dict[BlockHash, bool] = {}
-        self._pending_lock = threading.Lock()
-        self._pending_tags: dict[BlockHash, list[BlockUse]] = {}
-        # files and index rows change together under this lock (writer, eviction, quarantine);
-        # readers open files under it too, so an open file is one the index still holds
-        self.files_lock = threading.RLock()
-        self._queue: queue.Queue[BlockRecord | None] = queue.Queue(maxsize=queue_blocks)
-        self._closed = False
-        self._dir_lock = CacheDirLock(self.root_dir)
-        self.index: SsdIndex | None = None
-        self._open()
-        self._writer = threading.Thread(
-            target=self._write_loop, name="promptcache-ssd-writer", daemon=True
+        self.folder = SsdFolder(
+            cache_dir,
+            model_fingerprint,
+            codec=codec or TreeCodec(),
+            budget_bytes=budget_bytes,
+            retention_s=retention_s,
+            evictions=evictions,
+            clock=clock,
+            cipher=cipher,
+            health=Backoff(RETRY_S if retry_s is None else retry_s),
         )
-        self._writer.start()
+        self.folder.open()
+        self.reader = SsdReader(self.folder)
+        self.writer = SsdWriter(self.folder, queue_blocks)
+        self.sessions = SsdSessions(self.folder, self.writer)
 
-    def _open(self) -> bool:
-        """Folder, lock, index, reconcile; False (tier off, retried) on an unusable folder."""
-        index: SsdIndex | None = None
-        try:
-            make_private_dirs(self.root_dir)
-            self._dir_lock.acquire()  # CacheDirLockedError goes to the caller
-            tighten_cache_dir(self.cache_dir, LOCK_NAME)
-            tighten_tree(self.root_dir)
-            index = SsdIndex(self.root_dir / "index.sqlite", self.cipher)
-            with self.files_lock:
-                self.index = index
-                reconcile_dir(self, index)
-        except (OSError, sqlite3.Error) as exc:  # e.g. a full disk: the index cannot be created
-            self.index = None
-            if index is not None:
-                index.close()
-            self._dir_lock.release()
-            return self._open_failed(exc)
-        return True
+    # -- the folder's facts, read by tests, the CLI and the checks ---------------------------
 
-    def _open_failed(self, exc: BaseException) -> bool:
-        delay = self.health.failed()
-        self.stats.error(f"{type(exc).__name__}: {exc}")
-        log.error("SSD tier off: cannot use %s: %s (retrying in %.1f s)", self.root_dir, exc, delay)
-        return False
+    @property
+    def model(self) -> str:
+        return self.folder.model
+
+    @property
+    def root_dir(self) -> Path:
+        return self.folder.root_dir
+
+    @property
+    def quarantine_dir(self) -> Path:
+        return self.folder.quarantine_dir
+
+    @property
+    def budget_bytes(self) -> int:
+        return self.folder.budget_bytes
+
+    @budget_bytes.setter
+    def budget_bytes(self, nbytes: int) -> None:  # takes effect at the next capacity pass
+        self.folder.budget_bytes = nbytes
+
+    @property
+    def stats(self) -> SsdStats:
+        return self.folder.stats
+
+    @property
+    def index(self) -> SsdIndex | None:
+        return self.folder.index
 
     @property
     def is_enabled(self) -> bool:
-        return self.index is not None
+        return self.folder.index is not None
 
-    # -- namespaces --------------------------------------------------------------------------
+    @property
+    def num_queued_writes(self) -> int:
+        return self.writer.queue.num_queued
+
+    # -- TierReads, TierWrites: the parts' -----------------------------------------------------
+
+    def touch(self, hashes: list[BlockHash]) -> None:
+        self.reader.touch(hashes)
+
+    # -- TierAdmin -----------------------------------------------------------------------------
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
-        """Remember the tenant's name for folder names; its record is written with its first
-        block (and pruned with its last), so namespaces without blocks leave nothing on disk."""
-        with self._pending_lock:
-            self._tenants[root] = tenant
-            self._tenants.move_to_end(root)
-            if len(self._tenants) > MAX_TENANT_NAMES:
-                self._tenants.popitem(last=False)
-
-    def _tenant(self, root: BlockHash) -> str:
-        with self._pending_lock:
-            return self._tenants.get(root, "")
-
-    def _path_for(self, root: BlockHash, block_hash: BlockHash) -> Path:
-        tenant = re.sub(r"[^A-Za-z0-9_.-]", "_", self._tenant(root))[:40] or "default"
-        h = block_hash.hex()
-        return self.root_dir / f"{tenant}-{root.hex()[:8]}" / h[:2] / (h + SUFFIX)
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self.flush()
-        self._closed = True
-        self._queue.put(None)
-        self._writer.join(timeout=30)
-        with self.files_lock:
-            if self.index is not None:
-                self.index.close()
-            self._dir_lock.release()
-
-    # -- capacity ----------------------------------------------------------------------------
+        self.folder.register_namespace(root, tenant)
 
     def enforce_capacity(self) -> None:
-        index = self.index
-        if index is None:
-            return
-        with self.files_lock:
-            enforce_capacity(self, index)
+        self.folder.enforce_capacity()
 
     def quarantine(self, path: Path, row: Row | None, reason: str) -> None:
-        log.warning("quarantined %s: %s", path.name, reason)
-        with self.files_lock:
-            self.stats.add(num_quarantined=1)
-            try:
-                if path.exists():
-                    make_private_dirs(self.quarantine_dir)
-                    shutil.move(
-                        str(path), self.quarantine_dir / f"{path.name}.{int(time.time() * 1000)}"
-                    )
-            except OSError as exc:
-                self.stats.error(f"{type(exc).__name__}: {exc}")
-            if row is not None and self.index is not None:
-                self.index.delete([row.block_hash])
+        self.folder.quarantine(path, row, reason)
+
+    def close(self) -> None:
+        if self.folder.is_closed:
+            return
+        self.flush()
+        self.folder.is_closed = True
+        self.writer.close()
+        self.folder.close()
 
     # -- checks ------------------------------------------------------------------------------
 
@@ -203,7 +155,7 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
         if index is None:
             return
         self.flush()
-        with self.files_lock:
+        with self.folder.files_lock:
             rows = index.all_rows()
             held = 0
             for r in rows:
@@ -224,9 +176,18 @@ class SsdTier(SsdReads, SsdWrites, SsdSessions):
     def describe(self) -> dict[str, Any]:
         index = self.index
         n, used = index.totals() if index is not None else (0, 0)
-        return {**self.stats.to_dict(), **self.health.describe(), "num_blocks": n, "used_bytes": used,
-                "budget_bytes": self.budget_bytes, "queued_writes": self._queue.qsize(),
-                "enabled": index is not None, "encrypted": self.cipher is not None}  # fmt: skip
+        return {**self.stats.to_dict(), **_health(self.folder.health), "num_blocks": n, "used_bytes": used,
+                "budget_bytes": self.budget_bytes, "queued_writes": self.num_queued_writes,
+                "enabled": index is not None, "encrypted": self.folder.cipher is not None}  # fmt: skip
 
 
 register_tier("ssd", SsdTier)
+
+
+def _health(health: Backoff) -> dict[str, Any]:
+    """The write back-off as ``/v1/cache/stats`` reports it."""
+    return {
+        "write_state": "backing_off" if health.num_failures else "ok",
+        "consecutive_write_errors": health.num_failures,
+        "retry_in_s": round(health.seconds_to_retry(), 3),
+    }

@@ -9,6 +9,7 @@ When RAM cannot be reserved the lookup stays a RAM-only hit (counted by the tier
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -32,6 +33,7 @@ class PromotionPlan:
     parent: Block
     reserved: int
     root: BlockHash  # the namespace, pruned once the plan is done if it stayed empty
+    num_deletions: int  # the stack's deletions when planned: one since, and nothing is inserted
 
 
 class Promoted(NamedTuple):
@@ -40,16 +42,22 @@ class Promoted(NamedTuple):
 
 
 def plan(
-    ram: RamTier, seq: TokenSeq, ram_match: Match, requires_checkpoint: bool
+    ram: RamTier,
+    tiers: Sequence[LowerTier],
+    seq: TokenSeq,
+    ram_match: Match,
+    requires_checkpoint: bool,
+    num_deletions: int = 0,
 ) -> PromotionPlan | None:
-    """Under the cache's lock: the longest lower-tier continuation of ``seq`` if it beats
-    ``ram_match``, with its RAM reserved and its parent pinned; None otherwise."""
+    """Under the cache's lock: the longest continuation of ``seq`` in ``tiers`` (nearest
+    first) if it beats ``ram_match``, with its RAM reserved and its parent pinned; None
+    otherwise."""
     full = ram.tree.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
     parent_hash = node.block_hash if node is not None else seq.root
     best: tuple[int, LowerTier, list[StoredBlock]] | None = None
     asked: list[LowerTier] = []
-    for tier in ram.stores:
+    for tier in tiers:
         found = tier.lookup(seq, start, parent_hash, requires_checkpoint)
         asked.append(tier)
         reach = min(chain_reach(seq, found), seq.num_tokens - 1)
@@ -68,7 +76,7 @@ def plan(
         ram.prune_root(seq.root)
         return None
     ram.hold(parent)
-    return PromotionPlan(tier, blocks, parent, nbytes, seq.root)
+    return PromotionPlan(tier, blocks, parent, nbytes, seq.root, num_deletions)
 
 
 def load(p: PromotionPlan) -> list[ReadResult]:
