@@ -114,8 +114,39 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {%- if add_generation_prompt %}<|start|>assistant{% endif %}"""
 
 
+DEEPSEEK_SPECIALS = ("<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+                     "<think>", "</think>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                     "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>", "<｜tool▁sep｜>",
+                     "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>")  # fmt: skip
+# DeepSeek V3.1 in non-thinking mode: the generation prompt closes the think block, calls are
+# name<｜tool▁sep｜>arguments with the arguments string concatenated as the client sent it
+DEEPSEEK_TEMPLATE = r"""<｜begin▁of▁sentence｜>{% if messages[0].role == 'system' %}{{ messages[0].content }}{% endif -%}
+{% if tools %}
+
+## Tools
+You have access to the following tools:
+{% for t in tools %}
+### {{ t.function.name }}
+Description: {{ t.function.description }}
+
+Parameters: {{ t.function.parameters | tojson }}
+{% endfor %}
+IMPORTANT: ALWAYS adhere to this exact format for tool use:
+<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>{{ '{{additional_tool_calls}}' }}<｜tool▁calls▁end｜>
+{% endif -%}
+{%- for m in messages -%}
+{%- if m.role == 'user' -%}<｜User｜>{{ m.content }}
+{%- elif m.role == 'assistant' -%}<｜Assistant｜></think>{{ m.content or '' }}
+{%- if m.tool_calls %}<｜tool▁calls▁begin｜>{% for tc in m.tool_calls %}<｜tool▁call▁begin｜>{{ tc.function.name }}<｜tool▁sep｜>{{ tc.function.arguments }}<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>{% endif %}<｜end▁of▁sentence｜>
+{%- elif m.role == 'tool' -%}<｜tool▁output▁begin｜>{{ m.content }}<｜tool▁output▁end｜>
+{%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<｜Assistant｜></think>{% endif %}"""
+
+
 def save_agent_model(kind: str, folder: str, seed: int = 0) -> str:
-    """A tiny random model of ``kind`` ("qwen3_5" or "gpt_oss"): 2 layers, hidden 64,
+    """A tiny random model of ``kind`` ("qwen3_5", "gpt_oss", or "deepseek_v31": a Llama body
+    with DeepSeek V3.1's format): 2 layers, hidden 64,
     initializer_range 0.2, a trained BPE tokenizer with the family's markers as special tokens
     and the family's chat template. Returns the folder."""
     import torch
@@ -142,6 +173,11 @@ def save_agent_model(kind: str, folder: str, seed: int = 0) -> str:
             layer_types=["sliding_attention", "full_attention"],
         )  # fmt: skip
         eos = [tok.convert_tokens_to_ids(t) for t in ("<|return|>", "<|call|>")]
+    elif kind == "deepseek_v31":
+        tok = train_tiny_tokenizer(DEEPSEEK_SPECIALS, DEEPSEEK_TEMPLATE)
+        tok.eos_token = "<｜end▁of▁sentence｜>"
+        config = AutoConfig.for_model("llama", **common)
+        eos = [tok.eos_token_id]
     else:
         raise ValueError(f"unknown agent model kind {kind!r}")
     config.vocab_size = len(tok)

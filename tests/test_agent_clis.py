@@ -65,6 +65,7 @@ def test_opencode_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path)
         OPENCODE_DISABLE_DEFAULT_PLUGINS="1",
         OPENCODE_DISABLE_SHARE="1",
         OPENCODE_DISABLE_CLAUDE_CODE="1",  # ignore any ~/.claude of the machine
+        OPENCODE_DISABLE_PROJECT_CONFIG="1",  # no opencode.json of a folder above the test's
     )
     proc = run_cli([str(OPENCODE), "run", PROMPT], ws, env)
     records = assert_tool_loop(srv.url, proc)

@@ -1,10 +1,11 @@
-"""Agent families end to end: tiny Qwen3.5 (hybrid, XML calls, <think> in the prompt) and gpt-oss
-(harmony) models with their own templates, through a real server and the official clients.
+"""Agent families end to end: tiny Qwen3.5 (hybrid, XML calls, <think> in the prompt), gpt-oss
+(harmony) and DeepSeek V3.1-format (attention only; arguments concatenated by the template)
+models with their own templates, through a real server and the official clients.
 
 Forced tool calls come out in the family's format (the grammar writes it), reasoning never
 reaches content, streamed Anthropic calls open no text block, and a 4-turn tool loop reuses the
-previous turn (>= 95% of prompt + reply on gpt-oss' attention layers, >= the previous prompt on
-the Qwen3.5 hybrid) with replies equal to an uncached server's.
+previous turn (>= 95% of prompt + reply on the attention models, >= the previous prompt on the
+Qwen3.5 hybrid) with replies equal to an uncached server's.
 """
 
 import json
@@ -46,8 +47,17 @@ A_TOOLS = [
     for t in TOOLS
 ]  # fmt: skip
 SYSTEM = "You are a travel agent. Use the tools to answer questions about trips. " * 3
-KINDS = ("qwen3_5", "gpt_oss")
-MARKUP = ("<tool_call>", "<function=", "<|channel|>", "<|message|>", "<think>", "</think>")
+KINDS = ("qwen3_5", "gpt_oss", "deepseek_v31")
+MARKUP = (
+    "<tool_call>",
+    "<function=",
+    "<|channel|>",
+    "<|message|>",
+    "<think>",
+    "</think>",
+    "<｜tool▁calls▁begin｜>",
+    "<｜tool▁sep｜>",
+)
 
 
 @pytest.fixture(scope="module")
@@ -196,3 +206,21 @@ def test_harmony_json_answer_on_the_final_channel(servers):
                                               "json_schema": {"name": "c", "schema": schema}})  # fmt: skip
     r = oa(on).chat.completions.create(**kw)
     assert json.loads(r.choices[0].message.content) == {"city": "Lima"}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_streamed_forced_call_equals_the_whole_reply(servers, kind):
+    on, _ = servers[kind]
+    kw = dict(model="m", messages=[{"role": "user", "content": "Airport of Lima?"}], tools=TOOLS,
+              tool_choice={"type": "function", "function": {"name": "find_airport"}},
+              parallel_tool_calls=False, max_tokens=200, temperature=0)  # fmt: skip
+    whole = oa(on).chat.completions.create(**kw).choices[0].message
+    chunks = list(oa(on).chat.completions.create(**kw, stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    text = "".join(d.content or "" for d in deltas)
+    calls = [tc for d in deltas for tc in d.tool_calls or []]
+    args = "".join(tc.function.arguments or "" for tc in calls if tc.index == 0)
+    assert text == (whole.content or "") and not any(m in text for m in MARKUP)
+    assert calls[0].function.name == whole.tool_calls[0].function.name == "find_airport"
+    assert json.loads(args) == json.loads(whole.tool_calls[0].function.arguments)
+    assert set(json.loads(args)) == {"code", "near"}

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from promptcache.core.images import ImageSpan
 from promptcache.engines.base import RequestError
 from promptcache.engines.grammar import (
@@ -140,6 +142,7 @@ class ChatFormatter:
         if not hasattr(hf, "decode"):
             return ids
         new: str | None = None
+        prompt = np.asarray(ids, dtype=np.uint32)
         replies = [m for m in chat.messages if m.get("role") == "assistant"]
         for m in reversed(replies[-8:]):
             if isinstance(m.get("content"), list):
@@ -149,14 +152,14 @@ class ChatFormatter:
             except RequestError:
                 continue
             before = self.replies.tokens_of(tenant, str(m.get("content") or ""), calls)
-            if not before or len(before) > len(ids):
+            if before is None or not len(before) or len(before) > len(ids):
                 continue
-            if ids[: len(before)] == before:
+            if np.array_equal(prompt[: len(before)], before):
                 return ids
             new = hf.decode(ids, skip_special_tokens=False) if new is None else new
-            old = hf.decode(before, skip_special_tokens=False)
+            old = hf.decode(before.tolist(), skip_special_tokens=False)
             if new.startswith(old):  # same text: the turn's own tokens, then the rest
-                return before + self.engine.encode_text(new[len(old) :], special=False)
+                return before.tolist() + self.engine.encode_text(new[len(old) :], special=False)
         return ids
 
     def _encode(
