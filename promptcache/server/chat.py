@@ -89,6 +89,7 @@ class ChatFormatter:
         )
         self.replies = ReplyMemory()
         self._warned = False
+        self._leads: dict[str, str | None] = {}  # template kwargs -> _reply_lead
         markers = set(self.parser.markers) | set(self.reasoning.markers)
         if hasattr(engine, "show_special_tokens"):  # a format's special-token markers: visible
             engine.show_special_tokens(markers)
@@ -229,6 +230,9 @@ class ChatFormatter:
         # the family's own frame around the constrained part: close an open think block
         # (the forced reply skips reasoning), harmony's final channel for a JSON answer
         prefix = self.reasoning.grammar_prefix(chat.reasoning_open, for_calls)
+        if self.reasoning.name == "think":
+            lead = self._reply_lead(chat)
+            prefix = lead if lead is not None and "</think>" in lead else prefix
         if prefix:
             if not for_calls:
                 schema = styled_schema(chat.response_schema or {})
@@ -237,6 +241,31 @@ class ChatFormatter:
             grammar = f"start: {lark_text(prefix, self._marker_tokens)} answer_body\n{body}"
         check_grammar(grammar)
         return grammar
+
+    def _reply_lead(self, chat: Chat) -> str | None:
+        """What the template writes between the generation prompt and an earlier reply's
+        content (GLM: ``\n<think></think>\n``; Qwen3.5 after its ``<think>\n``:
+        ``\n</think>\n\n``): a forced reply that starts with it re-renders to its own tokens.
+        None when the template does not render that way (or at all)."""
+        key = json.dumps(chat.template_kwargs, sort_keys=True, default=str)
+        if key in self._leads:
+            return self._leads[key]
+        hf = hf_tokenizer_of(self.engine.tokenizer)
+        user = {"role": "user", "content": "Hi."}
+        reply = {"role": "assistant", "content": "X7q"}
+        lead = None
+        try:
+            kw = dict(tokenize=False, **chat.template_kwargs)
+            gen = hf.apply_chat_template([user], add_generation_prompt=True, **kw)
+            past = hf.apply_chat_template([user, reply], add_generation_prompt=False, **kw)
+            if isinstance(gen, str) and isinstance(past, str) and past.startswith(gen):
+                at = past.find("X7q", len(gen))
+                lead = past[len(gen) : at] if at >= 0 else None
+        except Exception:  # a template that cannot render the probe: the parser's default
+            lead = None
+        if len(self._leads) < 64:
+            self._leads[key] = lead
+        return lead
 
     # -- reply ---------------------------------------------------------------------------------
 
