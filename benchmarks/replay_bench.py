@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from chat_shapes import CHAT_SHAPES  # noqa: E402
 from make_traces import SHAPES  # noqa: E402
 from policy_ceiling import HashFuture, OraclePolicy  # noqa: E402
 
@@ -50,8 +51,20 @@ def generated(name: str, scale: float) -> Callable[[], list[TraceRequest]]:
     def load() -> list[TraceRequest]:
         return [
             TraceRequest(int(d["timestamp"]), d["input_length"], d["output_length"], d["hash_ids"])
-            for d in SHAPES[name](0, scale, 64)
+            for d in SHAPES[name](0, scale, *([] if name in CHAT_SHAPES else [64]))
         ]
+
+    return load
+
+
+def mooncake_half(path: Path, half: str) -> Callable[[], list[TraceRequest]]:
+    """The trace's first half by time (``a``: the half policies were tuned on) or its second
+    (``b``: held out)."""
+
+    def load() -> list[TraceRequest]:
+        requests = list(read_trace(path))
+        mid = requests[len(requests) // 2].timestamp
+        return [r for r in requests if (r.timestamp < mid) == (half == "a")]
 
     return load
 
@@ -77,10 +90,14 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
         Shape("zipf", generated("zipf", 1.0), 64, (500 * k, 1000 * k, 2500 * k, 5000 * k)),
         Shape("shared_prefix", generated("shared_prefix", 1.0), 64, (300 * k, 600 * k, 1200 * k, 2400 * k)),
     ]  # fmt: skip
-    mooncake = SHARED / "mooncake" / "conversation_trace.jsonl"
+    chat = (1_000_000, 3_100_000, 10_000_000)  # the chat shapes are at the Mooncake block size
+    out += [Shape(name, generated(name, 1.0), 512, chat) for name in CHAT_SHAPES]
+    mooncake = Path(args.mooncake)
     if mooncake.exists():
         out.append(Shape("mooncake", lambda: list(read_trace(mooncake)), 512,
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
+        out.append(Shape("mooncake_a", mooncake_half(mooncake, "a"), 512, chat))
+        out.append(Shape("mooncake_b", mooncake_half(mooncake, "b"), 512, chat))
     if (SHARED / "tau_bench" / "gpt-4o-airline.json").exists():
         out.append(Shape("tau_agent", tau_trace, 512, (100_000, 250_000, 500_000, 1_000_000)))
     if args.trace:  # any other Mooncake-format trace, at the Mooncake capacities
@@ -98,14 +115,17 @@ def main() -> None:
     ap.add_argument("--aiperf", help="an `aiperf synthesize agentic-code` dataset.jsonl")
     ap.add_argument("--trace", help="another Mooncake-format trace (its own shape)")
     ap.add_argument("--block", type=int, default=512, help="block tokens for --trace")
+    ap.add_argument("--mooncake", default=str(SHARED / "mooncake" / "conversation_trace.jsonl"),
+                    help="the Mooncake conversation trace (whole, and each half by time)")  # fmt: skip
     ap.add_argument("--no-belady", action="store_true")
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
     fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
     cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
+    cols.append("default / belady")
     cols.append("cpu vs lru")
     print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
-    print("|---|---:|" + "---:|" * (len(cols) - 2) + "---|---:|")
+    print("|---|---:|" + "---:|" * len(cols))
     rows: list[dict[str, Any]] = []
     for shape in shapes(args):
         requests = shape.load()
@@ -144,6 +164,9 @@ def main() -> None:
             cells += [f"{row['belady']:.4f}" if "belady" in row else "-", best,
                       f"{row['shortfall']:+.4f}", row["mini"],
                       f"{row['cpu_vs_lru']:.2f}" if row["cpu_vs_lru"] else "-"]  # fmt: skip
+            if row.get("belady"):
+                row["of_optimum"] = row[DEFAULT_POLICY] / row["belady"]
+            cells.insert(-1, f"{row['of_optimum']:.3f}" if "of_optimum" in row else "-")
             print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
     print("\nReplay seconds (median over capacities) and speed relative to LRU:")
     print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")

@@ -5,8 +5,8 @@ Quality (as quant_bench.py measures cache blocks): teacher-forced perplexity of 
 turns of tau-bench conversations, each turn's prefix restored from the engine's own cache, and
 greedy agreement with float32 (turns identical, tokens before the first divergence). Speed: decode
 tok/s over ``--decode`` tokens after the first turn's prompt, the modes interleaved round by
-round (medians of ``--repeats``), the load average beside each; plus float32 decoding on a
-plain concatenating ``DynamicCache`` (the path a lone request took before the one-row batch).
+round (medians of ``--repeats``), the load average beside each; with ``--with-concat`` also
+float32 on a plain concatenating ``DynamicCache`` (the path a lone request took before).
 
     .venv/bin/python benchmarks/weights_bench.py \
         --conversation ../shared/data/tau_bench/gpt-4o-airline.json --indices 0,1 --turns 6
@@ -50,6 +50,12 @@ def decode_rate(engine: Any, prompt: list[int], num_tokens: int, concat: bool = 
     return num_tokens / (time.perf_counter() - t0)
 
 
+def max_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -61,6 +67,9 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=256, help="decode tokens timed per run")
     p.add_argument("--repeats", type=int, default=3, help="interleaved speed rounds")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto)")
+    p.add_argument("--with-concat", action="store_true",
+                   help="also time float32 on a concatenating DynamicCache (the old lone-request "
+                   "path: slow, and its reallocations can take many GB of RAM)")  # fmt: skip
     p.add_argument("--model", default=None, help="model (default: the bundled one)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
@@ -76,7 +85,7 @@ def main() -> int:
     engines = {}
     for mode in MODES:
         model, tokenizer = TorchEngine.load_weights(path, weights=mode)
-        engines[mode] = TorchEngine(model, tokenizer, model_id=path.name, ram_budget="4GB")
+        engines[mode] = TorchEngine(model, tokenizer, model_id=path.name, ram_budget="1GB")
     with open(args.conversation) as f:
         trajs = json.load(f)
     indices = [int(i) for i in args.indices.split(",")]
@@ -92,9 +101,12 @@ def main() -> int:
             q["nll"] += math.log(res["ppl"]) * res["tokens"]
             q["tokens"] += res["tokens"]
             q["greedy"] += res["greedy"]
-        print(f"{LABEL[mode]}: quality {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        print(f"{LABEL[mode]}: quality {time.perf_counter() - t0:.0f} s, max RSS "
+              f"{max_rss_mb():.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
     prompt = convs[0][0][0]
-    runs = {name: [] for name in (*MODES, "concat")}
+    runs: dict[str, list[float]] = {
+        n: [] for n in (*MODES, "concat")[: 4 if args.with_concat else 3]
+    }
     loads: list[float] = []
     for r in range(args.repeats):
         for name in runs:
@@ -102,8 +114,8 @@ def main() -> int:
             tuner.apply()
             runs[name].append(decode_rate(engine, prompt, args.decode, concat=name == "concat"))
             loads.append(os.getloadavg()[0])
-            print(f"round {r} {name}: {runs[name][-1]:.1f} tok/s, load {loads[-1]:.2f}",
-                  file=sys.stderr)  # fmt: skip
+            print(f"round {r} {name}: {runs[name][-1]:.1f} tok/s, load {loads[-1]:.2f}, "
+                  f"max RSS {max_rss_mb():.0f} MB", file=sys.stderr, flush=True)  # fmt: skip
     ref = quality["model"]
     rows = []
     for mode in MODES:
@@ -121,7 +133,7 @@ def main() -> int:
                 "decode_runs": runs[mode],
             }
         )  # fmt: skip
-    concat = statistics.median(runs["concat"])
+    concat = statistics.median(runs["concat"]) if args.with_concat else None
     f32 = rows[0]["decode_tok_s"]
     print(f"\nbundled model {path.name}: trajectories {indices} x {args.turns} turns, "
           f"{ref['tokens']} assistant tokens scored; decode {args.decode} tokens after a "
@@ -134,10 +146,11 @@ def main() -> int:
               f"{row['ppl_vs_f32']:+.2%} | {row['greedy_turns_same']:.0%} | "
               f"{row['greedy_tokens_lead']:.0%} | {row['decode_tok_s']:.1f} | "
               f"{row['decode_tok_s'] / f32:.2f}x |")  # fmt: skip
-    print(f"| float32, concatenating DynamicCache (before) | | | | | | {concat:.1f} | "
-          f"{concat / f32:.2f}x |")  # fmt: skip
+    if concat is not None:
+        print(f"| float32, concatenating DynamicCache (before) | | | | | | {concat:.1f} | "
+              f"{concat / f32:.2f}x |")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "concat": runs["concat"],
+        Path(args.json).write_text(json.dumps({"rows": rows, "concat": runs.get("concat"),
                                                "loads": loads}, indent=1))  # fmt: skip
     return 0
 

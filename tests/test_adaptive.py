@@ -37,6 +37,7 @@ CASES = [
     ("loop", 0.5, 8, 600, {}),
     ("zipf", 0.4, 8, 600, {}),
     ("shared_prefix", 0.15, 8, 400, {}),
+    ("chat_bursts", 0.1, 64, 1500, {}),  # short chats over a few system prompts, in bursts
 ]
 
 

@@ -234,6 +234,14 @@ class _Engine:
     def decode(self, ids):
         return self.tokenizer.decode(ids)
 
+    def encode_chat(self, messages, tools=None, **kw):
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                                  add_generation_prompt=True, **kw)  # fmt: skip
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_text(self, text, special=True):
+        return self.tokenizer.encode(text, add_special_tokens=special)
+
 
 def test_formats_detected_from_the_model_overridden_by_flags_and_logged(caplog):
     pytest.importorskip("transformers")
@@ -262,3 +270,39 @@ def test_unknown_parser_flag_is_exit_status_2(flag):
     run = subprocess.run([sys.executable, "-m", "promptcache.cli", "serve", flag, "nope"],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert run.returncode == 2 and "unknown" in run.stderr and "Traceback" not in run.stderr
+
+
+GLM_LIKE = (
+    "[gMASK]<sop>{% for m in messages %}{% if m.role == 'user' %}<|user|>\n{{ m.content }}"
+    "{% elif m.role == 'assistant' %}<|assistant|>\n<think>{{ m.reasoning_content or '' }}</think>\n"
+    "{{ m.content }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|assistant|>"
+    "{% if enable_thinking is defined and not enable_thinking %}{{ '\\n<think></think>\\n' }}"
+    "{% endif %}"
+    "{% endif %}"
+)
+
+
+def test_forced_reply_starts_as_the_template_renders_a_past_reply():
+    """GLM renders past replies with an empty think block: a forced call writes it first, so the
+    next turn re-renders the reply to its own tokens; Qwen3.5's closes the prompt's <think>."""
+    pytest.importorskip("transformers")
+    from agent_models import QWEN35_SPECIALS, QWEN35_TEMPLATE
+
+    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.server.chat import Chat, ChatFormatter
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    glm = ChatFormatter(_Engine(train_tiny_tokenizer(("<think>", "</think>"), GLM_LIKE)),
+                        tool_parser="glm45", reasoning_parser="think")  # fmt: skip
+    chat = Chat([{"role": "user", "content": "hi"}], tools, "required")
+    assert glm._reply_lead(chat) == "\n<think></think>\n"
+    ids = glm._marker_tokens  # <think> and </think> are single tokens: written by id
+    first = glm.grammar(chat).splitlines()[0]
+    assert first == f'start: "\\n" <[{ids["<think>"]}]> <[{ids["</think>"]}]> "\\n" answer_body'
+    off = Chat([{"role": "user", "content": "hi"}], tools, "required",
+               template_kwargs={"enable_thinking": False})  # fmt: skip
+    assert glm._reply_lead(off) == "" and glm.grammar(off).startswith("start: call")
+    qwen = ChatFormatter(_Engine(train_tiny_tokenizer(QWEN35_SPECIALS, QWEN35_TEMPLATE)))
+    chat = Chat([{"role": "user", "content": "hi"}], tools, "required")
+    qwen.render(chat)
+    assert chat.reasoning_open and qwen._reply_lead(chat) == "\n</think>\n\n"

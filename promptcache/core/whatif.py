@@ -33,7 +33,7 @@ from promptcache.core.sequence import TokenSeq
 log = logging.getLogger("promptcache.whatif")
 
 FACTORS = (0.5, 1.0, 2.0)
-MIN_SAMPLED_BLOCKS = 128  # in the 1x miniatures, which pick the leader
+MIN_SAMPLED_BLOCKS = 256  # in the 1x miniatures, which pick the leader (128 misranked on chat)
 MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature

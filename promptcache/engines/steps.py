@@ -49,13 +49,37 @@ class Steps:
         # the last request's live state and the sequence it covers: a hit that it also covers is
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self.live: tuple[Any, TokenSeq] | None = None
+        self.checkpoint_last = True  # see chunk_end (off: only chunk and prompt ends, to compare)
 
     # -- one request's part of a step (``batching.Batcher`` composes the step) ------------------
 
     def chunk_end(self, req: Request) -> int:
         """Where the next prefill chunk ends: the next multiple of ``prefill_chunk`` (chunks stay
-        aligned however the steps are composed, so checkpoints land on the same positions)."""
-        return min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        aligned however the steps are composed, so checkpoints land on the same positions).
+        A model with snapshot layers stops one token short of the prompt's end first: the
+        checkpoint saved there (``is_save_point``) lets a repeat or a regenerate reuse all but
+        the last token, whose logits are always computed, as an attention model does."""
+        end = min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        if end == req.num_prompt and req.pos < end - 1 and self._checkpoints_last(req):
+            return end - 1
+        return end
+
+    def _checkpoints_last(self, req: Request) -> bool:
+        return (
+            self.checkpoint_last and req.seq is not None and self.runner.layout.requires_checkpoint
+        )
+
+    def is_save_point(self, req: Request, end: int) -> bool:
+        """Whether the state at ``end`` is saved: a chunk's end, the prompt's, and for snapshot
+        layers the prompt's last computed position (its end minus the last token)."""
+        if req.seq is None:
+            return False
+        n = req.num_prompt
+        return (
+            end % self.prefill_chunk == 0
+            or end == n
+            or (end == n - 1 and self._checkpoints_last(req))
+        )
 
     @property
     def has_cache(self) -> bool:
@@ -172,7 +196,7 @@ class Steps:
             logits = self.runner.forward([req.state], [ids])[0]
         req.logits = logits
         req.pos = end
-        if req.seq is not None and (end % self.prefill_chunk == 0 or end == req.num_prompt):
+        if req.seq is not None and self.is_save_point(req, end):
             self.save(req.seq, req.state, req.pos)
 
     def final_save(self, req: Request) -> Outcome:

@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from promptcache.core.images import ImageSpan
 from promptcache.engines.base import RequestError
 from promptcache.engines.grammar import (
@@ -21,6 +23,13 @@ from promptcache.engines.grammar import (
     hf_tokenizer_of,
     json_schema_grammar,
     styled_schema,
+)
+from promptcache.server.chat_messages import (
+    as_parts,
+    has_late_system,
+    late_system_as_user,
+    results_as_user,
+    with_system_text,
 )
 from promptcache.server.continuity import ReplyMemory
 from promptcache.tools import ParsedReply, ToolCall, detect_formats, make_parser
@@ -87,6 +96,7 @@ class ChatFormatter:
         )
         self.replies = ReplyMemory()
         self._warned = False
+        self._leads: dict[str, str | None] = {}  # template kwargs -> _reply_lead
         markers = set(self.parser.markers) | set(self.reasoning.markers)
         if hasattr(engine, "show_special_tokens"):  # a format's special-token markers: visible
             engine.show_special_tokens(markers)
@@ -112,17 +122,17 @@ class ChatFormatter:
                     self.engine.model_id,
                     self.tool_format,
                 )
-            messages = _with_system_text(messages, self.parser.system_prompt(tools))
+            messages = with_system_text(messages, self.parser.system_prompt(tools))
             tools = None
         if not self.native_tools:
-            messages = _results_as_user(messages)
+            messages = results_as_user(messages)
         try:
             out = self._encode(messages, tools, chat.template_kwargs)
         except RequestError:
-            if not _has_late_system(messages):
+            if not has_late_system(messages):
                 raise
             # templates that allow a system message only first: later ones become user turns
-            out = self._encode(_late_system_as_user(messages), tools, chat.template_kwargs)
+            out = self._encode(late_system_as_user(messages), tools, chat.template_kwargs)
         tail = self.engine.decode(out.ids[-8:]) if self.reasoning.name != "none" else ""
         chat.reasoning_open = self.reasoning.is_open(tail)
         if not out.images:
@@ -140,6 +150,7 @@ class ChatFormatter:
         if not hasattr(hf, "decode"):
             return ids
         new: str | None = None
+        prompt = np.asarray(ids, dtype=np.uint32)
         replies = [m for m in chat.messages if m.get("role") == "assistant"]
         for m in reversed(replies[-8:]):
             if isinstance(m.get("content"), list):
@@ -149,14 +160,14 @@ class ChatFormatter:
             except RequestError:
                 continue
             before = self.replies.tokens_of(tenant, str(m.get("content") or ""), calls)
-            if not before or len(before) > len(ids):
+            if before is None or not len(before) or len(before) > len(ids):
                 continue
-            if ids[: len(before)] == before:
+            if np.array_equal(prompt[: len(before)], before):
                 return ids
             new = hf.decode(ids, skip_special_tokens=False) if new is None else new
-            old = hf.decode(before, skip_special_tokens=False)
+            old = hf.decode(before.tolist(), skip_special_tokens=False)
             if new.startswith(old):  # same text: the turn's own tokens, then the rest
-                return before + self.engine.encode_text(new[len(old) :], special=False)
+                return before.tolist() + self.engine.encode_text(new[len(old) :], special=False)
         return ids
 
     def _encode(
@@ -174,7 +185,7 @@ class ChatFormatter:
                 return Rendered(self.engine.encode_chat(messages, tools, **template_kwargs))
             return Rendered(self.engine.encode_chat(messages, tools))
         # vision templates iterate content parts: every message in parts, images as bare parts
-        plain = [{**m, "content": _as_parts(m.get("content"))} for m in messages]
+        plain = [{**m, "content": as_parts(m.get("content"))} for m in messages]
         ids, spans = self.engine.encode_chat_images(plain, tools, images)
         return Rendered(ids, tuple(spans))
 
@@ -226,6 +237,9 @@ class ChatFormatter:
         # the family's own frame around the constrained part: close an open think block
         # (the forced reply skips reasoning), harmony's final channel for a JSON answer
         prefix = self.reasoning.grammar_prefix(chat.reasoning_open, for_calls)
+        if self.reasoning.name == "think":
+            lead = self._reply_lead(chat)
+            prefix = lead if lead is not None and "</think>" in lead else prefix
         if prefix:
             if not for_calls:
                 schema = styled_schema(chat.response_schema or {})
@@ -234,6 +248,31 @@ class ChatFormatter:
             grammar = f"start: {lark_text(prefix, self._marker_tokens)} answer_body\n{body}"
         check_grammar(grammar)
         return grammar
+
+    def _reply_lead(self, chat: Chat) -> str | None:
+        """What the template writes between the generation prompt and an earlier reply's
+        content (GLM: ``\n<think></think>\n``; Qwen3.5 after its ``<think>\n``:
+        ``\n</think>\n\n``): a forced reply that starts with it re-renders to its own tokens.
+        None when the template does not render that way (or at all)."""
+        key = json.dumps(chat.template_kwargs, sort_keys=True, default=str)
+        if key in self._leads:
+            return self._leads[key]
+        hf = hf_tokenizer_of(self.engine.tokenizer)
+        user = {"role": "user", "content": "Hi."}
+        reply = {"role": "assistant", "content": "X7q"}
+        lead = None
+        try:
+            kw = dict(tokenize=False, **chat.template_kwargs)
+            gen = hf.apply_chat_template([user], add_generation_prompt=True, **kw)
+            past = hf.apply_chat_template([user, reply], add_generation_prompt=False, **kw)
+            if isinstance(gen, str) and isinstance(past, str) and past.startswith(gen):
+                at = past.find("X7q", len(gen))
+                lead = past[len(gen) : at] if at >= 0 else None
+        except Exception:  # a template that cannot render the probe: the parser's default
+            lead = None
+        if len(self._leads) < 64:
+            self._leads[key] = lead
+        return lead
 
     # -- reply ---------------------------------------------------------------------------------
 
@@ -340,65 +379,3 @@ def _closed(schema: Any) -> Any:
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
-
-
-def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{text}".lstrip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
-
-
-def _results_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool results as user turns in <tool_response> tags (what the fallback prompt teaches);
-    results in a row, and the user text right after them, share one turn."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        if m.get("role") != "tool":
-            if m.get("role") == "user" and out and out[-1].get("_results"):
-                out[-1]["content"] = _concat(out[-1]["content"], m.get("content"), "\n")
-                out[-1].pop("_results")
-                continue
-            out.append(m)
-            continue
-        block = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
-        if out and out[-1].get("_results"):
-            out[-1]["content"] += "\n" + block
-        else:
-            out.append({"role": "user", "content": block, "_results": True})
-    for m in out:
-        m.pop("_results", None)
-    return out
-
-
-def _has_late_system(messages: list[dict[str, Any]]) -> bool:
-    return any(m.get("role") == "system" for m in messages[1:])
-
-
-def _late_system_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        if i and m.get("role") == "system":
-            m = {"role": "user", "content": f"<system>\n{m.get('content') or ''}\n</system>"}
-        if out and m["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {"role": "user", "content": _concat(out[-1]["content"], m["content"], "\n\n")}
-        else:
-            out.append(m)
-    return out
-
-
-def _as_parts(content: Any) -> list[dict[str, Any]]:
-    """Content as template parts: text as is, images as bare ``{"type": "image"}``."""
-    if not isinstance(content, list):
-        return [{"type": "text", "text": str(content or "")}]
-    return [{"type": "image"} if p.get("type") == "image" else p for p in content]
-
-
-def _concat(a: Any, b: Any, sep: str) -> Any:
-    """Two message contents joined by ``sep``: a string, or parts when either has images."""
-    if not isinstance(a, list) and not isinstance(b, list):
-        return f"{a or ''}{sep}{b or ''}"
-    left = a if isinstance(a, list) else [{"type": "text", "text": str(a or "")}]
-    right = b if isinstance(b, list) else [{"type": "text", "text": str(b or "")}]
-    return [*left, {"type": "text", "text": sep}, *right]

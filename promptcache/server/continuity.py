@@ -117,10 +117,10 @@ class ReplyMemory:
         reply = self._get(tenant, content, calls)
         return reply.raw if reply is not None else None
 
-    def tokens_of(self, tenant: str, content: str, calls: list[ToolCall]) -> list[int] | None:
-        """The prompt + generated ids of the turn that produced a remembered reply, or None."""
+    def tokens_of(self, tenant: str, content: str, calls: list[ToolCall]) -> np.ndarray | None:
+        """The prompt + generated ids (uint32) of the turn that produced a remembered reply."""
         reply = self._get(tenant, content, calls)
-        return [int(t) for t in reply.tokens] if reply is not None else None
+        return reply.tokens if reply is not None else None
 
     def reasoning(self, tenant: str, content: str, calls: list[ToolCall]) -> str | None:
         """The reasoning of a remembered reply the client sends back without it, or None."""

@@ -32,7 +32,9 @@ from promptcache.core.policy import EvictionPolicy, make_policy, register_policy
 if TYPE_CHECKING:
     from promptcache.core.whatif import WhatIf
 
-CANDIDATES = ("lru", "s3fifo", "frecency")
+# the first is in charge until the miniatures pick: frecency, which is LRU for blocks used once
+# and held or beat LRU on every chat trace, where starting at LRU cost the cold start (Mooncake)
+CANDIDATES = ("frecency", "lru", "s3fifo")
 HISTORY_FACTOR = 8  # evicted hashes remembered per resident block (as frecency's own history)
 HISTORY_MIN = 64
 

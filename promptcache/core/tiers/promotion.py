@@ -52,7 +52,7 @@ def plan(
     """Under the cache's lock: the longest continuation of ``seq`` in ``tiers`` (nearest
     first) if it beats ``ram_match``, with its RAM reserved and its parent pinned; None
     otherwise."""
-    full = ram.tree.full_path(seq, seq.num_full_blocks)
+    full = ram.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
     parent_hash = node.block_hash if node is not None else seq.root
     best: tuple[int, LowerTier, list[StoredBlock]] | None = None

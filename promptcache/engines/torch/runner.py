@@ -226,7 +226,12 @@ class TorchRunner:
         # one-token steps (decode) on a full-attention model: one forward over the rows of a
         # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
         # copies the whole context every token); any other mix one sequence at a time
-        if all(len(x) == 1 for x in ids) and self._batches:
+        # (a one-token prompt's first forward has no keys yet to gather: it runs alone)
+        if (
+            self._batches
+            and all(len(x) == 1 for x in ids)
+            and all(s.get_seq_length() > 0 for s in states)
+        ):
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
             )

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
+from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.policy import EvictionPolicy, make_policy
@@ -79,6 +80,21 @@ class RamTier:
 
     def get(self, block_hash: BlockHash) -> Block | None:
         return self.tree.index.get(block_hash)
+
+    def full_path(self, seq: TokenSeq, num_full: int) -> list[Block]:
+        """The resident whole blocks of ``seq``'s first ``num_full``, from its root."""
+        return self.tree.full_path(seq, num_full)
+
+    def find_partial(
+        self, seq: TokenSeq, parent: BlockHash, start: int, end: int, longer: bool
+    ) -> Block | None:
+        """A resident block under ``parent`` holding positions [start, end) (``chain``)."""
+        return find_partial(self.tree, seq, parent, start, end, longer=longer)
+
+    def count_blocks(self) -> tuple[int, int]:
+        """(resident blocks, those pinned by a request)."""
+        index = self.tree.index
+        return len(index), sum(1 for b in index.values() if b.ref_count)
 
     def touch(self, blocks: tuple[Block, ...] | list[Block], is_hit: bool) -> None:
         """A chain of blocks was used (a lookup hit, or a save)."""
