@@ -137,3 +137,26 @@ def test_turn_two_reuses_prompt_and_reply(pair, path):
     assert first["completion_tokens"] == MAX_TOKENS  # a reply long enough to have odd splits
     # all but the new user message: the whole previous prompt and the reply's own tokens
     assert second["cached_tokens"] == first["prompt_tokens"] + first["completion_tokens"]
+
+
+def test_reply_cut_by_a_stop_string_keeps_its_tokens(pair):
+    """The turn's tokens run past the text the client got (they hold the stop string): turn 2
+    keeps all of them up to it, not just those before the first re-tokenized split."""
+    on, off = pair
+    c_on, c_off = (openai.OpenAI(base_url=s.url + "/v1", api_key="x") for s in pair)
+    history: list[dict[str, Any]] = [{"role": "user", "content": f"{QUESTION} (stop)"}]
+    whole = chat_plain(off.url, history)
+    stop = whole[-5:]
+    kw: dict[str, Any] = {"model": "m", "max_tokens": MAX_TOKENS, "temperature": 0}
+    reply = c_on.chat.completions.create(messages=history, stop=[stop], **kw)  # type: ignore[arg-type]
+    cut = reply.choices[0].message.content or ""
+    assert reply.choices[0].finish_reason == "stop" and stop not in cut
+    off_reply = c_off.chat.completions.create(messages=history, stop=[stop], **kw)  # type: ignore[arg-type]
+    assert cut == off_reply.choices[0].message.content
+    first = last_record(on.url)
+    history += [{"role": "assistant", "content": cut}, {"role": "user", "content": "And then?"}]
+    assert chat_plain(on.url, history) == chat_plain(off.url, history)
+    second = last_record(on.url)
+    # the stop string's few tokens may be re-split; every token before them is kept
+    kept = second["cached_tokens"] - first["prompt_tokens"]
+    assert first["completion_tokens"] - len(stop) <= kept <= first["completion_tokens"]

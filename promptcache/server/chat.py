@@ -31,7 +31,7 @@ from promptcache.server.chat_messages import (
     results_as_user,
     with_system_text,
 )
-from promptcache.server.continuity import ReplyMemory
+from promptcache.server.continuity import ReplyMemory, text_prefix
 from promptcache.tools import ParsedReply, ToolCall, detect_formats, make_parser
 from promptcache.tools.base import lark_text
 from promptcache.tools.reasoning import make_reasoning
@@ -168,6 +168,13 @@ class ChatFormatter:
             old = hf.decode(before.tolist(), skip_special_tokens=False)
             if new.startswith(old):  # same text: the turn's own tokens, then the rest
                 return before.tolist() + self.engine.encode_text(new[len(old) :], special=False)
+            # the turn ran past what the client got back (a stop string, another end token):
+            # the most of its tokens whose text still starts the prompt
+            k = text_prefix(lambda t: hf.decode(t, skip_special_tokens=False), before, new)
+            if k:
+                head = hf.decode(before[:k].tolist(), skip_special_tokens=False)
+                rest = self.engine.encode_text(new[len(head) :], special=False)
+                return before[:k].tolist() + rest
         return ids
 
     def _encode(

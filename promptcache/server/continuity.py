@@ -173,3 +173,18 @@ class ReplyMemory:
                 "exact_turns": self.num_exact,
                 "recent_gaps": [g.to_dict() for g in self.gaps],
             }
+
+
+def text_prefix(
+    decode: Callable[[list[int]], str], ids: np.ndarray, text: str, max_back: int = 64
+) -> int:
+    """The most of ``ids`` (dropping at most ``max_back`` from the end) whose text starts
+    ``text``; 0 when none. Tails are decoded alone, then the one chosen is checked whole."""
+    h = max(len(ids) - max_back, 0)
+    head = decode(ids[:h].tolist())
+    if not text.startswith(head):
+        return 0
+    for k in range(len(ids) - 1, h, -1):
+        if text.startswith(head + decode(ids[h:k].tolist())):
+            return k if text.startswith(decode(ids[:k].tolist())) else 0
+    return 0
