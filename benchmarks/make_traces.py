@@ -16,8 +16,10 @@ policy on all of them (tests/test_adaptive.py, benchmarks/replay_bench.py):
     .venv/bin/python benchmarks/make_traces.py --shape coding_agent --out coding_agent.jsonl
     .venv/bin/python benchmarks/make_traces.py --all traces/   # every shape, default sizes
 
-``--scale`` shrinks or grows the number of sessions/requests; ``--block`` is the tokens per hash
-id (64 by default: replay with ``--block-size 64 --trace-block-tokens 64``).
+The chat shapes (``chat_bursts``, ``chat_agent``, ``diurnal``, ``scan_bursts``) are in
+``chat_shapes.py``. ``--scale`` shrinks or grows the number of sessions/requests; ``--block`` is
+the tokens per hash id (by default 64, 512 for the chat shapes: replay with ``--block-size B
+--trace-block-tokens B``).
 """
 
 from __future__ import annotations

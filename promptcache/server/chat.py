@@ -24,6 +24,13 @@ from promptcache.engines.grammar import (
     json_schema_grammar,
     styled_schema,
 )
+from promptcache.server.chat_messages import (
+    as_parts,
+    has_late_system,
+    late_system_as_user,
+    results_as_user,
+    with_system_text,
+)
 from promptcache.server.continuity import ReplyMemory
 from promptcache.tools import ParsedReply, ToolCall, detect_formats, make_parser
 from promptcache.tools.base import lark_text
@@ -115,17 +122,17 @@ class ChatFormatter:
                     self.engine.model_id,
                     self.tool_format,
                 )
-            messages = _with_system_text(messages, self.parser.system_prompt(tools))
+            messages = with_system_text(messages, self.parser.system_prompt(tools))
             tools = None
         if not self.native_tools:
-            messages = _results_as_user(messages)
+            messages = results_as_user(messages)
         try:
             out = self._encode(messages, tools, chat.template_kwargs)
         except RequestError:
-            if not _has_late_system(messages):
+            if not has_late_system(messages):
                 raise
             # templates that allow a system message only first: later ones become user turns
-            out = self._encode(_late_system_as_user(messages), tools, chat.template_kwargs)
+            out = self._encode(late_system_as_user(messages), tools, chat.template_kwargs)
         tail = self.engine.decode(out.ids[-8:]) if self.reasoning.name != "none" else ""
         chat.reasoning_open = self.reasoning.is_open(tail)
         if not out.images:
@@ -178,7 +185,7 @@ class ChatFormatter:
                 return Rendered(self.engine.encode_chat(messages, tools, **template_kwargs))
             return Rendered(self.engine.encode_chat(messages, tools))
         # vision templates iterate content parts: every message in parts, images as bare parts
-        plain = [{**m, "content": _as_parts(m.get("content"))} for m in messages]
+        plain = [{**m, "content": as_parts(m.get("content"))} for m in messages]
         ids, spans = self.engine.encode_chat_images(plain, tools, images)
         return Rendered(ids, tuple(spans))
 
@@ -372,65 +379,3 @@ def _closed(schema: Any) -> Any:
     if "properties" in out and "additionalProperties" not in out:
         out["additionalProperties"] = False
     return out
-
-
-def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    if messages and messages[0].get("role") == "system":
-        first = dict(messages[0])
-        first["content"] = f"{first.get('content') or ''}\n\n{text}".lstrip()
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": text}, *messages]
-
-
-def _results_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Tool results as user turns in <tool_response> tags (what the fallback prompt teaches);
-    results in a row, and the user text right after them, share one turn."""
-    out: list[dict[str, Any]] = []
-    for m in messages:
-        if m.get("role") != "tool":
-            if m.get("role") == "user" and out and out[-1].get("_results"):
-                out[-1]["content"] = _concat(out[-1]["content"], m.get("content"), "\n")
-                out[-1].pop("_results")
-                continue
-            out.append(m)
-            continue
-        block = f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"
-        if out and out[-1].get("_results"):
-            out[-1]["content"] += "\n" + block
-        else:
-            out.append({"role": "user", "content": block, "_results": True})
-    for m in out:
-        m.pop("_results", None)
-    return out
-
-
-def _has_late_system(messages: list[dict[str, Any]]) -> bool:
-    return any(m.get("role") == "system" for m in messages[1:])
-
-
-def _late_system_as_user(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    for i, m in enumerate(messages):
-        if i and m.get("role") == "system":
-            m = {"role": "user", "content": f"<system>\n{m.get('content') or ''}\n</system>"}
-        if out and m["role"] == "user" and out[-1]["role"] == "user":
-            out[-1] = {"role": "user", "content": _concat(out[-1]["content"], m["content"], "\n\n")}
-        else:
-            out.append(m)
-    return out
-
-
-def _as_parts(content: Any) -> list[dict[str, Any]]:
-    """Content as template parts: text as is, images as bare ``{"type": "image"}``."""
-    if not isinstance(content, list):
-        return [{"type": "text", "text": str(content or "")}]
-    return [{"type": "image"} if p.get("type") == "image" else p for p in content]
-
-
-def _concat(a: Any, b: Any, sep: str) -> Any:
-    """Two message contents joined by ``sep``: a string, or parts when either has images."""
-    if not isinstance(a, list) and not isinstance(b, list):
-        return f"{a or ''}{sep}{b or ''}"
-    left = a if isinstance(a, list) else [{"type": "text", "text": str(a or "")}]
-    right = b if isinstance(b, list) else [{"type": "text", "text": str(b or "")}]
-    return [*left, {"type": "text", "text": sep}, *right]

@@ -102,7 +102,7 @@ def _row(r: tuple[Any, ...] | list[Any]) -> Row:
     )
 
 
-class SsdIndex(IndexSessions):
+class SsdIndex:
     """With a ``cipher`` the index holds no token ids: tokens and extra keys are encrypted
     (bound to the block's hash), the children index keys on a keyed digest of the first token,
     session ids are keyed digests. The chain walk still works: rows are found by hash or by
@@ -132,6 +132,7 @@ class SsdIndex(IndexSessions):
         self._db.execute(f"PRAGMA user_version = {INDEX_VERSION}")
         if adopt_key:
             self._check_key()
+        self.sessions = IndexSessions(self._db, self._lock, _COLS, self._row, self._skey, self.get)
         for suffix in ("-wal", "-shm"):
             side = path.with_name(path.name + suffix)
             if side.exists():
@@ -175,6 +176,29 @@ class SsdIndex(IndexSessions):
 
     def _skey(self, session: str) -> str:
         return self.cipher.name_tag(session) if self.cipher is not None else session
+
+    # -- sessions, TTL hints, subtrees: the ``IndexSessions`` part's --------------------------
+
+    def tag(self, hashes: list[BlockHash], session: str, ttl_s: float | None, now: float) -> None:
+        self.sessions.tag(hashes, session, ttl_s, now)
+
+    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
+        return self.sessions.session_blocks(session)
+
+    def forget_session(self, session: str) -> None:
+        self.sessions.forget_session(session)
+
+    def subtree(self, hashes: Iterable[BlockHash]) -> list[Row]:
+        return self.sessions.subtree(hashes)
+
+    def rows_of_root(self, root: BlockHash) -> list[Row]:
+        return self.sessions.rows_of_root(root)
+
+    def expired(self, now: float) -> list[Row]:
+        return self.sessions.expired(now)
+
+    def orphan_tags(self) -> int:
+        return self.sessions.orphan_tags()
 
     def close(self) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
-"""Session tags, TTL hints and subtrees in the SSD index (a mixin: ``SsdIndex`` owns the
-connection). Tags and TTLs are rows only for indexed blocks (``INSERT ... WHERE EXISTS``) and
+"""Session tags, TTL hints and subtrees in the SSD index (``IndexSessions``, a part of
+``SsdIndex`` over its connection). Tags and TTLs are rows only for indexed blocks (``INSERT ... WHERE EXISTS``) and
 go with their block (``SsdIndex.delete``), so the tables never outlive what they describe.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from promptcache.core.hashing import BlockHash
@@ -29,18 +29,24 @@ TTL_SQL = (
 
 
 class IndexSessions:
-    _db: sqlite3.Connection
-    _lock: threading.Lock
-    _cols: str  # the block columns ``_row`` reads, in order
+    """A part of ``SsdIndex``, over its connection and lock (given explicitly): tags, TTL
+    hints, subtrees, expired rows."""
 
-    def _row(self, r: tuple[Any, ...]) -> Row:
-        raise NotImplementedError
-
-    def _skey(self, session: str) -> str:
-        raise NotImplementedError
-
-    def get(self, block_hash: BlockHash) -> Row | None:
-        raise NotImplementedError
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        lock: threading.Lock,
+        cols: str,
+        row: Callable[[tuple[Any, ...]], Row],
+        skey: Callable[[str], str],
+        get: Callable[[BlockHash], Row | None],
+    ) -> None:
+        self._db = db
+        self._lock = lock
+        self._cols = cols  # the block columns ``row`` reads, in order
+        self._row = row
+        self._skey = skey  # a session id as stored (a keyed digest under a cipher)
+        self.get = get
 
     def tag(self, hashes: list[BlockHash], session: str, ttl_s: float | None, now: float) -> None:
         """Record a use of these blocks (those indexed): last access, session tag, TTL hint."""
