@@ -20,7 +20,12 @@ from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, anthropic_ima
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import Reply, ServerState
-from promptcache.server.streaming import keep_alive, start_first, stream_error
+from promptcache.server.streaming import (
+    await_finished,
+    keep_alive,
+    start_first,
+    stream_error,
+)
 from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
@@ -237,11 +242,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     model = req.model or state.model_id
     events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
-        fin = None
-        async for ev in events:
-            if isinstance(ev, Finished):
-                fin = ev
-        assert fin is not None
+        fin = await await_finished(events)
         reply = state.finish_reply(chat, prep, fin, "toolu_")
         reason, seq = stop_info(fin, reply, prep.is_capped)
         return JSONResponse(

@@ -24,7 +24,12 @@ from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, o
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
-from promptcache.server.streaming import keep_alive, start_first, stream_error
+from promptcache.server.streaming import (
+    await_finished,
+    keep_alive,
+    start_first,
+    stream_error,
+)
 from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
@@ -192,11 +197,7 @@ async def _respond(
     obj = "chat.completion" if chat else "text_completion"
     events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
-        fin = None
-        async for ev in events:
-            if isinstance(ev, Finished):
-                fin = ev
-        assert fin is not None
+        fin = await await_finished(events)
         choice: dict[str, Any] = {"index": 0, "logprobs": None}
         if chat is not None:
             reply = state.finish_reply(chat, prep, fin, "call_")

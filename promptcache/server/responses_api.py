@@ -34,7 +34,12 @@ from promptcache.server.responses_items import (
 from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
-from promptcache.server.streaming import keep_alive, start_first, stream_error
+from promptcache.server.streaming import (
+    await_finished,
+    keep_alive,
+    start_first,
+    stream_error,
+)
 from promptcache.tools import ParsedReply, ReplyStreamer
 
 IGNORED_HEADER = "x-promptcache-ignored-tools"
@@ -122,11 +127,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
 
     events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
-        fin = None
-        async for ev in events:
-            if isinstance(ev, Finished):
-                fin = ev
-        assert fin is not None
+        fin = await await_finished(events)
         status = "completed" if fin.reason == "stop" else "incomplete"
         body, _ = finish(fin, lambda reply: output_items(reply, tools, status))
         return JSONResponse(body, headers=headers)

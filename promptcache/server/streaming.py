@@ -101,6 +101,16 @@ async def keep_alive(first: asyncio.Future[Event], line: str) -> AsyncIterator[s
             first.cancel()
 
 
+async def await_finished(events: AsyncIterator[Event]) -> Finished:
+    """Run a non-streamed generation to its end: its Finished event (the others are dropped)."""
+    fin = None
+    async for ev in events:
+        if isinstance(ev, Finished):
+            fin = ev
+    assert fin is not None  # every generation ends with Finished or raises
+    return fin
+
+
 def stream_error(exc: Exception, stream_id: str) -> tuple[str, str]:
     """(message, error type) for an error event in a started stream; logged here."""
     if isinstance(exc, EngineTimeoutError):
