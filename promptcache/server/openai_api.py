@@ -118,18 +118,11 @@ def to_chat(req: ChatCompletionRequest, images: ImagePolicy = TEXT_ONLY) -> Chat
     if req.reasoning_effort is not None:
         chat.template_kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     fmt = req.response_format or {"type": "text"}
-    kind = fmt.get("type")
-    if kind == "json_schema":
-        schema = (fmt.get("json_schema") or {}).get("schema")
-        if not isinstance(schema, dict):
-            raise RequestError("response_format.json_schema.schema must be a JSON schema object")
-        chat.response_schema = schema
-    elif kind == "json_object":
-        chat.response_schema = {"type": "object"}
-    elif kind != "text":
-        raise RequestError(
-            f"response_format.type must be text, json_object or json_schema, not {kind!r}"
-        )
+    inner = fmt.get("json_schema")
+    schema = inner.get("schema") if isinstance(inner, dict) else None
+    apply_format(
+        chat, fmt.get("type"), schema, "response_format", "response_format.json_schema.schema"
+    )
     return chat
 
 
@@ -186,6 +179,19 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     tenant = state.tenant_of(request, req.user)
     prep = state.prepare_ids(request, prompt, params, tenant, req.max_tokens is not None)
     return await _respond(state, request, req, prep, None)
+
+
+def apply_format(chat: Chat, kind: Any, schema: Any, field: str, schema_field: str) -> None:
+    """Constrain chat's reply by an OpenAI output format of type text (free), json_object or
+    json_schema (`schema`); field and schema_field name the request's fields in errors."""
+    if kind == "json_schema":
+        if not isinstance(schema, dict):
+            raise RequestError(f"{schema_field} must be a JSON schema object")
+        chat.response_schema = schema
+    elif kind == "json_object":
+        chat.response_schema = {"type": "object"}
+    elif kind != "text":
+        raise RequestError(f"{field}.type must be text, json_object or json_schema, not {kind!r}")
 
 
 async def _respond(

@@ -19,6 +19,7 @@ from typing import Any
 from promptcache.engines.base import RequestError
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
+from promptcache.server.openai_api import apply_format
 from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.state import Reply
 
@@ -111,7 +112,8 @@ def to_chat(
     chat = Chat(messages, tools.functions)
     chat.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
     _apply_tool_choice(chat, req.tool_choice)
-    _apply_format(chat, (req.text or {}).get("format"))
+    fmt = (req.text or {}).get("format") or {"type": "text"}
+    apply_format(chat, fmt.get("type"), fmt.get("schema"), "text.format", "text.format.schema")
     return chat, added
 
 
@@ -232,22 +234,6 @@ def _apply_tool_choice(chat: Chat, choice: Any) -> None:
             f"tool_choice must be none, auto, required or a named tool, not {choice!r}"
         )
     chat.tool_choice = choice
-
-
-def _apply_format(chat: Chat, fmt: Any) -> None:
-    fmt = fmt or {"type": "text"}
-    kind = fmt.get("type")
-    if kind == "json_schema":
-        schema = fmt.get("schema")
-        if not isinstance(schema, dict):
-            raise RequestError("text.format.schema must be a JSON schema object")
-        chat.response_schema = schema
-    elif kind == "json_object":
-        chat.response_schema = {"type": "object"}
-    elif kind != "text":
-        raise RequestError(
-            f"text.format.type must be text, json_object or json_schema, not {kind!r}"
-        )
 
 
 # -- output ------------------------------------------------------------------------------------
