@@ -22,9 +22,9 @@ from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import Reply, ServerState
 from promptcache.server.streaming import (
     await_finished,
+    error_as_line,
     keep_alive,
     start_first,
-    stream_error,
 )
 from promptcache.tools import ParsedReply, ReplyStreamer
 
@@ -256,13 +256,8 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     parser = state.formatter.parser if chat.can_call_tools else None
     streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
 
-    async def stream() -> AsyncIterator[str]:
-        try:
-            async for line in body():
-                yield line
-        except Exception as exc:  # once streaming, an error is an event and a clean end
-            message, kind = stream_error(exc, mid)
-            yield event("error", {"error": {"type": kind, "message": message}})
+    def error(message: str, kind: str) -> str:
+        return event("error", {"error": {"type": kind, "message": message}})
 
     async def body() -> AsyncIterator[str]:
         async for line in keep_alive(opening, event("ping", {})):  # SDKs skip pings
@@ -337,4 +332,6 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                 )  # fmt: skip
                 yield event("message_stop", {})
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)
+    return StreamingResponse(
+        error_as_line(body(), mid, error), media_type="text/event-stream", headers=prep.headers
+    )

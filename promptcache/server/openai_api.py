@@ -26,9 +26,9 @@ from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
 from promptcache.server.streaming import (
     await_finished,
+    error_as_line,
     keep_alive,
     start_first,
-    stream_error,
 )
 from promptcache.tools import ParsedReply, ReplyStreamer
 
@@ -242,14 +242,8 @@ async def _respond(
             out["usage"] = None
         return out
 
-    async def stream() -> AsyncIterator[str]:
-        try:
-            async for line in body():
-                yield line
-        except Exception as exc:  # once streaming, an error is an event and a clean end
-            message, kind = stream_error(exc, rid)
-            yield sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
-        yield "data: [DONE]\n\n"
+    def error(message: str, kind: str) -> str:
+        return sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
 
     async def body() -> AsyncIterator[str]:
         async for line in keep_alive(first, ": prefill\n\n"):  # an SSE comment: clients skip it
@@ -285,4 +279,5 @@ async def _respond(
                          "model": model, "choices": [], "usage": usage(ev)}
                     )  # fmt: skip
 
-    return StreamingResponse(stream(), media_type="text/event-stream", headers=prep.headers)
+    lines = error_as_line(body(), rid, error, end="data: [DONE]\n\n")
+    return StreamingResponse(lines, media_type="text/event-stream", headers=prep.headers)

@@ -111,6 +111,20 @@ async def await_finished(events: AsyncIterator[Event]) -> Finished:
     return fin
 
 
+async def error_as_line(
+    lines: AsyncIterator[str], stream_id: str, error_line: Callable[[str, str], str], end: str = ""
+) -> AsyncIterator[str]:
+    """lines, then `end`; once streaming, an error is one error_line(message, type) and a clean
+    end, never a broken connection."""
+    try:
+        async for line in lines:
+            yield line
+    except Exception as exc:
+        yield error_line(*stream_error(exc, stream_id))
+    if end:
+        yield end
+
+
 def stream_error(exc: Exception, stream_id: str) -> tuple[str, str]:
     """(message, error type) for an error event in a started stream; logged here."""
     if isinstance(exc, EngineTimeoutError):
