@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -118,6 +118,47 @@ def cut_calls(text: str, spans: list[tuple[int, int]]) -> str:
         return text
     pieces.append(text[pos:].lstrip())
     return join_content(pieces)
+
+
+def parse_blocks(
+    text: str, marker: str, read: Callable[[str, int], tuple[list[ToolCall], int] | None]
+) -> ParsedReply:
+    """Split text at each `marker`: read(text, pos just past it) gives the calls written there and
+    the index past them, or None (or raises ValueError) when malformed; then the marker stays text."""
+    spans: list[tuple[int, int]] = []
+    calls: list[ToolCall] = []
+    pos = 0
+    while (start := text.find(marker, pos)) >= 0:
+        pos = start + len(marker)
+        try:
+            found = read(text, pos)
+        except ValueError:
+            found = None
+        if found is not None:
+            calls += found[0]
+            pos = found[1]
+            spans.append((start, pos))
+    return ParsedReply(cut_calls(text, spans), calls)
+
+
+def read_params(
+    text: str,
+    pos: int,
+    opener: re.Pattern[str],
+    close: str,
+    typed: Callable[[str, str], Any],
+) -> tuple[dict, int]:
+    """Key/value elements in a row from pos: `opener` matches up to a value (group 1 the key),
+    `close` ends it; typed(key, raw text) gives the value. Raises ValueError on an unclosed one."""
+    args: dict = {}
+    while (opened := opener.match(text, skip_ws(text, pos))) is not None:
+        end = text.find(close, opened.end())
+        if end < 0:
+            raise ValueError("unclosed value")
+        key = opened.group(1).strip()
+        args[key] = typed(key, text[opened.end() : end])
+        pos = end + len(close)
+    return args, pos
 
 
 def tool_functions(tools: list[dict], name: str | None = None) -> list[dict]:

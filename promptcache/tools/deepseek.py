@@ -21,10 +21,10 @@ from .base import (
     ParsedReply,
     ToolCall,
     canonical,
-    cut_calls,
     decode_json,
     grammar_of_calls,
     make_call,
+    parse_blocks,
     skip_ws,
     tool_functions,
     tools_json_lines,
@@ -74,17 +74,8 @@ class DeepSeekParser:
         return calls, pos + len(END)
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(BEGIN, pos)) >= 0:
-            pos = start + len(BEGIN)  # if the calls are malformed, the marker stays as text
-            found = self._calls_at(text, pos)
-            if found:
-                calls += found[0]
-                pos = found[1]
-                spans.append((start, pos))
-        return ParsedReply(cut_calls(text, spans), calls)
+        # if what follows a marker is malformed, the marker stays as text
+        return parse_blocks(text, BEGIN, self._calls_at)
 
     def _around(self, name: str) -> tuple[str, str]:
         if self.style == "v3":

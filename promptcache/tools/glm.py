@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from .base import (
     ParsedReply,
     ToolCall,
-    cut_calls,
     grammar_of_values,
+    join_content,
     param_schema,
+    parse_blocks,
+    read_params,
     skip_ws,
     text_value,
     tool_functions,
@@ -42,42 +44,25 @@ class GlmParser:
     markers: tuple[str, ...] = (OPEN, CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", V_CLOSE)
     template_args: str = "mapping"
 
-    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[ToolCall, int]:
+    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
         name = _NAME.match(text, skip_ws(text, pos))
         if name is None:
             raise ValueError("no function name")
-        pos, args = name.end(), {}
-        while (pair := _PAIR.match(text, skip_ws(text, pos))) is not None:
-            end = text.find(V_CLOSE, pair.end())
-            if end < 0:
-                raise ValueError("unclosed value")
-            key = pair.group(1).strip()
-            schema = param_schema(tools, name.group(), key)
-            args[key] = typed_value(text[pair.end() : end], schema)
-            pos = end + len(V_CLOSE)
+        args, pos = read_params(
+            text, name.end(), _PAIR, V_CLOSE,
+            lambda key, raw: typed_value(raw, param_schema(tools, name.group(), key)),
+        )  # fmt: skip
         pos = skip_ws(text, pos)
         if not text.startswith(CLOSE, pos):
             raise ValueError("no </tool_call>")
-        return ToolCall(name.group(), json.dumps(args)), pos + len(CLOSE)
+        return [ToolCall(name.group(), json.dumps(args))], pos + len(CLOSE)
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(OPEN, pos)) >= 0:
-            pos = start + len(OPEN)  # if the block is malformed, the tag stays as text
-            try:
-                call, end = self._call_at(text, pos, tools)
-            except ValueError:
-                continue
-            spans.append((start, end))
-            calls.append(call)
-            pos = end
-        return ParsedReply(cut_calls(text, spans), calls)
+        return parse_blocks(text, OPEN, lambda t, p: self._call_at(t, p, tools))
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         blocks = "\n".join(_block(c.name, json.loads(c.arguments)) for c in calls)
-        return "\n".join(x for x in (content, blocks) if x)
+        return join_content((content, blocks))
 
     def call_grammar(
         self,

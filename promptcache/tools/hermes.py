@@ -16,11 +16,12 @@ from .base import (
     ParsedReply,
     ToolCall,
     canonical,
-    cut_calls,
     decode_json,
     dump,
     grammar_of_calls,
+    join_content,
     make_call,
+    parse_blocks,
     skip_ws,
     tool_functions,
     tools_json_lines,
@@ -35,34 +36,28 @@ class HermesParser:
     template_args: str = "mapping"
     markers: tuple[str, ...] = (OPEN, CLOSE)
 
+    def _call_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
+        decoded = decode_json(text, skip_ws(text, pos))
+        if decoded is None or not isinstance(decoded[0], dict):
+            return None
+        obj, end = decoded
+        args = obj.get("arguments", obj.get("parameters", {}))  # a no-argument call may omit them
+        call = make_call(obj.get("name"), args)
+        end = skip_ws(text, end)
+        if call is None or not text.startswith(CLOSE, end):
+            return None
+        return [call], end + len(CLOSE)
+
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(OPEN, pos)) >= 0:
-            pos = start + len(OPEN)  # if the block is malformed, the tag stays as text
-            decoded = decode_json(text, skip_ws(text, pos))
-            if decoded is None or not isinstance(decoded[0], dict):
-                continue
-            obj, end = decoded
-            args = obj.get(
-                "arguments", obj.get("parameters", {})
-            )  # a no-argument call may omit them
-            call = make_call(obj.get("name"), args)
-            end = skip_ws(text, end)
-            if call is None or not text.startswith(CLOSE, end):
-                continue
-            pos = end + len(CLOSE)
-            spans.append((start, pos))
-            calls.append(call)
-        return ParsedReply(cut_calls(text, spans), calls)
+        # if a block is malformed, the tag stays as text
+        return parse_blocks(text, OPEN, self._call_at)
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         blocks = "\n".join(
             f'{OPEN}\n{{"name": {dump(c.name)}, "arguments": {canonical(c.arguments)}}}\n{CLOSE}'
             for c in calls
         )
-        return "\n".join(x for x in (content, blocks) if x)
+        return join_content((content, blocks))
 
     def call_grammar(
         self,

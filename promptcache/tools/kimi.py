@@ -16,10 +16,11 @@ from .base import (
     ToolCall,
     args_rule,
     canonical,
-    cut_calls,
     decode_json,
+    join_content,
     lark_text,
     make_call,
+    parse_blocks,
     skip_ws,
     tool_functions,
     tools_json_lines,
@@ -54,17 +55,8 @@ class KimiParser:
         return calls, pos + len(SECTION_END)
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(SECTION, pos)) >= 0:
-            pos = start + len(SECTION)  # if the section is malformed, the marker stays as text
-            found = self._section_at(text, pos)
-            if found:
-                calls += found[0]
-                pos = found[1]
-                spans.append((start, pos))
-        return ParsedReply(cut_calls(text, spans), calls)
+        # if what follows a marker is malformed, the marker stays as text
+        return parse_blocks(text, SECTION, self._section_at)
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         body = "".join(
@@ -72,7 +64,7 @@ class KimiParser:
             for i, c in enumerate(calls)
         )
         section = f"{SECTION}{body}{SECTION_END}" if calls else ""
-        return "\n".join(x for x in (content, section) if x)
+        return join_content((content, section))
 
     def call_grammar(
         self,

@@ -20,6 +20,7 @@ from .base import (
     decode_json,
     dump,
     grammar_of_calls,
+    join_content,
     make_call,
     skip_ws,
     tool_functions,
@@ -86,7 +87,7 @@ class Llama3JsonParser:
         body = "; ".join(
             f'{{"name": {dump(c.name)}, "parameters": {canonical(c.arguments)}}}' for c in calls
         )
-        return "\n".join(x for x in (content, body) if x)
+        return join_content((content, body))
 
     def call_grammar(
         self,

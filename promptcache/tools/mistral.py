@@ -18,11 +18,12 @@ from .base import (
     ParsedReply,
     ToolCall,
     canonical,
-    cut_calls,
     decode_json,
     dump,
     grammar_of_calls,
+    join_content,
     make_call,
+    parse_blocks,
     skip_ws,
     tool_functions,
     tools_json_lines,
@@ -69,17 +70,8 @@ class MistralParser:
         return (calls, end) if calls else None
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(MARKER, pos)) >= 0:
-            pos = start + len(MARKER)  # if what follows is malformed, the marker stays as text
-            found = self._calls_at(text, pos)
-            if found:
-                calls += found[0]
-                pos = found[1]
-                spans.append((start, pos))
-        return ParsedReply(cut_calls(text, spans), calls)
+        # if what follows a marker is malformed, the marker stays as text
+        return parse_blocks(text, MARKER, self._calls_at)
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         if not calls:
@@ -91,7 +83,7 @@ class MistralParser:
             body = MARKER + "[" + ", ".join(items) + "]"
         else:
             body = "".join(f"{MARKER}{c.name}[ARGS]{canonical(c.arguments)}" for c in calls)
-        return "\n".join(x for x in (content, body) if x)
+        return join_content((content, body))
 
     def call_grammar(
         self,

@@ -25,9 +25,11 @@ from collections.abc import Mapping
 from .base import (
     ParsedReply,
     ToolCall,
-    cut_calls,
     grammar_of_values,
+    join_content,
     param_schema,
+    parse_blocks,
+    read_params,
     skip_ws,
     text_value,
     tool_functions,
@@ -53,46 +55,31 @@ class QwenXmlParser:
     markers: tuple[str, ...] = (OPEN, CLOSE)
     template_args: str = "mapping"
 
-    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[ToolCall, int]:
-        """The call whose body starts at pos (just past OPEN) and the index past its CLOSE;
+    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
+        """The call (as [call]) whose body starts at pos (just past OPEN), the index past its CLOSE;
         raises ValueError when it is not well formed."""
         func = _FUNC.match(text, skip_ws(text, pos))
         if func is None:
             raise ValueError("no <function=...>")
-        name, pos, args = func.group(1).strip(), func.end(), {}
-        while (param := _PARAM.match(text, skip_ws(text, pos))) is not None:
-            end = text.find(P_CLOSE, param.end())
-            if end < 0:
-                raise ValueError("unclosed parameter")
-            key = param.group(1).strip()
-            args[key] = typed_value(_value(text[param.end() : end]), param_schema(tools, name, key))
-            pos = end + len(P_CLOSE)
+        name = func.group(1).strip()
+        args, pos = read_params(
+            text, func.end(), _PARAM, P_CLOSE,
+            lambda key, raw: typed_value(_value(raw), param_schema(tools, name, key)),
+        )  # fmt: skip
         pos = skip_ws(text, pos)
         if not text.startswith("</function>", pos):
             raise ValueError("no </function>")
         pos = skip_ws(text, pos + len("</function>"))
         if not text.startswith(CLOSE, pos) or not name:
             raise ValueError("no </tool_call>")
-        return ToolCall(name, json.dumps(args)), pos + len(CLOSE)
+        return [ToolCall(name, json.dumps(args))], pos + len(CLOSE)
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        spans: list[tuple[int, int]] = []
-        calls: list[ToolCall] = []
-        pos = 0
-        while (start := text.find(OPEN, pos)) >= 0:
-            pos = start + len(OPEN)  # if the block is malformed, the tag stays as text
-            try:
-                call, end = self._call_at(text, pos, tools)
-            except ValueError:
-                continue
-            spans.append((start, end))
-            calls.append(call)
-            pos = end
-        return ParsedReply(cut_calls(text, spans), calls)
+        return parse_blocks(text, OPEN, lambda t, p: self._call_at(t, p, tools))
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         blocks = "\n".join(_block(c.name, json.loads(c.arguments)) for c in calls)
-        return "\n".join(x for x in (content, blocks) if x)
+        return join_content((content, blocks))
 
     def call_grammar(
         self,
