@@ -15,7 +15,7 @@ from promptcache.cli_flags import (
     add_engine_flags,
     add_flag,
     add_format_flags,
-    env_value,
+    add_switch,
 )
 from promptcache.serve_cli import cmd_serve, default_cache_dir
 
@@ -44,14 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
-    strict = str(env_value("strict-max-tokens", "")).lower() in ("1", "true", "yes")
-    serve.add_argument(
-        "--strict-max-tokens",
-        action="store_true",
-        default=strict,
-        help="refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
+    add_switch(
+        serve,
+        "strict-max-tokens",
+        "refuse (400 context_length_exceeded) a max_tokens larger than the room the prompt "
         "leaves in the context (default: clamped to the room, said in the "
-        "x-promptcache-max-tokens-clamped header) [env PROMPTCACHE_STRICT_MAX_TOKENS]",
+        "x-promptcache-max-tokens-clamped header)",
     )
     add_flag(
         serve,
@@ -93,14 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)
-    keep = str(env_value("keep-billing-header", "")).lower() in ("1", "true", "yes")
-    serve.add_argument(
-        "--keep-billing-header",
-        action="store_true",
-        default=keep,
-        help="keep Claude Code's per-session x-anthropic-billing-header system block in the "
-        "prompt (default: dropped, so sessions share their prefix) [env "
-        "PROMPTCACHE_KEEP_BILLING_HEADER]",
+    add_switch(
+        serve,
+        "keep-billing-header",
+        "keep Claude Code's per-session x-anthropic-billing-header system block in the "
+        "prompt (default: dropped, so sessions share their prefix)",
     )
     add_flag(
         serve,
@@ -125,13 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_flag(serve, "max-stop-strings", 16, "stop strings per request (each up to 512 chars)", int)
     add_flag(serve, "max-image-bytes", 20 * 2**20, "largest image accepted, encoded", int)
-    urls = str(env_value("allow-image-urls", "")).lower() in ("1", "true", "yes")
-    serve.add_argument(
-        "--allow-image-urls",
-        action="store_true",
-        default=urls,
-        help="fetch http(s) image URLs (default: only inline base64 images; a URL is a 400) "
-        "[env PROMPTCACHE_ALLOW_IMAGE_URLS]",
+    add_switch(
+        serve,
+        "allow-image-urls",
+        "fetch http(s) image URLs (default: only inline base64 images; a URL is a 400)",
     )
     add_engine_flags(serve)
     serve.set_defaults(func=cmd_serve)

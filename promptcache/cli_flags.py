@@ -25,6 +25,13 @@ def add_flag(
     )
 
 
+def add_switch(p: argparse.ArgumentParser, name: str, help: str) -> None:
+    """A ``store_true`` flag whose environment variable set to 1/true/yes turns it on."""
+    env = "PROMPTCACHE_" + name.upper().replace("-", "_")
+    default = str(env_value(name, "")).lower() in ("1", "true", "yes")
+    p.add_argument("--" + name, action="store_true", default=default, help=f"{help} [env {env}]")
+
+
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     add_flag(
         p,
@@ -169,20 +176,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "512MB",
         "vision models: image encoder outputs kept in RAM (also on SSD); 0 turns it off",
     )
-    no_cache = str(env_value("no-cache", "")).lower() in ("1", "true", "yes")
-    p.add_argument(
-        "--no-cache",
-        action="store_true",
-        default=no_cache,
-        help="serve with the prompt cache off (A/B runs) [env PROMPTCACHE_NO_CACHE]",
-    )
-    no_ssd = str(env_value("no-ssd", "")).lower() in ("1", "true", "yes")
-    p.add_argument(
-        "--no-ssd",
-        action="store_true",
-        default=no_ssd,
-        help="RAM tier only: nothing persists across restarts [env PROMPTCACHE_NO_SSD]",
-    )
+    add_switch(p, "no-cache", "serve with the prompt cache off (A/B runs)")
+    add_switch(p, "no-ssd", "RAM tier only: nothing persists across restarts")
 
 
 def add_format_flags(p: argparse.ArgumentParser) -> None:

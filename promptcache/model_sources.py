@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -100,15 +101,23 @@ def model_in_folder(folder: Path, model: str, file: str | None = None) -> Path:
         return folder / file
     if (folder / "config.json").is_file():
         return folder
-    ggufs = sorted(p.name for p in folder.glob("*.gguf") if not p.name.startswith("mmproj"))
-    if len(ggufs) == 1:
-        return folder / ggufs[0]
-    if ggufs:
-        raise ModelNotFoundError(
-            f"{model} holds {len(ggufs)} GGUF files ({', '.join(ggufs)}): pick one with "
-            f"--model {model.rstrip('/')}/{ggufs[0]} (or its full path)"
-        )
+    gguf = _one_gguf((p.name for p in folder.glob("*.gguf")), model, " (or its full path)")
+    if gguf is not None:
+        return folder / gguf
     raise ModelNotFoundError(f"{folder} has neither a config.json nor a .gguf file")
+
+
+def _one_gguf(names: Iterable[str], model: str, hint: str = "") -> str | None:
+    """The one GGUF among file ``names`` that is not a vision projector (None: there is none);
+    several raise ModelNotFoundError telling how to pick one with ``--model {model}/NAME``."""
+    ggufs = sorted(n for n in names if n.endswith(".gguf") and not n.startswith("mmproj"))
+    if len(ggufs) <= 1:
+        return ggufs[0] if ggufs else None
+    more = ", ..." if len(ggufs) > 8 else ""
+    raise ModelNotFoundError(
+        f"{model} holds {len(ggufs)} GGUF files ({', '.join(ggufs[:8])}{more}): pick one with "
+        f"--model {model.rstrip('/')}/{ggufs[0]}{hint}"
+    )
 
 
 # --- the HF cache ------------------------------------------------------------------------------
@@ -194,14 +203,9 @@ def _download_patterns(repo: str, revision: str | None) -> list[str]:
         return _HF_FILES
     if any(f.endswith(".bin") for f in files) and "config.json" in files:
         return [*_HF_FILES, "*.bin"]
-    ggufs = sorted(f for f in files if f.endswith(".gguf") and not f.startswith("mmproj"))
-    if len(ggufs) == 1:
-        return [ggufs[0]]
-    if ggufs:
-        raise ModelNotFoundError(
-            f"{repo} holds {len(ggufs)} GGUF files ({', '.join(ggufs[:8])}"
-            f"{', ...' if len(ggufs) > 8 else ''}): pick one with --model {repo}/{ggufs[0]}"
-        )
+    gguf = _one_gguf(files, repo)
+    if gguf is not None:
+        return [gguf]
     raise ModelNotFoundError(f"{repo} has no safetensors, .bin or .gguf weights to serve")
 
 

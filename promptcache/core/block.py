@@ -198,25 +198,20 @@ class NodeList:
             node = nxt
 
     def append(self, node: Node) -> None:
-        node.prev, node.next = self.tail, None
-        if self.tail is None:
-            self.head = node
-        else:
-            self.tail.next = node
-        self.tail = node
-        self.size += 1
+        self.insert_before(None, node)
 
     def insert_before(self, anchor: Node | None, node: Node) -> None:
         """Insert ``node`` before ``anchor`` (at the tail when anchor is None)."""
-        if anchor is None:
-            self.append(node)
-            return
-        node.prev, node.next = anchor.prev, anchor
-        if anchor.prev is None:
+        prev = self.tail if anchor is None else anchor.prev
+        node.prev, node.next = prev, anchor
+        if prev is None:
             self.head = node
         else:
-            anchor.prev.next = node
-        anchor.prev = node
+            prev.next = node
+        if anchor is None:
+            self.tail = node
+        else:
+            anchor.prev = node
         self.size += 1
 
     def remove(self, node: Node) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from promptcache.engines.errors import ConfigError
+from promptcache.engines.layers import Layout
 
 CACHE_KV_BITS = (8, 4)
 CACHE_DTYPES = ("bfloat16",)
@@ -146,3 +147,18 @@ def quant_stats(packer: BlockPacker | None, ram_bytes: int) -> dict[str, Any]:
     out = packer.stats.to_dict(packer.scheme)
     out["quant_ram_bytes_saved"] = int(ram_bytes * (out["quant_ratio"] - 1))
     return out
+
+
+def unpack_hit(
+    layout: Layout,
+    segments: list[tuple[Any, int]],
+    checkpoint: Any,
+    packer: BlockPacker | None,
+) -> list[tuple[Any, int]]:
+    """A hit's block segments (payload, tokens used) in the model's arrays, ready to restore;
+    raises ValueError for a layout with snapshot layers and no ``checkpoint`` (never packed)."""
+    if layout.snapshot and checkpoint is None:
+        raise ValueError("a hit on a model with snapshot layers needs a checkpoint")
+    if packer is None:
+        return segments
+    return [(packer.unpack(p), n) for p, n in segments]

@@ -18,6 +18,10 @@ COMMON: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_attenti
                               num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                               initializer_range=0.2, tie_word_embeddings=False)  # fmt: skip
 MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+# DeepSeek-style routed experts (glm4_moe shares them): a shared expert, one dense layer first
+ROUTED_MOE: dict[str, Any] = dict(n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                                  moe_intermediate_size=32, first_k_dense_replace=1, n_group=1,
+                                  topk_group=1)  # fmt: skip
 GDN: dict[str, Any] = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
                            linear_num_key_heads=2, linear_num_value_heads=4)  # fmt: skip
 HYBRID_LAYERS = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
@@ -104,26 +108,14 @@ FAMILIES: dict[str, Family] = {
             v_head_dim=16,
             head_dim=None,
             num_key_value_heads=4,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
+            **ROUTED_MOE,
         ),
     ),  # fmt: skip
     "glm4_moe": Family(
         "glm4_moe",
         dict(
             num_hidden_layers=2,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
+            **ROUTED_MOE,
             partial_rotary_factor=0.5,
         ),
     ),  # fmt: skip

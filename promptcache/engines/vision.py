@@ -131,6 +131,30 @@ class VisionFeeder:
         return out
 
 
+class PlaceholderVision:
+    """A base for ``VisionModel`` classes whose template holds one placeholder token per image:
+    ``render`` is ``expand_images`` on the subclass's tokenizer, template and ``num_tokens``."""
+
+    tokenizer: Any
+    template: str | None
+    image_token_id: int
+
+    def num_tokens(self, image: ImageInput) -> int:
+        """How many placeholder positions ``image`` takes in the prompt."""
+        raise NotImplementedError
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        images: Sequence[ImageInput],
+    ) -> tuple[list[int], list[ImageSpan]]:
+        return expand_images(
+            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
+            self.num_tokens,
+        )  # fmt: skip
+
+
 def expand_images(
     tokenizer: Any,
     template: str | None,

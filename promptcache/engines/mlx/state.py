@@ -27,7 +27,7 @@ from mlx_lm.models.cache import (
 )
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.engines.block_scheme import BlockPacker
+from promptcache.engines.block_scheme import BlockPacker, unpack_hit
 from promptcache.engines.layers import AdapterRegistry, Layout
 from promptcache.engines.mlx.codec import MlxCodec
 
@@ -167,10 +167,7 @@ def restore_cache(
     ``packer`` turns stored blocks back into the model's arrays (checkpoints are never packed)."""
     if not segments:
         return fresh
-    if layout.snapshot and checkpoint is None:
-        raise ValueError("a hit on a model with snapshot layers needs a checkpoint")
-    if packer is not None:
-        segments = [(packer.unpack(p), n) for p, n in segments]
+    segments = unpack_hit(layout, segments, checkpoint, packer)
     num_tokens = sum(count for _, count in segments)
     k = 0
     for slot in layout.positional:

@@ -23,7 +23,7 @@ from mlx.utils import tree_flatten
 from mlx_vlm.models.cache import make_prompt_cache
 
 from promptcache.core.hashing import digest_bytes, fingerprint_model
-from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.images import ImageInput
 from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import RequestError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
@@ -37,7 +37,7 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import expand_images
+from promptcache.engines.vision import PlaceholderVision
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def _last_logits(language: Any, state: list[Any], ids: Sequence[int], embeds: An
     return logits
 
 
-class MlxVision:
+class MlxVision(PlaceholderVision):
     """``VisionModel`` for an mlx-vlm llava-style model and its mlx-vlm processor."""
 
     def __init__(self, model: Any, processor: Any, dtype: Any) -> None:
@@ -101,17 +101,6 @@ class MlxVision:
             ids = np.asarray(self._process(image)["input_ids"])
             self._counts[size] = int((ids == self.image_token_id).sum())
         return self._counts[size]
-
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        images: Sequence[ImageInput],
-    ) -> tuple[list[int], list[ImageSpan]]:
-        return expand_images(
-            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
-            self.num_tokens,
-        )  # fmt: skip
 
     def encode(self, image: ImageInput) -> mx.array:
         """One image's projected features (num_tokens, hidden), evaluated: the model's public

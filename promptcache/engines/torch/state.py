@@ -22,7 +22,7 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
-from promptcache.engines.block_scheme import BlockPacker
+from promptcache.engines.block_scheme import BlockPacker, unpack_hit
 from promptcache.engines.layers import AdapterRegistry, Layout
 
 POSITIONAL_ATTRS = ("keys", "values")
@@ -127,10 +127,7 @@ def restore_cache(
     ``packer`` turns stored blocks back into the model's arrays (checkpoints are never packed)."""
     if not segments:
         return cache
-    if layout.snapshot and checkpoint is None:
-        raise ValueError("a hit on a model with snapshot layers needs a checkpoint")
-    if packer is not None:
-        segments = [(packer.unpack(p), n) for p, n in segments]
+    segments = unpack_hit(layout, segments, checkpoint, packer)
     for j, i in enumerate(layout.positional):
         keys = torch.cat([p[2 * j][:, :, :n, :] for p, n in segments], dim=2).to(device)
         values = torch.cat([p[2 * j + 1][:, :, :n, :] for p, n in segments], dim=2).to(device)

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 
 from promptcache.core.hashing import digest_bytes
-from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.images import ImageInput
 from promptcache.engines.errors import ConfigError, RequestError
-from promptcache.engines.vision import expand_images
+from promptcache.engines.vision import PlaceholderVision
 
 SUPPORTED = ("llava",)  # model_type values whose image tokens are plain causal positions
 
 
-class TorchVision:
+class TorchVision(PlaceholderVision):
     """``VisionModel`` for a transformers LLaVA-style model and its processor."""
 
     def __init__(
@@ -68,17 +68,6 @@ class TorchVision:
         token = self.tokenizer.convert_ids_to_tokens(self.image_token_id)
         ids = self.processor(text=[token], images=[image.to_pil()])["input_ids"][0]
         return sum(1 for t in ids if t == self.image_token_id)
-
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        images: Sequence[ImageInput],
-    ) -> tuple[list[int], list[ImageSpan]]:
-        return expand_images(
-            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
-            self.num_tokens,
-        )  # fmt: skip
 
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:

@@ -10,20 +10,23 @@ from __future__ import annotations
 
 import hashlib
 
-# Lua helpers: drop ``x`` from a child list; add session ids to a block's tags (bounded: past
-# ``maxn`` a block counts as shared anyway, as in RAM); remove one id from a block's tags.
+# Lua helpers: drop the 16-byte id ``x`` from the packed ids in field ``f`` of hash ``h`` (a
+# child list, a block's tags); drop ``x`` from its parent's child list; add session ids to a
+# block's tags (bounded: past ``maxn`` a block counts as shared anyway, as in RAM).
 _FUNCS = """
-local function unlink(c, x, entry)
-  local f = string.sub(entry, 1, 20)
-  local kids = redis.call('HGET', c, f)
-  if kids then
+local function drop_id(h, f, x)
+  local cur = redis.call('HGET', h, f)
+  if cur then
     local keep = {}
-    for i = 1, #kids, 16 do
-      local k = string.sub(kids, i, i + 15)
+    for i = 1, #cur, 16 do
+      local k = string.sub(cur, i, i + 15)
       if k ~= x then keep[#keep + 1] = k end
     end
-    if #keep == 0 then redis.call('HDEL', c, f) else redis.call('HSET', c, f, table.concat(keep)) end
+    if #keep == 0 then redis.call('HDEL', h, f) else redis.call('HSET', h, f, table.concat(keep)) end
   end
+end
+local function unlink(c, x, entry)
+  drop_id(c, string.sub(entry, 1, 20), x)
 end
 local function add_tags(t, h, sids, maxn)
   local cur = redis.call('HGET', t, h) or ''
@@ -117,21 +120,14 @@ return done
 )
 
 # KEYS: tags. ARGV: session id, block hashes. Removes the id from those blocks' tags.
-UNTAG_LUA = """
+UNTAG_LUA = (
+    _FUNCS
+    + """
 local t, s = KEYS[1], ARGV[1]
-for i = 2, #ARGV do
-  local cur = redis.call('HGET', t, ARGV[i])
-  if cur then
-    local keep = {}
-    for j = 1, #cur, 16 do
-      local x = string.sub(cur, j, j + 15)
-      if x ~= s then keep[#keep + 1] = x end
-    end
-    if #keep == 0 then redis.call('HDEL', t, ARGV[i]) else redis.call('HSET', t, ARGV[i], table.concat(keep)) end
-  end
-end
+for i = 2, #ARGV do drop_id(t, ARGV[i], s) end
 return 0
 """
+)
 
 # KEYS: entries, child lists, recency, tags. ARGV: hashes. Removes entries (their child links
 # and tags too).
