@@ -170,11 +170,15 @@ def _joined_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def stop_info(fin: Finished, reply: Reply, is_capped: bool = False) -> tuple[str, str | None]:
+def stop_info(
+    fin: Finished, reply: Reply, is_capped: bool = False, is_clamped: bool = False
+) -> tuple[str, str | None]:
     if reply.calls and fin.reason != "cancelled":
         return "tool_use", None
     if fin.reason == "timeout":  # the server's time budget, like its token cap: turn over
         return "end_turn", None
+    if fin.reason == "length" and is_clamped:  # max_tokens was lowered to the room left
+        return "model_context_window_exceeded", None
     if fin.reason == "length":
         # a reply cut by the server's own cap is its whole turn: clients read max_tokens as
         # their limit and fail or retry (Claude Code stops with "exceeded ... maximum")
@@ -244,7 +248,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     if not req.stream:
         fin = await await_finished(events)
         reply = state.finish_reply(chat, prep, fin, "toolu_")
-        reason, seq = stop_info(fin, reply, prep.is_capped)
+        reason, seq = stop_info(fin, reply, prep.is_capped, prep.clamped_from is not None)
         return JSONResponse(
             {"id": mid, "type": "message", "role": "assistant", "model": model,
              "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
@@ -324,7 +328,7 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
                     yield event("content_block_delta", {"index": index, "delta": delta})
                     yield event("content_block_stop", {"index": index})
                     index += 1
-                reason, seq = stop_info(ev, reply, prep.is_capped)
+                reason, seq = stop_info(ev, reply, prep.is_capped, prep.clamped_from is not None)
                 yield event(
                     "message_delta",
                     {"delta": {"stop_reason": reason, "stop_sequence": seq},
