@@ -75,7 +75,8 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
     if name.startswith("promptcache") or name in args.variants:  # -base: from --baseline
         extra = ["--weights", "int4"] if name == "promptcache-int4" else []
         extra += args.variants.get(name, [])
-        return [sys.executable, "-m", "promptcache.cli", "serve", "--model", str(folder), "--engine",
+        # -P: promptcache from PYTHONPATH or the install, never from the current directory
+        return [sys.executable, "-P", "-m", "promptcache.cli", "serve", "--model", str(folder), "--engine",
                 "torch", "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
     py = peer_python(name, args.peers_home)
     if py is None:

@@ -19,6 +19,7 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.torch.attention import use_gqa_attention
 from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.onednn import use_onednn_linears
@@ -159,6 +160,7 @@ class TorchRunner:
         self.threads = threads
         self.model = model.eval()
         use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
