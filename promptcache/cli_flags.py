@@ -144,6 +144,13 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "torch's packed kernels; a separate cache fingerprint) (default: the model's dtype)",
     )
     add_flag(p, "device", "cpu", "torch device: cpu | cuda")
+    add_switch(
+        p,
+        "compile",
+        "torch engine: compile the decode step with torch.compile (inductor) at start-up (a "
+        "minute or more, logged): fewer, fused kernels per token; logits differ from eager by "
+        "float rounding",
+    )
     add_flag(
         p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int
     )

@@ -50,6 +50,7 @@ def engine_from_args(args: argparse.Namespace) -> Any:
         vision_cache_bytes=args.vision_cache_bytes,
         threads=args.threads,
         weights=args.weights,
+        compile=args.compile,
     )
 
 

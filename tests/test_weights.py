@@ -139,3 +139,51 @@ def test_threads_default_follows_the_other_processes_load():
     assert make_thread_tuner(0) is None
     with pytest.raises(ConfigError, match="--threads -1"):
         make_thread_tuner(-1)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "jamba", "bamba"])
+def test_lone_decode_on_sliding_and_ssm_layouts_appends_in_place(monkeypatch, kind):
+    """A lone request on a layout that does not batch (a sliding ring, SSM layers) appends its
+    full-attention keys in place (a regrow every ROOM positions, not a copy per token) and gets
+    the logits of the plain concatenating forward."""
+    monkeypatch.setattr(GrowingLayer, "ROOM", 8)
+    runner = TorchRunner(tiny_model(kind), ByteTokenizer())
+    assert runner._grown and not runner._batches
+    j = runner._grown[0]
+    fast, plain = runner.new_state(), runner.new_state()
+    prompt = list(range(3, 30))
+    a, b = runner.forward([fast], [prompt])[0], runner._forward_one(plain, prompt)
+    buffers = set()
+    for _ in range(20):  # past gemma3's 16-token window
+        token = int(a.argmax())
+        assert token == int(b.argmax())
+        a, b = runner.forward([fast], [[token]])[0], runner._forward_one(plain, [token])
+        assert (a - b).abs().max().item() <= 1e-4
+        buffers.add(fast.layers[j].keys.untyped_storage().data_ptr())
+        assert fast.layers[j].keys.shape == plain.layers[j].keys.shape
+    assert len(buffers) <= 4  # 20 tokens in steps of ROOM = 8: the first buffer + 2-3 regrows
+
+
+def test_compiled_decode_equals_eager(models):
+    """--compile: the decode step through inductor (static buffers, a prepared 4-D mask) gives
+    eager's greedy tokens, alone and batched, across buffer regrows (one compile: dynamic
+    lengths), with logits within float noise."""
+    eager = TorchRunner(models["model"], ByteTokenizer())
+    fast = TorchRunner(copy.deepcopy(models["model"]), ByteTokenizer())
+    seconds = fast.enable_compile()
+    assert seconds > 0 and fast._step is not None
+    prompts = [list(range(3, 40)), list(range(50, 61))]
+    for rows in (1, 2):
+        a_states = [fast.new_state() for _ in range(rows)]
+        b_states = [eager.new_state() for _ in range(rows)]
+        a = [fast.forward([s], [p])[0] for s, p in zip(a_states, prompts, strict=False)]
+        b = [eager.forward([s], [p])[0] for s, p in zip(b_states, prompts, strict=False)]
+        for _ in range(GrowingLayer.ROOM + 10):  # one regrow of the 128-position room
+            tokens = [[int(x.argmax())] for x in b]
+            assert tokens == [[int(x.argmax())] for x in a]
+            a, b = fast.forward(a_states, tokens), eager.forward(b_states, tokens)
+            for x, y in zip(a, b, strict=True):
+                assert (x - y).abs().max().item() <= 1e-3
+        for s, t in zip(a_states, b_states, strict=True):  # the requests' own states agree too
+            assert s.get_seq_length() == t.get_seq_length()
+            assert (s.layers[1].keys - t.layers[1].keys).abs().max().item() <= 1e-3

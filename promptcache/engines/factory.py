@@ -91,6 +91,7 @@ def build_engine(
     vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
     weights: str | None = None,
+    compile: bool = False,
 ) -> Any:
     from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
@@ -100,6 +101,8 @@ def build_engine(
         if kv_bits and engine != "mlx":
             raise ConfigError("--kv-bits needs --engine mlx")
         check_weights_engine(engine, weights, device)
+        if compile and engine != "torch":
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     found = locate_model(model, revision)
     kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
@@ -111,10 +114,14 @@ def build_engine(
 
         extra["weights"] = check_weights_engine(kind, weights, device)
         extra["threads"] = tuner = make_thread_tuner(threads)
+        if compile:
+            extra["compile"] = True
         if tuner is not None:
             tuner.apply()  # the loading thread too (weights conversion, warm-up)
     else:
         check_weights_engine(kind, weights, device)
+        if compile:
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
