@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quant_bench import agreement, chat_messages, run_conversation, turns_of  # noqa: E402
 
 MODES = ("model", "int8", "int4")
-LABEL = {"model": "float32", "int8": "int8", "int4": "int4"}
+LABEL = {"model": "float32", "dense": "float32 dense", "int8": "int8", "int4": "int4"}
 DECODE_PROMPT = "Write a long, detailed story about a day in the life of an airline agent."
 
 

@@ -6,7 +6,9 @@ RoPE, residuals, activations, the bfloat16 casts of ``--weights``) into C++ kern
 the rest from one generated wrapper. The compiled forward serves one-token steps over a
 ``DecodeBatch`` whose buffers keep a static shape (``batch._static_step``): the token is written
 at a position tensor and a prepared 4-D mask hides what is not written yet, so one compile
-(dynamic lengths) covers every context length and batch size. Prefill stays eager.
+(dynamic lengths) covers every context length. It serves a lone request's steps: a batch of
+several runs eager (another compile, minutes on a small CPU, would stall serving). Prefill stays
+eager.
 
 Fused kernels round differently from eager ones: the tokens stay those of eager decoding on the
 tests' models but logits differ by float noise, hence opt-in. The compile happens at start-up
@@ -32,9 +34,9 @@ def compile_decode(model: Any) -> Any:
     return torch.compile(model, dynamic=True, options=OPTIONS)
 
 
-def warm_up(runner: Any, num_tokens: int = 4, rows: tuple[int, ...] = (1, 2)) -> float:
+def warm_up(runner: Any, num_tokens: int = 4, rows: tuple[int, ...] = (1,)) -> float:
     """Compile the decode step now, by decoding ``num_tokens`` on dummy prompts with each
-    number of ``rows`` (a batch shape first seen while serving would stall it); seconds taken."""
+    number of ``rows`` (a shape first seen while serving would stall it); seconds taken."""
     t0 = time.perf_counter()
     log.info("--compile: compiling the decode step (inductor; a minute or more on a small CPU)")
     for n in rows:

@@ -38,7 +38,12 @@ from promptcache.engines.torch.state import (
 from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
 from promptcache.engines.torch.vision import TorchVision
-from promptcache.engines.torch.weights import check_weights_mode, quantize_linears, weights_mode
+from promptcache.engines.torch.weights import (
+    check_weights_mode,
+    pack_linears,
+    quantize_linears,
+    weights_mode,
+)
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")
@@ -74,6 +79,8 @@ def load_torch_weights(
         raise load_error(path, exc) from None
     model = model.to(device).eval()
     quantize_linears(model, weights)
+    if weights == "model":
+        pack_linears(model)  # float32 on a CPU: oneDNN's packed layout (weights.PackedLinear)
     check_forward(model, path)  # after the swap: the quantized kernels run too
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
@@ -239,7 +246,7 @@ class TorchRunner:
         if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
-                self._step,
+                self._step if len(states) == 1 else None,
             )  # fmt: skip
             return logits
         if is_decode and len(states) == 1:  # sliding / SSM layouts: in place where it can
