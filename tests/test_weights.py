@@ -22,6 +22,8 @@ from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, th
 from promptcache.engines.torch.weights import (  # noqa: E402
     Int4Linear,
     Int8Linear,
+    PackedLinear,
+    pack_linears,
     quantize_linears,
     weights_bytes,
     weights_mode,
@@ -39,6 +41,8 @@ def models():
     for mode in ("int8", "int4"):
         out[mode] = copy.deepcopy(base)
         assert quantize_linears(out[mode], mode) == 15  # 2 x (4 attention + 3 MLP) + LM head
+    out["packed"] = copy.deepcopy(base)
+    assert pack_linears(out["packed"]) == 15  # float32, oneDNN's layout (the default on a CPU)
     return out
 
 
@@ -58,7 +62,26 @@ def test_quantized_layers_replace_every_linear_and_stay_close(models, mode):
     assert rel > 0  # the weights really changed
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_packed_float32_layers_compute_the_same_numbers(models):
+    """oneDNN-packed float32 weights: every nn.Linear replaced, the same logits up to float
+    rounding, the mode still "model" but the fingerprint still covering the weights."""
+    model, base = models["packed"], models["model"]
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 15
+    ids = torch.tensor([list(range(3, 60))])
+    with torch.inference_mode():
+        want, got = base(input_ids=ids).logits, model(input_ids=ids).logits
+        one = model(input_ids=ids[:, :1]).logits  # a one-row input (the decode case)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    assert (one[0, 0] - want[0, 0]).abs().max().item() < 1e-4
+    assert weights_mode(model) == "model"
+    other = tiny_model("llama", seed=1)
+    pack_linears(other)
+    prints = {TorchRunner(m, ByteTokenizer()).fingerprint for m in (model, other)}
+    assert len(prints) == 2
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "packed"])
 def test_quantized_engines_cache_on_equals_cache_off(models, mode):
     model = models[mode]
     cached = TorchEngine(
@@ -87,7 +110,7 @@ def _logits_of(engine, prompt):
 
 def test_fingerprints_differ_per_weights_mode(models):
     prints = {mode: TorchRunner(m, ByteTokenizer()).fingerprint for mode, m in models.items()}
-    assert len(set(prints.values())) == 3
+    assert len(set(prints.values())) == 4
     assert TorchRunner(models["int8"], ByteTokenizer()).fingerprint == prints["int8"]  # stable
 
 

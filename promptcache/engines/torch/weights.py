@@ -101,10 +101,26 @@ class PackedLinear(nn.Module):
         self.register_buffer("weight_sample", flat[:: max(1, flat.numel() // 256)][:256].clone())
         self.bias = _keep_bias(linear)
 
+        self.num_weight_reads = 0
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The plain weight, rebuilt from the packed one (a model that reads it, e.g. for its
+        dtype, still works; ``load_torch_weights`` then unpacks: a rebuild per read is slow)."""
+        self.num_weight_reads += 1
+        return self.packed.to_dense()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def unpack(self) -> nn.Linear:
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
+        linear.weight = nn.Parameter(self.packed.to_dense(), requires_grad=False)
+        if self.bias is not None:
+            linear.bias = self.bias
+        return linear
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -138,6 +154,19 @@ def pack_linears(model: nn.Module) -> int:
         except RuntimeError as exc:  # a oneDNN that refuses a shape: the rest stays dense
             log.info("float32 linear layers stay dense (oneDNN packing failed: %s)", exc)
     return sum(isinstance(m, PackedLinear) for m in model.modules())
+
+
+def unpack_if_read(model: nn.Module) -> int:
+    """Back to ``nn.Linear`` everywhere when the model read some packed layer's ``weight`` (in
+    the start-up check's forward: it reads it in every forward); the number unpacked."""
+    packed = [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+    if not any(m.num_weight_reads for _, m in packed):
+        return 0
+    with torch.no_grad():
+        for name, module in packed:
+            model.set_submodule(name, module.unpack())
+    log.info("float32 linear layers stay dense: %s reads their weights", type(model).__name__)
+    return len(packed)
 
 
 def _keep_bias(linear: nn.Linear) -> nn.Parameter | None:
