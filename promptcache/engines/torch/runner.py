@@ -171,7 +171,9 @@ class TorchRunner:
         then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
         each forward (None: left as they are)."""
         self.threads = threads
-        self.model = model.eval()
+        # no autograd, wherever the model is called from: a forward outside inference mode
+        # would keep every step's graph, and with it each decode step's copy of the cache
+        self.model = model.eval().requires_grad_(False)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
@@ -286,6 +288,7 @@ class TorchRunner:
     def batches_decode(self, states: Sequence[Any]) -> bool:
         return self._batches and len(states) > 1
 
+    @torch.inference_mode()
     def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_arg else {}
