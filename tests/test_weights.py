@@ -222,7 +222,7 @@ def test_runner_forwards_never_build_an_autograd_graph():
     runner = TorchRunner(tiny_model("llama"), ByteTokenizer())
     assert not any(p.requires_grad for p in runner.model.parameters())
     state = runner.new_state()
-    out = runner.model(input_ids=torch.tensor([[3, 4, 5]]), past_key_values=state, use_cache=True)
+    out = runner.model(input_ids=torch.tensor([[3, 4, 5]]), cache=state, use_cache=True)
     assert out.logits.grad_fn is None and state.layers[0].keys.grad_fn is None
     logits = runner._forward_one(state, [6])
     assert logits.grad_fn is None and state.get_seq_length() == 4
