@@ -50,6 +50,10 @@ class VisionModel(Protocol):
         sequence, with the embeddings at offsets ``pieces[k][0] ..`` replaced by the rows
         ``pieces[k][1]``; the last position's logits."""
 
+    # Optional ``place(state, spans)``: models whose positions depend on where the prompt's
+    # images sit (3-D M-RoPE) get the prompt's spans before each of its chunks; the state keeps
+    # them for text-only chunks and decode (a restored state has none until then).
+
 
 class VisionFeeder:
     """Feature rows for prefill chunks: from ``cache`` (None: no embedding cache) or the
@@ -90,6 +94,9 @@ class VisionFeeder:
         rows by span index (kept while an image spans several chunks); cached per ``tenant``,
         tagged with ``session``."""
         end = start + len(ids)
+        place = getattr(self.vision, "place", None)  # optional: see VisionModel
+        if place is not None:
+            place(state, spans)
         pieces: list[tuple[int, Any]] = []
         for i, span in enumerate(spans):
             lo, hi = max(span.start, start), min(span.end, end)
