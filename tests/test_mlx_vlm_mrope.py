@@ -101,7 +101,8 @@ def run_chat(engine, other):
         reply = events[-1].completion_ids
         out.append((reply, events[0].cached_tokens, ids, spans))
         history.append({"role": "assistant", "content": engine.tokenizer.decode(reply)})
-        o_ids, o_spans = engine.encode_chat_images([user("other ", None)], None, [picture(9)])
+        # the side chat's text changes each turn: its image's rows come from the embedding cache
+        o_ids, o_spans = engine.encode_chat_images([user(f"other {i} ", None)], None, [picture(9)])
         list(other(o_ids, o_spans))
     return out
 
@@ -124,8 +125,10 @@ def test_conversation_equals_no_cache_with_reuse_every_turn(tiny):
     edited = got[3]
     assert spans_before(edited[3], edited[1]) == 3  # all three images restored, none encoded
     stats = cached.cache_stats()["vision"]
-    # four distinct images (three turns + the side chat's), each encoded once
-    assert stats["encoder_runs"] == 4
+    # four distinct images (three turns + the side chat's), each encoded once; the side chat's
+    # image after new text three more times from the vision-embedding cache
+    assert stats["encoder_runs"] == 4 and stats["cache_hits"] >= 3
+    assert stats["images_fed"] == stats["encoder_runs"] + stats["cache_hits"]
     cached.cache.check_integrity()
 
 
@@ -144,7 +147,11 @@ def test_other_pixels_miss_from_the_image_and_match_no_cache(tiny):
     assert lease.num_tokens <= spans2[0].start
     lease.release()
     want = plain.to_numpy(plain.prefill(ids2, images=spans2)[1])
-    np.testing.assert_array_equal(cached.to_numpy(logits), want)
+    if cached.runner.layout.requires_checkpoint:  # the last token alone: a GDN scan's float noise
+        np.testing.assert_allclose(cached.to_numpy(logits), want, rtol=1e-3, atol=1e-4)
+    else:
+        np.testing.assert_array_equal(cached.to_numpy(logits), want)
+    assert not np.allclose(want, plain.to_numpy(plain.prefill(ids, images=spans)[1]), atol=1e-3)
 
 
 def test_batched_decode_equals_one_by_one(tiny):
@@ -156,8 +163,10 @@ def test_batched_decode_equals_one_by_one(tiny):
     ]
     states = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
     twins = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
-    if not runner.batches_decode(states):
-        pytest.skip("linear-attention layers decode one sequence per forward")
+    if runner.layout.snapshot:  # linear-attention state: one sequence per forward
+        assert not runner.batches_decode(states)
+        return
+    assert runner.batches_decode(states)
     together = runner.forward(states, [[5], [6]])
     alone = [runner.forward([s], [[t]])[0] for s, t in zip(twins, [5, 6], strict=True)]
     for a, b in zip(together, alone, strict=True):

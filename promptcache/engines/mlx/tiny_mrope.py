@@ -43,7 +43,7 @@ MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediat
 FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen2_vl": (
         dict(num_hidden_layers=2, rope_scaling=QWEN2_ROPE, head_dim=None),
-        dict(embed_dim=32, hidden_size=64, mlp_ratio=2.0, depth=1),
+        dict(embed_dim=32, hidden_size=64, mlp_ratio=2, depth=1),
     ),
     "qwen2_5_vl": (
         dict(num_hidden_layers=2, rope_scaling=QWEN2_ROPE, head_dim=None),
@@ -81,7 +81,8 @@ def mrope_config(family: str, tokenizer: Any) -> dict[str, Any]:
     text_over, vision_over = FAMILIES[family]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in VISION_TOKENS}
     text = {**TEXT, **text_over, "vocab_size": len(tokenizer),
-            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
+            "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id}  # fmt: skip
     text = {k: v for k, v in text.items() if v is not None}
     vision = {**VISION, **vision_over}
     special = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
@@ -93,7 +94,16 @@ def mrope_config(family: str, tokenizer: Any) -> dict[str, Any]:
     # what mlx-vlm reads beside transformers 5's names (older keys it drops), ids at the top too
     for part, over in (("text_config", text), ("vision_config", vision)):
         config[part].update({k: v for k, v in over.items() if k not in config[part]})
-    config.update(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, **special)
+    config.update(
+        vocab_size=len(tokenizer),
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        **special,
+    )
+    config["vision_config"]["model_type"] = family  # as the published checkpoints name it
+    if family.startswith("qwen2"):  # the published Qwen2(.5)-VL configs are flat: text at the top
+        flat = config.pop("text_config")
+        config.update({k: v for k, v in flat.items() if k not in config})
     return config
 
 
