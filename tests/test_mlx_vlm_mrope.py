@@ -1,6 +1,6 @@
 """Images on the MLX engine for the Qwen-VL family (3-D M-RoPE positions): tiny random-weight
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL (deepstack), Qwen3.5 and Qwen3.5-MoE (linear attention + full
-attention) checkpoints, saved as mlx-vlm folders and loaded as a user's. Per family: positions
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear
+attention + full attention) checkpoints, saved as mlx-vlm folders and loaded as a user's. Per family: positions
 equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt forward, and a
 conversation of image turns plus an edited-history turn replies exactly as --no-cache does, with
 reuse on every turn, image hits after a restore and the vision-embedding cache counted."""

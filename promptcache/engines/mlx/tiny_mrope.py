@@ -1,9 +1,10 @@
 """Tiny random-weight Qwen-VL-family checkpoints for mlx-vlm (M-RoPE image positions), built from
 transformers' config classes at test time and saved as an mlx-vlm conversion would be.
 
-Each family: a 1-2 layer vision tower (hidden 32, 8x8 patches merged 2x2: a 32x48 image is 6
-tokens, 64x80 is 20), a 2-4 layer language model (hidden 64, head 16, 3-D rotary sections that
-all turn), weights drawn at ``initializer_range`` 0.2 (so greedy replies don't collapse), the
+Families: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_vl_moe (deepstack), qwen3_5 and qwen3_5_moe
+(linear attention + full attention). Each: a 1-2 layer vision tower (hidden 32, 8x8 patches
+merged 2x2: a 32x48 image is 6 tokens, 64x80 is 20), a 2-4 layer language model (hidden 64, head
+16, 3-D rotary sections that all turn), weights drawn at ``initializer_range`` 0.2 (so greedy replies don't collapse), the
 ``tiny_models`` BPE tokenizer with Qwen's vision tokens, a ChatML template with image parts and
 the numpy image processor's ``preprocessor_config.json``. ``load_mlx_vlm`` reads the folder back
 as a user's mlx-community download.
@@ -53,6 +54,18 @@ FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         dict(num_hidden_layers=2, rope_scaling=QWEN3_ROPE),
         dict(num_position_embeddings=16, deepstack_visual_indexes=[0]),
     ),
+    "qwen3_vl_moe": (
+        dict(
+            num_hidden_layers=2,
+            rope_scaling=QWEN3_ROPE,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        ),
+        dict(num_position_embeddings=16, deepstack_visual_indexes=[0]),
+    ),  # fmt: skip
     "qwen3_5": (
         dict(num_hidden_layers=4, rope_parameters=QWEN3_ROPE, **GDN),
         dict(num_position_embeddings=16, depth=1),
