@@ -171,3 +171,45 @@ def test_batched_decode_equals_one_by_one(tiny):
     alone = [runner.forward([s], [[t]])[0] for s, t in zip(twins, [5, 6], strict=True)]
     for a, b in zip(together, alone, strict=True):
         np.testing.assert_allclose(runner.to_numpy(a), runner.to_numpy(b), rtol=1e-4, atol=1e-5)
+
+
+def test_a_saved_folder_serves_images_through_the_factory_and_hits_from_ssd_after_a_restart(
+    tmp_path, caplog
+):
+    from promptcache.engines.factory import build_engine
+    from promptcache.engines.mlx.vlm_mrope import MropeRunner
+
+    folder = save_mrope("qwen3_vl", tmp_path / "qwen3-vl", seed=2)
+    opts = dict(block_size=BLOCK, prefill_chunk=CHUNK, ssd_dir=str(tmp_path / "cache"))
+    with caplog.at_level("INFO", logger="promptcache"):
+        first = build_engine("mlx", str(folder), **opts)
+    assert isinstance(first.runner, MropeRunner)
+    assert "qwen3_vl takes images on the mlx engine" in caplog.text
+    messages = [user("remember ", None, " and this text after it")]
+    ids, spans = first.encode_chat_images(messages, None, [picture(8)])
+    params = SamplingParams(max_tokens=8)
+    want = list(first.generate(ids, params, images=spans))[-1].completion_ids
+    first.close()
+    second = build_engine("mlx", str(folder), **opts)  # a restart: RAM empty, SSD blocks verified
+    events = list(second.generate(ids, params, images=spans))
+    second.close()
+    assert events[0].cached_tokens > spans[0].end  # restored past the image, from disk
+    assert events[-1].completion_ids == want
+
+
+def test_a_vision_folder_whose_image_path_cannot_load_serves_text(tmp_path, caplog):
+    from promptcache.engines.factory import build_engine
+    from promptcache.engines.mlx.engine import MlxEngine
+    from promptcache.engines.tiny_models import train_tiny_tokenizer
+
+    folder = save_mrope("qwen3_5", tmp_path / "qwen3.5", seed=3)
+    train_tiny_tokenizer().save_pretrained(folder)  # a tokenizer without Qwen's image token
+    with caplog.at_level("WARNING", logger="promptcache"):
+        engine = build_engine("mlx", str(folder), block_size=BLOCK, prefill_chunk=CHUNK)
+    try:
+        assert isinstance(engine, MlxEngine) and not engine.supports_images
+        assert "images are not supported for qwen3_5 on the mlx engine here" in caplog.text
+        ids = engine.tokenizer.encode("hello there", add_special_tokens=False)
+        assert len(list(engine.generate(ids, SamplingParams(max_tokens=4)))[-1].completion_ids)
+    finally:
+        engine.close()
