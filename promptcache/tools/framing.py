@@ -30,13 +30,33 @@ from .base import (
 )
 
 
-class MarkedFormat(ABC):
-    """A format whose calls follow an opening marker, ``start_markers[0]``."""
+class CallFormat(ABC):
+    """The base of every parser (the ToolCallParser contract): call_grammar picks the tools,
+    grammar_for writes the format's grammar for them."""
 
     name: str
     start_markers: tuple[str, ...]
     markers: tuple[str, ...]
     template_args: str = "mapping"
+
+    def call_grammar(
+        self,
+        tools: list[dict],
+        name: str | None = None,
+        parallel: bool = True,
+        special_tokens: Mapping[str, int] | None = None,
+    ) -> str:
+        return self.grammar_for(tool_functions(tools, name), parallel, special_tokens)
+
+    @abstractmethod
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
+    ) -> str:
+        """The grammar of ToolCallParser.call_grammar for the "function" dicts ``funcs``."""
+
+
+class MarkedFormat(CallFormat):
+    """A format whose calls follow an opening marker, ``start_markers[0]``."""
 
     @abstractmethod
     def calls_at(
@@ -68,17 +88,12 @@ class JsonArgsFormat(MarkedFormat):
         block = f"{self.prefix}{body}{self.suffix}" if calls else ""
         return self.content_sep.join(x for x in (content, block) if x)
 
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
     ) -> str:
         return grammar_of_calls(
-            tool_functions(tools, name), self.around, self.call_sep, parallel, special_tokens,
-            prefix=self.prefix, suffix=self.suffix,
-        )  # fmt: skip
+            funcs, self.around, self.call_sep, parallel, special, self.prefix, self.suffix
+        )
 
 
 class TextArgsFormat(MarkedFormat):
@@ -107,17 +122,12 @@ class TextArgsFormat(MarkedFormat):
         blocks = self.call_sep.join(self.block(c.name, json.loads(c.arguments)) for c in calls)
         return join_content((content, blocks))
 
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
     ) -> str:
         return grammar_of_values(
-            tool_functions(tools, name), head=self.head, param=self.param, tail=self.tail,
-            sep=self.call_sep, parallel=parallel, special=special_tokens,
-        )  # fmt: skip
+            funcs, self.head, self.param, self.tail, self.call_sep, parallel, special
+        )
 
 
 def read_section(

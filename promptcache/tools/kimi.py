@@ -20,7 +20,6 @@ from .base import (
     lark_text,
     make_call,
     skip_ws,
-    tool_functions,
     tools_json_lines,
 )
 from .framing import MarkedFormat, read_section
@@ -59,18 +58,14 @@ class KimiParser(MarkedFormat):
         section = f"{SECTION}{body}{SECTION_END}" if calls else ""
         return join_content((content, section))
 
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
     ) -> str:
         def text(s: str) -> str:
-            return lark_text(s, special_tokens)
+            return lark_text(s, special)
 
         alts, rules = [], []
-        for i, func in enumerate(tool_functions(tools, name)):
+        for i, func in enumerate(funcs):
             head = text(f"{CALL}functions.{func['name']}:")
             rules += [f"call_{i}: {head} INDEX {text(ARGS)} args_{i} {text(CALL_END)}",
                       f"args_{i}: {args_rule(func)}"]  # fmt: skip
