@@ -200,22 +200,6 @@ class TorchRunner:
         if processor is not None:
             self.vision = TorchVision(model, processor, self.device, self.dtype, self._cache_arg)
 
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-        weights: str | None = None,
-    ) -> TorchRunner:
-        return cls(
-            *load_torch_weights(
-                path, dtype=dtype, device=device, max_context=max_context, weights=weights
-            )
-        )
-
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
