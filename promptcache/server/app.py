@@ -85,16 +85,12 @@ def body_route(
         return await handler(state, request, body)
 
     # FastAPI reads the body's model from the signature: this route's model, not Any
+    params = inspect.signature(endpoint).parameters
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [
-            inspect.Parameter(
-                "request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request
-            ),
-            inspect.Parameter(
-                "body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=body_model
-            ),
-        ],
-        return_annotation=Any,
+            params["request"].replace(annotation=Request),
+            params["body"].replace(annotation=body_model),
+        ]
     )
     endpoint.__name__ = endpoint.__qualname__ = handler.__name__
     endpoint.__doc__ = handler.__doc__
