@@ -93,7 +93,6 @@ def body_route(
         ]
     )
     endpoint.__name__ = endpoint.__qualname__ = handler.__name__
-    endpoint.__doc__ = handler.__doc__
     return endpoint
 
 
