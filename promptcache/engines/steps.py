@@ -72,6 +72,14 @@ class Steps:
             return image_safe_end(req.images, end)
         return end
 
+    def _moved_to(self, req: Request, end: int) -> bool:
+        """Whether ``end`` is the end of a whole image a chunk boundary was moved to (saved as
+        that boundary would have been)."""
+        if not req.images or self.feeder is None or not self.feeder.vision.whole_images:
+            return False
+        last_boundary = (end - 1) // self.prefill_chunk * self.prefill_chunk
+        return any(s.end == end and last_boundary > s.start for s in req.images)
+
     def _checkpoints_last(self, req: Request) -> bool:
         return (
             self.checkpoint_last and req.seq is not None and self.runner.layout.requires_checkpoint
@@ -87,6 +95,7 @@ class Steps:
             end % self.prefill_chunk == 0
             or end == n
             or (end == n - 1 and self._checkpoints_last(req))
+            or self._moved_to(req, end)
         )
 
     @property

@@ -17,10 +17,11 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
@@ -31,6 +32,14 @@ from promptcache.engines.vision import PlaceholderVision
 MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
 GEMMA = ("gemma3",)
 MAX_GRIDS = 4096  # images whose grid is remembered (a grid is needed on every chunk)
+
+
+@dataclass
+class EncoderRows(BaseModelOutputWithPooling):
+    """Precomputed encoder output for ``mm_encoder_outputs`` (a ``ModelOutput``, as the model
+    returns it): ``pooler_output`` rows, and Qwen3-VL's ``deepstack_features`` per layer."""
+
+    deepstack_features: list[Any] | None = None
 
 
 class FamilyVision(PlaceholderVision):
@@ -119,10 +128,8 @@ class QwenVision(FamilyVision):
         if pieces:  # the chunk's image rows in prompt order, as the model scatters them
             rows = torch.cat([r for _, r in pieces]).to(self.device, self.dtype)
             main, *deep = rows.split(self.hidden, dim=-1)
-            outputs = SimpleNamespace(
-                pooler_output=(main,), deepstack_features=[(d,) for d in deep]
-            )
-            encoded = {"image": outputs}
+            deepstack = [(d,) for d in deep] if deep else None
+            encoded = {"image": EncoderRows(pooler_output=(main,), deepstack_features=deepstack)}
         if spans:
             position_ids = self.positions.chunk(state, start, len(ids), spans)
         else:
@@ -206,5 +213,5 @@ class GemmaVision(FamilyVision):
         encoded = None
         if pieces:
             rows = torch.cat([r for _, r in pieces]).to(self.device, self.dtype)
-            encoded = {"image": SimpleNamespace(pooler_output=rows[None])}
+            encoded = {"image": EncoderRows(pooler_output=rows[None])}
         return self.run(state, ids, token_type_ids=types, mm_encoder_outputs=encoded)
