@@ -24,7 +24,7 @@ from promptcache.engines.base import (
 from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
 from promptcache.engines.request import Outcome, Phase, Request
 from promptcache.engines.runner import ModelRunner
-from promptcache.engines.vision import VisionFeeder
+from promptcache.engines.vision import VisionFeeder, image_safe_end
 
 
 class Steps:
@@ -60,9 +60,25 @@ class Steps:
         checkpoint saved there (``is_save_point``) lets a repeat or a regenerate reuse all but
         the last token, whose logits are always computed, as an attention model does."""
         end = min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        end = self._image_safe(req, end)
         if end == req.num_prompt and req.pos < end - 1 and self._checkpoints_last(req):
             return end - 1
         return end
+
+    def _image_safe(self, req: Request, end: int) -> int:
+        """``end`` past the image it would cut, for a model whose image tokens attend to each
+        other (``VisionModel.whole_images``): such an image is prefilled in one forward."""
+        if req.images and self.feeder is not None and self.feeder.vision.whole_images:
+            return image_safe_end(req.images, end)
+        return end
+
+    def _moved_to(self, req: Request, end: int) -> bool:
+        """Whether ``end`` is the end of a whole image a chunk boundary was moved to (saved as
+        that boundary would have been)."""
+        if not req.images or self.feeder is None or not self.feeder.vision.whole_images:
+            return False
+        last_boundary = (end - 1) // self.prefill_chunk * self.prefill_chunk
+        return any(s.end == end and last_boundary > s.start for s in req.images)
 
     def _checkpoints_last(self, req: Request) -> bool:
         return (
@@ -79,6 +95,7 @@ class Steps:
             end % self.prefill_chunk == 0
             or end == n
             or (end == n - 1 and self._checkpoints_last(req))
+            or self._moved_to(req, end)
         )
 
     @property
@@ -183,16 +200,15 @@ class Steps:
     def prefill_chunk_of(self, req: Request, end: int | None = None) -> None:
         """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to
         ``end``), saved at a chunk's end or the prompt's."""
-        end = self.chunk_end(req) if end is None else end
+        end = self.chunk_end(req) if end is None else self._image_safe(req, end)
         ids = req.prompt[req.pos : end]
-        logits = None
         if req.images:
             if self.feeder is None:
                 raise RequestError("this server's model takes no image input")
             logits = self.feeder.forward_chunk(
                 req.state, ids, req.pos, req.images, req.features, req.tenant, req.params.session
             )
-        if logits is None:  # no image token in this chunk: the plain text forward
+        else:  # a prompt without images: the plain text forward
             logits = self.runner.forward([req.state], [ids])[0]
         req.logits = logits
         req.pos = end

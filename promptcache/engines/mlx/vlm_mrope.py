@@ -6,9 +6,9 @@ k-th token sits at (base + k // (h*w), base + k // w % h, base + k % w) in the (
 width) rotary sections, ``base`` being the text position where it starts, and the text after it
 continues from base + max(t, h, w): every later position is shifted by max(t, h, w) - t*h*w (the
 rope delta). Positions are a pure function of the token index and the images before it (the
-``ImagePlace``s the state keeps, set by ``place`` before each chunk of a prompt with images), so
-chunked prefill, a prefix restored from the cache (a hit may end inside or after an image) and
-decode are exact. Every forward passes ``position_ids`` explicitly: the library model's own
+``ImagePlace``s the state keeps, set from the spans ``VisionModel.forward`` gets with each chunk
+of a prompt with images), so chunked prefill, a prefix restored from the cache (a hit may end
+inside or after an image) and decode are exact. Every forward passes ``position_ids`` explicitly: the library model's own
 per-generation rope state is never read.
 """
 
@@ -41,7 +41,8 @@ class ImagePlace(NamedTuple):
 
 
 class MropeState(list[Any]):
-    """mlx-vlm's per-layer cache list plus the images of the prompt it holds (``places``)."""
+    """mlx-vlm's per-layer cache list plus the images of the prompt it holds (``places``; a
+    restored state has none until its first chunk; decode reads them)."""
 
     places: tuple[ImagePlace, ...] = ()
 
@@ -153,7 +154,18 @@ class MropeVision(PlaceholderVision):
         mx.eval(rows)
         return rows
 
-    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
+    def forward(
+        self,
+        state: Any,
+        ids: Sequence[int],
+        pieces: Sequence[tuple[int, Any]],
+        start: int,
+        spans: Sequence[ImageSpan],
+    ) -> Any:
+        # every chunk of a prompt with images comes here: the state learns where they sit
+        self.place(state, spans)
+        if start != self.offset_of(state):
+            raise ValueError(f"a chunk at {start} on a state of {self.offset_of(state)} tokens")
         language = self.model.language_model
         embeds = language.model.embed_tokens(mx.array(list(ids)))
         visual = np.zeros(len(ids), dtype=bool)
@@ -167,7 +179,7 @@ class MropeVision(PlaceholderVision):
                 [rows[:, (k + 1) * self.hidden : (k + 2) * self.hidden] for k in range(extra)]
             )
         stacks = [mx.concatenate(list(parts)) for parts in zip(*deep, strict=True)]
-        return run_chunk(language, state, self.offset_of(state), ids, embeds[None],
+        return run_chunk(language, state, start, ids, embeds[None],
                          (visual, stacks) if stacks else None)  # fmt: skip
 
 

@@ -125,7 +125,15 @@ class MlxVision(PlaceholderVision):
         mx.eval(rows)
         return rows
 
-    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
+    def forward(
+        self,
+        state: Any,
+        ids: Sequence[int],
+        pieces: Sequence[tuple[int, Any]],
+        start: int = 0,
+        spans: Sequence[Any] = (),
+    ) -> Any:
+        # plain causal positions (llava): the chunk's place and the other images change nothing
         embeds = self.model.language_model.model.embed_tokens(mx.array(list(ids)))
         for offset, rows in pieces:
             embeds[offset : offset + rows.shape[0]] = rows.astype(embeds.dtype)
