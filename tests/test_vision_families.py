@@ -195,9 +195,9 @@ def test_image_turns_and_an_edited_history_equal_uncached(families, name, capsys
 @pytest.mark.parametrize("name", ["qwen2_vl", "gemma3"])
 def test_a_hit_ending_inside_an_image(families, name):
     """Qwen (causal): a prefill stopped inside an image resumes there with the rest of its rows
-    and the right positions. Gemma 3 (full attention only, so blocks can restore anywhere): the
-    chunk holds the whole image; a hit inside it needs every block's rows computed with the
-    whole image present, which they are: the logits equal the model's."""
+    and the right positions. Gemma 3 (full attention only, so blocks could restore anywhere):
+    the stopped prefill's chunk still held the whole image and was saved at its end, so the
+    restore resumes after it (a restore inside one: the test below)."""
     parts = families(name, **({"sliding": False} if name == "gemma3" else {}))
     eng = engine(parts, prefill_chunk=BLOCK)
     img = image(5, 1)
