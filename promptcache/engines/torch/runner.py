@@ -225,22 +225,6 @@ class TorchRunner:
         # a 3-D RoPE model's positions (``torch.mrope``): passed explicitly on every forward
         self._positions = getattr(self.vision, "positions", None)
 
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-        weights: str | None = None,
-    ) -> TorchRunner:
-        return cls(
-            *load_torch_weights(
-                path, dtype=dtype, device=device, max_context=max_context, weights=weights
-            )
-        )
-
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
 
