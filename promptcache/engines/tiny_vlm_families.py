@@ -115,10 +115,10 @@ def _tiny_gemma3(seed: int, sliding: bool) -> tuple[Any, Any, Any]:
     tokenizer = train_tiny_tokenizer(GEMMA_TOKENS, GEMMA_TEMPLATE)
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in GEMMA_TOKENS}
     common = {k: v for k, v in COMMON.items() if k != "tie_word_embeddings"}
-    text_config = {**common, "num_hidden_layers": 2, "vocab_size": len(tokenizer),
-                   "sliding_window": 24,
-                   "layer_types": ["sliding_attention" if sliding else "full_attention",
-                                   "full_attention"],
+    # 3 layers: the bidirectional image attention of layer 2 reaches the last token's logits
+    first = "sliding_attention" if sliding else "full_attention"
+    text_config = {**common, "num_hidden_layers": 3, "vocab_size": len(tokenizer),
+                   "sliding_window": 24, "layer_types": [first, "full_attention", "full_attention"],
                    "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}  # fmt: skip
     vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
                   num_hidden_layers=1, num_attention_heads=2, image_size=64, patch_size=8)  # fmt: skip
