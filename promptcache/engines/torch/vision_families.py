@@ -29,7 +29,8 @@ from promptcache.engines.errors import RequestError
 from promptcache.engines.torch.mrope import MropePositions
 from promptcache.engines.vision import PlaceholderVision
 
-MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
+         "glm4v_moe")  # fmt: skip
 GEMMA = ("gemma3",)
 MAX_GRIDS = 4096  # images whose grid is remembered (a grid is needed on every chunk)
 
