@@ -2,7 +2,7 @@
 config classes, with the image processor their checkpoints name (PIL backend: no torchvision).
 
 Qwen-VL class (3-D RoPE): qwen2_vl, qwen2_5_vl, qwen3_vl (deepstack features), qwen3_vl_moe,
-qwen3_5 (linear attention + full attention), qwen3_5_moe. Gemma 3: a SigLIP tower pooled to a
+qwen3_5 (linear attention + full attention), qwen3_5_moe; GLM-4V's glm4v, glm4v_moe. Gemma 3: a SigLIP tower pooled to a
 few soft tokens, bidirectional attention among them. Each is 2-4 text layers, hidden 64,
 ``initializer_range`` 0.2; images of a few dozen pixels a side become 4-30 tokens.
 """

@@ -1,6 +1,6 @@
 """Images for transformers families beyond LLaVA (``VisionModel`` on torch).
 
-- Qwen-VL class (``MROPE``): image tokens get 3-D RoPE positions from their grid and the text
+- Qwen-VL class (``MROPE``, GLM-4V's included: the same ``get_rope_index`` scheme): image tokens get 3-D RoPE positions from their grid and the text
   after an image is shifted (``torch.mrope``); every forward passes explicit ``position_ids``.
   Qwen3-VL's deepstack features travel with an image's rows (concatenated on the last axis).
 - Gemma 3 (``GEMMA``): an image's tokens attend to each other both ways, through the model's
