@@ -106,7 +106,9 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
 
         try:
             model = load_model(path)
-        except (ValueError, FileNotFoundError) as exc:  # e.g. weight names of another layout
+        # e.g. weight names of another layout, a config mlx-vlm's classes do not read (a
+        # transformers 5 config: rope_parameters, the text sizes nested where it wants them flat)
+        except (ValueError, FileNotFoundError, TypeError, KeyError, AttributeError) as exc:
             raise ConfigError(
                 f"{path} does not load as an mlx-vlm {model_type} model (weights in mlx-vlm's "
                 f"layout, e.g. from mlx_vlm.convert): {str(exc)[:300]}"
