@@ -1,6 +1,6 @@
 """Images on the transformers families beyond LLaVA, each a tiny random-weight model built from
 its config class: the Qwen-VL class (3-D RoPE positions: qwen2_vl, qwen2_5_vl, qwen3_vl,
-qwen3_vl_moe, qwen3_5, qwen3_5_moe) and Gemma 3 (bidirectional attention among an image's
+qwen3_vl_moe, qwen3_5, qwen3_5_moe, and GLM-4V's glm4v, glm4v_moe) and Gemma 3 (bidirectional attention among an image's
 tokens). Against the model's own uncached forward and ``generate`` (its own image path and
 positions), and cached vs --no-cache over image turns and an edited history."""
 
@@ -14,7 +14,7 @@ from promptcache.core.images import image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.request import Request  # noqa: E402
 from promptcache.engines.tiny_vlm_families import (  # noqa: E402
-    QWEN_FAMILIES,
+    MROPE_FAMILIES,
     VISION_FAMILIES,
     tiny_vision_family,
 )
@@ -195,9 +195,9 @@ def test_image_turns_and_an_edited_history_equal_uncached(families, name, capsys
 @pytest.mark.parametrize("name", ["qwen2_vl", "gemma3"])
 def test_a_hit_ending_inside_an_image(families, name):
     """Qwen (causal): a prefill stopped inside an image resumes there with the rest of its rows
-    and the right positions. Gemma 3 (full attention only, so blocks can restore anywhere): the
-    chunk holds the whole image; a hit inside it needs every block's rows computed with the
-    whole image present, which they are: the logits equal the model's."""
+    and the right positions. Gemma 3 (full attention only, so blocks could restore anywhere):
+    the stopped prefill's chunk still held the whole image and was saved at its end, so the
+    restore resumes after it (a restore inside one: the test below)."""
     parts = families(name, **({"sliding": False} if name == "gemma3" else {}))
     eng = engine(parts, prefill_chunk=BLOCK)
     img = image(5, 1)
@@ -242,5 +242,79 @@ def test_the_family_table_covers_the_qwen_class():
     from promptcache.engines.torch.vision import image_families
 
     families = image_families()
-    assert set(QWEN_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
+    assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
     assert families["qwen3_5_moe"] == "3-D RoPE positions" and "llava" in families
+
+
+def test_concurrent_image_requests_batch_decode_with_their_own_offsets(families):
+    """Qwen3-VL decode steps batch (full attention): each row continues from its own position
+    offset (images of other grids shift differently), a text-only request among them too."""
+    import threading
+
+    parts = families("qwen3_vl")
+    prompts = [(ask(f"Question {i}. "), [image(30 + i, i)]) for i in range(3)]
+    prompts.append(([{"role": "user", "content": "No picture in this one, only words."}], []))
+
+    def reply(eng, i):
+        messages, images = prompts[i]
+        ids, spans = eng.encode_chat_images(messages, None, images)
+        return list(eng.generate(ids, SamplingParams(max_tokens=10), images=spans))[-1]
+
+    alone = [reply(engine(parts), i).completion_ids for i in range(len(prompts))]
+    shared, out = engine(parts), {}
+    threads = [threading.Thread(target=lambda i=i: out.update({i: reply(shared, i)}))
+               for i in range(len(prompts))]  # fmt: skip
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [out[i].completion_ids for i in range(len(prompts))] == alone
+    assert shared.cache_stats()["num_batched_forwards"] > 0
+
+
+def test_start_up_says_which_images_are_served(families, tmp_path, caplog):
+    """A family outside the images column serves text (image parts get a 400), said at start-up;
+    a supported one says images are on, from its image processor alone (no torchvision)."""
+    import logging
+
+    from transformers import AutoConfig
+
+    from promptcache.engines.torch.runner import load_torch_processor
+
+    AutoConfig.for_model("mistral3").save_pretrained(tmp_path / "mistral3")
+    with caplog.at_level(logging.INFO, logger="promptcache"):
+        assert load_torch_processor(tmp_path / "mistral3") is None
+        folder = tmp_path / "gemma3"
+        for part in families("gemma3"):  # model, image processor, tokenizer: a user's folder
+            part.save_pretrained(folder)
+        processor = load_torch_processor(folder)
+    assert "images are not supported for mistral3 on the torch engine" in caplog.text
+    assert "images on (gemma3: bidirectional image attention)" in caplog.text
+    assert processor is not None
+
+
+def test_gemma_resumes_exactly_from_a_restore_inside_an_image(families):
+    """Why a hit inside a Gemma 3 image needs no cut back: every stored row of an image was
+    computed with the whole image present (whole_images), and the rest of the image attends to
+    the restored part and to itself (token_type_ids from the start). Restoring blocks up to the
+    middle of an image and prefilling the rest gives the model's logits; prefilling the first
+    half alone (a chunk cut inside the image) would not."""
+    name = "gemma3"
+    parts = families(name, sliding=False)  # full attention: blocks restore at any position
+    eng = engine(parts)
+    runner, vision = eng.runner, eng.vision
+    img = image(7)
+    ids, spans = eng.encode_chat_images(ask("Halves: "), None, [img])
+    span = spans[0]
+    rows = vision.encode(img)
+    expected = reference(name, parts, ids, [img])
+    whole = runner.new_state()
+    assert close(vision.forward(whole, ids, [(span.start, rows)], 0, spans), expected)
+    k = span.start + span.length // 2
+    restored = runner.restore([(runner.slice_block(whole, 0, k), k)], None)
+    rest = vision.forward(restored, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    assert close(rest, expected)
+    split = runner.new_state()  # the image cut across two forwards: its first half is wrong
+    vision.forward(split, ids[:k], [(span.start, rows[: k - span.start])], 0, spans)
+    wrong = vision.forward(split, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    assert not close(wrong, expected)

@@ -107,7 +107,9 @@ def build_engine(
     path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
-        raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
+        if model_type(path) == "llava":  # no text-only path in mlx-lm
+            raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
+        cls = text_only(path, "--kv-bits quantizes the live cache, which mlx-vlm's path does not")
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
@@ -115,7 +117,27 @@ def build_engine(
             cache_kv_min_tokens=cache_kv_min_tokens,
             cache_dtype=cache_dtype,
         )
-    return cls.load(path, device=device, model_id=found.name, **options, **extra)
+    load = dict(device=device, model_id=found.name, **options, **extra)
+    try:
+        return cls.load(path, **load)
+    except ConfigError as exc:
+        if not getattr(cls, "takes_images", False) or model_type(path) == "llava":
+            raise
+        try:  # e.g. an MLX text conversion that kept vision_config but no vision tower
+            return text_only(path, str(exc)[:300]).load(path, **load)
+        except ConfigError as text_exc:
+            raise ConfigError(f"{exc}; as text through mlx-lm: {text_exc}") from None
+
+
+def text_only(path: Any, reason: str) -> Any:
+    """The mlx-lm engine for a vision checkpoint whose image path cannot serve, said in the log."""
+    from promptcache.engines.mlx.engine import MlxEngine
+
+    log.warning(
+        "%s: images are not supported for %s on the mlx engine here (%s); serving text only "
+        "through mlx-lm (image parts get a 400)", Path(path).name, model_type(path), reason,
+    )  # fmt: skip
+    return MlxEngine
 
 
 def engine_class(kind: str, path: Any = None) -> Any:
@@ -141,6 +163,8 @@ def engine_class(kind: str, path: Any = None) -> Any:
                 Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
             )  # fmt: skip
         elif path is not None and is_vlm_folder(path):
+            if not importlib.util.find_spec("mlx_vlm") and model_type(path) != "llava":
+                return text_only(path, 'mlx-vlm is not installed: pip install "promptcache[vlm]"')
             if not importlib.util.find_spec("mlx_vlm"):
                 raise ConfigError(
                     "a vision-language model on the mlx engine needs mlx-vlm: "
@@ -148,6 +172,10 @@ def engine_class(kind: str, path: Any = None) -> Any:
                 )
             from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
 
+            log.info(
+                "%s: %s takes images on the mlx engine (mlx-vlm; image families: %s)",
+                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+            )  # fmt: skip
             return MlxVlmEngine
         from promptcache.engines.mlx.engine import MlxEngine
 
