@@ -1,6 +1,6 @@
 """Images on the transformers families beyond LLaVA, each a tiny random-weight model built from
 its config class: the Qwen-VL class (3-D RoPE positions: qwen2_vl, qwen2_5_vl, qwen3_vl,
-qwen3_vl_moe, qwen3_5, qwen3_5_moe) and Gemma 3 (bidirectional attention among an image's
+qwen3_vl_moe, qwen3_5, qwen3_5_moe, and GLM-4V's glm4v, glm4v_moe) and Gemma 3 (bidirectional attention among an image's
 tokens). Against the model's own uncached forward and ``generate`` (its own image path and
 positions), and cached vs --no-cache over image turns and an edited history."""
 
@@ -14,7 +14,7 @@ from promptcache.core.images import image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.request import Request  # noqa: E402
 from promptcache.engines.tiny_vlm_families import (  # noqa: E402
-    QWEN_FAMILIES,
+    MROPE_FAMILIES,
     VISION_FAMILIES,
     tiny_vision_family,
 )
@@ -242,7 +242,7 @@ def test_the_family_table_covers_the_qwen_class():
     from promptcache.engines.torch.vision import image_families
 
     families = image_families()
-    assert set(QWEN_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
+    assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
     assert families["qwen3_5_moe"] == "3-D RoPE positions" and "llava" in families
 
 

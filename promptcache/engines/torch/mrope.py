@@ -1,6 +1,6 @@
 """3-D ("mRoPE") positions of the Qwen-VL class on transformers, per request state.
 
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE) and Qwen3.5(-MoE) give an image's tokens (temporal, height,
+Qwen2-VL, Qwen2.5-VL, Qwen3-VL(-MoE), Qwen3.5(-MoE) and GLM-4V(-MoE) give an image's tokens (temporal, height,
 width) positions from its grid and shift the text after it: a text token's position is its index
 plus the offset the images before it left. transformers keeps that offset on the model
 (``rope_deltas``: one for all requests, set by whichever prefill ran last); here each request

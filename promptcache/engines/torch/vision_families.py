@@ -1,6 +1,6 @@
 """Images for transformers families beyond LLaVA (``VisionModel`` on torch).
 
-- Qwen-VL class (``MROPE``): image tokens get 3-D RoPE positions from their grid and the text
+- Qwen-VL class (``MROPE``, GLM-4V's included: the same ``get_rope_index`` scheme): image tokens get 3-D RoPE positions from their grid and the text
   after an image is shifted (``torch.mrope``); every forward passes explicit ``position_ids``.
   Qwen3-VL's deepstack features travel with an image's rows (concatenated on the last axis).
 - Gemma 3 (``GEMMA``): an image's tokens attend to each other both ways, through the model's
@@ -29,7 +29,8 @@ from promptcache.engines.errors import RequestError
 from promptcache.engines.torch.mrope import MropePositions
 from promptcache.engines.vision import PlaceholderVision
 
-MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe")
+MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
+         "glm4v_moe")  # fmt: skip
 GEMMA = ("gemma3",)
 MAX_GRIDS = 4096  # images whose grid is remembered (a grid is needed on every chunk)
 
