@@ -180,7 +180,7 @@ def child(args: argparse.Namespace) -> None:
         raise SystemExit(f"imported {where}, not from {args.side}: check PYTHONPATH")
     sys.path.insert(1, str(HERE))
     work = Path(args.work)
-    metrics = FIGURES[args.figure](work, args)
+    metrics = FIGURES[args.child](work, args)
     print("RESULT " + json.dumps({"file": str(where), "metrics": metrics}), flush=True)
 
 
@@ -249,7 +249,7 @@ def main() -> None:
     ap.add_argument("new", nargs="?", help="the checkout to compare (a folder)")
     ap.add_argument("--figures", nargs="+", default=list(FIGURES), choices=list(FIGURES))
     ap.add_argument("--pairs", type=int, default=5)
-    ap.add_argument("--turns", type=int, default=4, help="bench: turns")
+    ap.add_argument("--turns", type=int, default=3, help="bench: turns")
     ap.add_argument("--ssd-tokens", type=int, default=2048, help="ssd: history tokens")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4], help="batch: concurrencies")
     ap.add_argument(
@@ -268,6 +268,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="pc-compare-"))
     make_traces(work)
     result: dict[str, Any] = {"old": str(sides[0]), "new": str(sides[1]), "runs": {}, "rows": []}
+    for key, side in zip(("old", "new"), sides, strict=True):
+        head = subprocess.run(["git", "-C", str(side), "log", "-1", "--format=%h %s"],
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(side), "status", "--porcelain", "promptcache"],
+                               capture_output=True, text=True).stdout.strip()  # fmt: skip
+        result[f"{key}_commit"] = head + (" (promptcache/ modified)" if dirty else "")
+        print(f"{key}: {side} at {result[f'{key}_commit']}", flush=True)
     for figure in args.figures:
         runs: list[tuple[dict, dict]] = []
         for i in range(args.pairs):
