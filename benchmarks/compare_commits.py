@@ -15,11 +15,12 @@ then the same on both sides whatever each commit's own ``--threads`` default is.
 
 Figures:
 - ``core``: core_bench lookup (from a list, from an array) and cold save at 1K/10K/100K tokens,
-  hashing via TokenSeq, metadata bytes per block.
+  metadata bytes per block (the default policy, and LRU on both sides), hashing via TokenSeq.
 - ``replay``: generated traces (make_traces, block 64) through ``promptcache replay --json``
   (the CLI, default policy) and ``replay()`` for every policy: hit rates (must match) and CPU s.
 - ``ssd``: ``ssd_bench.tier_write_read`` (the SSD tier alone: write MB/s, reload MB/s after a
-  restart) and ``ssd_bench.ttft_row`` (bundled model: RAM hit, SSD hit after restart, recompute).
+  restart) and ``ssd_bench.ttft_row`` (bundled model: TTFT of a RAM hit, an SSD hit after a
+  restart; the recompute is ``bench``'s cache-off TTFT).
 - ``bench``: ``promptcache bench --turns T --repeats 1 --max-tokens 8``: TTFT with the cache on
   (turns 2+), off, and the live-KV ideal, on the bundled model.
 - ``batch``: ``batch_bench`` against a real server of each side: qa (cache on, closed loop) and
@@ -55,14 +56,18 @@ def figure_core(work: Path, args: argparse.Namespace) -> Metrics:
     import core_bench
 
     out: Metrics = {}
-    for row in core_bench.bench_lookup():
-        n = row["prompt_tokens"]
-        out[f"lookup ms {n} tok (list)"] = (row["lookup_ms_from_list"], LOWER)
-        out[f"lookup ms {n} tok (array)"] = (row["lookup_ms_from_array"], LOWER)
-        out[f"save ms cold {n} tok"] = (row["save_ms_cold"], LOWER)
+    # the default policy, and lru: the same policy on both sides whatever each one's default is
+    for policy in (None, "lru"):
+        name = policy or "default policy"
+        for row in core_bench.bench_lookup(policy=policy):
+            n = row["prompt_tokens"]
+            out[f"lookup ms {n} tok (list), {name}"] = (row["lookup_ms_from_list"], LOWER)
+            out[f"lookup ms {n} tok (array), {name}"] = (row["lookup_ms_from_array"], LOWER)
+            out[f"save ms cold {n} tok, {name}"] = (row["save_ms_cold"], LOWER)
+        block = core_bench.bench_block_overhead(5000, policy=policy)
+        out[f"bytes per block (metadata), {name}"] = (block["bytes_per_block"], LOWER)
     seq = core_bench.bench_hashing(num_tokens=200_000)[-1]  # the full path: TokenSeq(list)
     out["hash Mtok/s via TokenSeq"] = (seq["tokens_per_s"] / 1e6, HIGHER)
-    out["bytes per block (metadata)"] = (core_bench.bench_block_overhead(5000)["bytes_per_block"], LOWER)  # fmt: skip
     out["sharing held/ideal"] = (core_bench.bench_sharing()["ratio"], EXACT)
     return out
 
@@ -117,13 +122,13 @@ def figure_ssd(work: Path, args: argparse.Namespace) -> Metrics:
         "tier promoting lookup s": (tier["promote_lookup_s"], LOWER),
     }
     model, tok = _model()
-    plain = ssd_bench.TorchEngine(model, tok, cache_enabled=False)
-    ssd_bench.ttft(plain, list(range(100, 612)))  # first-forward costs, untimed
+    warm = ssd_bench.TorchEngine(model, tok, cache_enabled=False)
+    ssd_bench.ttft(warm, list(range(100, 612)))  # first-forward costs, untimed
     n = args.ssd_tokens
-    row = ssd_bench.ttft_row(model, tok, plain, work / "cache", n, torch.Generator().manual_seed(0))
+    # no recompute: a plain prefill, the same code as `bench`'s cache-off TTFT (measured there)
+    row = ssd_bench.ttft_row(model, tok, None, work / "cache", n, torch.Generator().manual_seed(0))
     out[f"TTFT s RAM hit {n}"] = (row["ram_hit_s"], LOWER)
     out[f"TTFT s SSD hit after restart {n}"] = (row["ssd_hit_s"], LOWER)
-    out[f"TTFT s recompute {n}"] = (row["recompute_s"], LOWER)
     out[f"engine SSD reload MB/s {n}"] = (row["reload_mb_s"], HIGHER)
     out[f"cached tokens, RAM hit {n}"] = (row["cached_ram"], EXACT)
     out[f"cached tokens, SSD hit {n}"] = (row["cached_ssd"], EXACT)
@@ -250,7 +255,7 @@ def main() -> None:
     ap.add_argument("--figures", nargs="+", default=list(FIGURES), choices=list(FIGURES))
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--turns", type=int, default=3, help="bench: turns")
-    ap.add_argument("--ssd-tokens", type=int, default=2048, help="ssd: history tokens")
+    ap.add_argument("--ssd-tokens", type=int, default=1024, help="ssd: history tokens")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4], help="batch: concurrencies")
     ap.add_argument(
         "--wait-quiet", default=None, help="wait while this file exists (a reservation)"
