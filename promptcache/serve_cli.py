@@ -18,6 +18,33 @@ def default_cache_dir() -> str:
     return str(cache_root() / "blocks")
 
 
+# the serve/bench flags that are build_engine options of the same name
+ENGINE_FLAGS = (
+    "revision",
+    "block_size",
+    "ram_budget",
+    "prefill_chunk",
+    "step_tokens",
+    "max_context",
+    "dtype",
+    "device",
+    "policy",
+    "ssd_budget",
+    "ssd_retention",
+    "shared_ttl",
+    "ram_ttl",
+    "encrypt_key_file",
+    "kv_bits",
+    "cache_kv_bits",
+    "cache_kv_group",
+    "cache_kv_min_tokens",
+    "cache_dtype",
+    "vision_cache_bytes",
+    "threads",
+    "weights",
+)
+
+
 def engine_from_args(args: argparse.Namespace) -> Any:
     from promptcache.engines.factory import build_engine
 
@@ -25,31 +52,10 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return build_engine(
         args.engine,
         args.model,
-        revision=args.revision,
         cache_enabled=not args.no_cache,
-        block_size=args.block_size,
-        ram_budget=args.ram_budget,
-        prefill_chunk=args.prefill_chunk,
-        step_tokens=args.step_tokens,
-        max_context=args.max_context,
-        dtype=args.dtype,
-        device=args.device,
-        policy=args.policy,
         ssd_dir=ssd_dir,
-        ssd_budget=args.ssd_budget,
-        ssd_retention=args.ssd_retention,
         shared_url=args.shared_tier,
-        shared_ttl=args.shared_ttl,
-        ram_ttl=args.ram_ttl,
-        encrypt_key_file=args.encrypt_key_file,
-        kv_bits=args.kv_bits,
-        cache_kv_bits=args.cache_kv_bits,
-        cache_kv_group=args.cache_kv_group,
-        cache_kv_min_tokens=args.cache_kv_min_tokens,
-        cache_dtype=args.cache_dtype,
-        vision_cache_bytes=args.vision_cache_bytes,
-        threads=args.threads,
-        weights=args.weights,
+        **{name: getattr(args, name) for name in ENGINE_FLAGS},
     )
 
 

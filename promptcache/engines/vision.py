@@ -9,6 +9,12 @@ image positions take feature rows. Images enter the cache key through the block 
 (``core.images.image_extras``); a hit that reaches past an image needs no encoder at all, and a
 chunk that holds image tokens gets its feature rows from the vision-embedding cache
 (``core.vision_cache``) or, on a miss, from one encoder run (counted).
+
+Every prefill chunk of a prompt with images goes through ``VisionModel.forward`` (with the
+chunk's absolute start and all the prompt's spans), image tokens in it or not: a model whose
+positions depend on the images before them (Qwen-VL's 3-D RoPE) needs them after a restore too.
+A model whose image tokens attend to each other (``whole_images``: Gemma 3's bidirectional
+image attention) never has a chunk end inside an image (``image_safe_end``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ class VisionModel(Protocol):
 
     settings_key: str  # what besides the weights shapes encode()'s output (processor settings)
     image_token_id: int  # the placeholder token id repeated over an image's positions
+    # an image's tokens attend to each other (bidirectionally): a prefill chunk holds all of an
+    # image or none of it (a hit may still end inside one: its rows were computed whole)
+    whole_images: bool
 
     def render(
         self,
@@ -45,10 +54,19 @@ class VisionModel(Protocol):
     def encode(self, image: ImageInput) -> Any:
         """The feature rows replacing the image's placeholders: (num_tokens, hidden)."""
 
-    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
-        """Run ``ids`` on ``state`` (appending to it) like ``ModelRunner.forward`` for one
-        sequence, with the embeddings at offsets ``pieces[k][0] ..`` replaced by the rows
-        ``pieces[k][1]``; the last position's logits."""
+    def forward(
+        self,
+        state: Any,
+        ids: Sequence[int],
+        pieces: Sequence[tuple[int, Any]],
+        start: int,
+        spans: Sequence[ImageSpan],
+    ) -> Any:
+        """Run ``ids`` (prompt positions [start, start + len(ids))) on ``state`` (appending to
+        it) like ``ModelRunner.forward`` for one sequence, with the embeddings at offsets
+        ``pieces[k][0] ..`` replaced by the rows ``pieces[k][1]`` (``pieces`` may be empty: a
+        chunk of a prompt with images that holds none); ``spans``: all the prompt's images.
+        The last position's logits."""
 
 
 class VisionFeeder:
@@ -86,9 +104,9 @@ class VisionFeeder:
         tenant: str = "",
         session: str = "",
     ) -> Any:
-        """Prefill prompt positions [start, start + len(ids)). ``held``: the request's feature
-        rows by span index (kept while an image spans several chunks); cached per ``tenant``,
-        tagged with ``session``."""
+        """Prefill prompt positions [start, start + len(ids)) of a prompt whose images are
+        ``spans``. ``held``: the request's feature rows by span index (kept while an image spans
+        several chunks); cached per ``tenant``, tagged with ``session``."""
         end = start + len(ids)
         pieces: list[tuple[int, Any]] = []
         for i, span in enumerate(spans):
@@ -107,9 +125,7 @@ class VisionFeeder:
             pieces.append((lo - start, rows[lo - span.start : hi - span.start]))
             if hi == span.end:  # the image is done: its rows stay in the cache, not the request
                 held.pop(i, None)
-        if not pieces:
-            return None
-        return self.vision.forward(state, ids, pieces)
+        return self.vision.forward(state, ids, pieces, start, spans)
 
     def forget(self, tenant: str, session: str | None, force: bool = False) -> int:
         """Encoder outputs of a deleted session (None: of a whole tenant); how many went."""
@@ -138,6 +154,7 @@ class PlaceholderVision:
     tokenizer: Any
     template: str | None
     image_token_id: int
+    whole_images = False
 
     def num_tokens(self, image: ImageInput) -> int:
         """How many placeholder positions ``image`` takes in the prompt."""
@@ -193,6 +210,14 @@ def expand_images(
         out += [image_token_id] * n
         prev = mark + 1
     return out + ids[prev:], spans
+
+
+def image_safe_end(spans: Sequence[ImageSpan], end: int) -> int:
+    """``end`` moved past the image it would cut (a chunk of a ``whole_images`` model)."""
+    for span in spans:
+        if span.start < end < span.end:
+            return span.end
+    return end
 
 
 def overlaps(spans: Sequence[ImageSpan], start: int, end: int) -> bool:

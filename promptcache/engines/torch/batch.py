@@ -17,7 +17,7 @@ one sequence per forward (same results, no batching gain). Only the public cache
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +121,11 @@ def batched_decode(
     states: Sequence[DynamicCache],
     tokens: Sequence[int],
     last: DecodeBatch | None,
+    positions: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], DecodeBatch]:
     """Append ``tokens[i]`` to ``states[i]`` for every i in one forward: each row's logits, and
-    the batch to pass back as ``last`` next step."""
+    the batch to pass back as ``last`` next step. ``positions``: the rows' ``position_ids``
+    from their real lengths (a 3-D RoPE model's, ``torch.mrope``); default the lengths."""
     batch = last if last is not None and last.covers(states) else gather(model, states)
     lengths, rows = batch.lengths, len(states)
     width = batch.cache.get_seq_length()
@@ -135,7 +137,11 @@ def batched_decode(
     out = model(
         input_ids=torch.tensor([[t] for t in tokens], dtype=torch.long, device=device),
         attention_mask=mask,
-        position_ids=torch.tensor([[n] for n in lengths], dtype=torch.long, device=device),
+        position_ids=(
+            torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+            if positions is None
+            else positions(lengths)
+        ),
         use_cache=True,
         logits_to_keep=1,
         **{cache_arg: batch.cache},
