@@ -1,10 +1,11 @@
 """Images on the MLX engine for the Qwen-VL family (3-D M-RoPE positions): tiny random-weight
 Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear
-attention + full attention) checkpoints, saved as mlx-vlm folders and loaded as a user's. Per family: positions
+attention + full attention) and GLM-4.1V checkpoints, saved as mlx-vlm folders and loaded as a user's. Per family: positions
 equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt forward, and a
 conversation of image turns plus an edited-history turn replies exactly as --no-cache does, with
 reuse on every turn, image hits after a restore and the vision-embedding cache counted."""
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -42,10 +43,10 @@ def library_forward(tiny, messages, images):
         messages, tokenize=False, add_generation_prompt=True, chat_template=processor.chat_template
     )
     out = processor(images=[im.to_pil() for im in images], text=text)
-    ids = out["input_ids"]
-    grid = out["image_grid_thw"]
+    ids, pixels, grid = (mx.array(np.asarray(out[k])) for k in
+                         ("input_ids", "pixel_values", "image_grid_thw"))  # fmt: skip
     positions, _ = model.language_model.get_rope_index(ids, grid)
-    logits = model(ids, out["pixel_values"], image_grid_thw=grid).logits[0, -1]
+    logits = model(ids, pixels, image_grid_thw=grid).logits[0, -1]
     return np.asarray(ids)[0].tolist(), np.asarray(positions)[:, 0], np.asarray(logits)
 
 
