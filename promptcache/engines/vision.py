@@ -21,11 +21,23 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.vision_cache import VisionCache, VisionKey
 from promptcache.engines.errors import RequestError
+
+
+class VisionChunk(NamedTuple):
+    """One prefill chunk of a prompt with images, as ``VisionModel.forward`` runs it: the token
+    ``ids`` at prompt positions [start, start + len(ids)), the feature rows that replace the
+    embeddings at offsets ``pieces[k][0] ..`` of the chunk (``pieces[k][1]``; empty: a chunk
+    that holds no image token) and ``spans``, all the prompt's images."""
+
+    ids: Sequence[int]
+    pieces: Sequence[tuple[int, Any]]
+    start: int = 0
+    spans: Sequence[ImageSpan] = ()
 
 
 class VisionModel(Protocol):
@@ -54,19 +66,10 @@ class VisionModel(Protocol):
     def encode(self, image: ImageInput) -> Any:
         """The feature rows replacing the image's placeholders: (num_tokens, hidden)."""
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int,
-        spans: Sequence[ImageSpan],
-    ) -> Any:
-        """Run ``ids`` (prompt positions [start, start + len(ids))) on ``state`` (appending to
-        it) like ``ModelRunner.forward`` for one sequence, with the embeddings at offsets
-        ``pieces[k][0] ..`` replaced by the rows ``pieces[k][1]`` (``pieces`` may be empty: a
-        chunk of a prompt with images that holds none); ``spans``: all the prompt's images.
-        The last position's logits."""
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        """Run the chunk's ids on ``state`` (appending to it) like ``ModelRunner.forward`` for
+        one sequence, its image tokens' embeddings replaced by its feature rows. The last
+        position's logits."""
 
 
 class VisionFeeder:
@@ -125,7 +128,7 @@ class VisionFeeder:
             pieces.append((lo - start, rows[lo - span.start : hi - span.start]))
             if hi == span.end:  # the image is done: its rows stay in the cache, not the request
                 held.pop(i, None)
-        return self.vision.forward(state, ids, pieces, start, spans)
+        return self.vision.forward(state, VisionChunk(ids, pieces, start, spans))
 
     def forget(self, tenant: str, session: str | None, force: bool = False) -> int:
         """Encoder outputs of a deleted session (None: of a whole tenant); how many went."""

@@ -38,7 +38,7 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -125,17 +125,11 @@ class MlxVision(PlaceholderVision):
         mx.eval(rows)
         return rows
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[Any] = (),
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
         # plain causal positions (llava): the chunk's place and the other images change nothing
+        ids = chunk.ids
         embeds = self.model.language_model.model.embed_tokens(mx.array(list(ids)))
-        for offset, rows in pieces:
+        for offset, rows in chunk.pieces:
             embeds[offset : offset + rows.shape[0]] = rows.astype(embeds.dtype)
         return last_logits(self.model.language_model, state, ids, embeds[None])
 

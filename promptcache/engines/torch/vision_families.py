@@ -27,7 +27,7 @@ from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import RequestError
 from promptcache.engines.torch.mrope import MropePositions
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
          "glm4v_moe")  # fmt: skip
@@ -117,14 +117,8 @@ class QwenVision(FamilyVision):
         return torch.cat(rows, dim=-1).to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        ids, pieces, start, spans = chunk
         encoded = None
         if pieces:  # the chunk's image rows in prompt order, as the model scatters them
             rows = torch.cat([r for _, r in pieces]).to(self.device, self.dtype)
@@ -198,14 +192,8 @@ class GemmaVision(FamilyVision):
         return rows[0].to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        ids, pieces, start, spans = chunk
         end = start + len(ids)
         # 1 over image tokens from the sequence's start: the mask reads them by position
         types = torch.zeros((1, end), dtype=torch.long, device=self.device)
