@@ -69,15 +69,16 @@ def kv_slicer(bytes_per_token):
     return slice_positional
 
 
-def bench_lookup(block_size=64, bytes_per_token=64):
+def bench_lookup(block_size=64, bytes_per_token=64, policy=None):
+    """``policy``: the RAM tier's eviction policy (None: the default)."""
     rows = []
     rng = np.random.default_rng(2)
     for n in (1_000, 10_000, 100_000):
-        cache = PromptCache("bench", block_size=block_size, ram_budget=10**10)
+        cache = PromptCache("bench", block_size=block_size, ram_budget=10**10, policy=policy)
         tokens = rng.integers(0, 50_000, n).tolist()
         t_save = median_time(
             lambda tokens=tokens: PromptCache(
-                "bench", block_size=block_size, ram_budget=10**10
+                "bench", block_size=block_size, ram_budget=10**10, policy=policy
             ).save(
                 PromptCache("bench", block_size=block_size).sequence(tokens),
                 None,
@@ -108,8 +109,8 @@ def bench_lookup(block_size=64, bytes_per_token=64):
     return rows
 
 
-def bench_block_overhead(num_blocks=20_000, block_size=64):
-    cache = PromptCache("bench", block_size=block_size, ram_budget=10**10)
+def bench_block_overhead(num_blocks=20_000, block_size=64, policy=None):
+    cache = PromptCache("bench", block_size=block_size, ram_budget=10**10, policy=policy)
     tokens = np.random.default_rng(3).integers(0, 50_000, num_blocks * block_size).tolist()
     seq = cache.sequence(tokens)
     seq.block_hash(num_blocks - 1)

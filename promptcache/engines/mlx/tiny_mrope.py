@@ -120,9 +120,9 @@ def mrope_config(family: str, tokenizer: Any) -> dict[str, Any]:
     return config
 
 
-def build_mrope(family: str, config: dict[str, Any], seed: int = 0) -> Any:
+def build_random_vlm(family: str, config: dict[str, Any], seed: int = 0, std: float = 0.2) -> Any:
     """An mlx-vlm ``Model`` of ``family`` from an HF config dict (sub-configs as mlx-vlm's
-    loader reads them), every floating matrix drawn from N(0, 0.2)."""
+    loader reads them), every floating matrix drawn from N(0, std)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten, tree_unflatten
     from mlx_vlm.utils import update_module_configs
@@ -139,7 +139,7 @@ def build_mrope(family: str, config: dict[str, Any], seed: int = 0) -> Any:
     weights = dict(tree_flatten(model.parameters()))
     for key, value in weights.items():
         if value.ndim >= 2 and mx.issubdtype(value.dtype, mx.floating):
-            weights[key] = mx.random.normal(value.shape) * 0.2
+            weights[key] = mx.random.normal(value.shape) * std
     model.update(tree_unflatten(list(weights.items())))
     mx.eval(model.parameters())
     return model
@@ -156,7 +156,7 @@ def save_mrope(family: str, folder: str | Path, seed: int = 0) -> Path:
     tokenizer = tiny_mrope_tokenizer()
     tokenizer.save_pretrained(folder)
     config = mrope_config(family, tokenizer)
-    model = build_mrope(family, config, seed)
+    model = build_random_vlm(family, config, seed)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
     (folder / "config.json").write_text(json.dumps(config, indent=2))
