@@ -22,7 +22,7 @@ import numpy as np
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
-from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, last_logits
+from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
 
 
 class Gemma3Vision:
@@ -89,10 +89,7 @@ class Gemma3Vision:
         ids = mx.array(np.asarray(out["input_ids"]))
         pixels = mx.array(np.asarray(out["pixel_values"]))
         merged = self.model.get_input_embeddings(ids, pixels, mask=mx.ones_like(ids))
-        where = mx.array(np.flatnonzero(np.asarray(ids)[0] == self.image_token_id))
-        rows = merged.inputs_embeds[0][where].astype(self.dtype)
-        mx.eval(rows)
-        return rows
+        return image_rows(merged.inputs_embeds, ids, self.image_token_id, self.dtype)
 
     def forward(
         self,
@@ -105,10 +102,9 @@ class Gemma3Vision:
         language = self.model.language_model
         if not pieces:  # text only: the library's own forward and masks
             return last_logits(language, state, ids, None)
-        embeds = language.model.embed_tokens(mx.array(list(ids)))
+        embeds = spliced(language, ids, pieces)
         group = np.full(len(ids), -1)
         for k, (offset, rows) in enumerate(pieces):
-            embeds[offset : offset + rows.shape[0]] = rows.astype(embeds.dtype)
             group[offset : offset + rows.shape[0]] = k
         block = mx.array((group[:, None] == group[None, :]) & (group[:, None] >= 0))
         return self._with_image_masks(state, embeds[None], block)

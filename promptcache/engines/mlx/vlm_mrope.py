@@ -26,7 +26,7 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.batch import batched_decode
 from promptcache.engines.mlx.state import get_slot
-from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, last_logits
+from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
 from promptcache.engines.vision import PlaceholderVision
 
 
@@ -145,13 +145,11 @@ class MropeVision(PlaceholderVision):
         features = self.model.get_input_embeddings(
             ids, inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
         )
-        where = mx.array(np.flatnonzero(np.asarray(ids)[0] == self.image_token_id))
-        rows = features.inputs_embeds[0][where]
+        rows = image_rows(features.inputs_embeds, ids, self.image_token_id, self.dtype)
         deep = getattr(features, "deepstack_visual_embeds", None)
         if deep:  # one (num_tokens, hidden) array per deepstack layer, in image-token order
-            rows = mx.concatenate([rows, *deep], axis=-1)
-        rows = rows.astype(self.dtype)
-        mx.eval(rows)
+            rows = mx.concatenate([rows, *(d.astype(self.dtype) for d in deep)], axis=-1)
+            mx.eval(rows)
         return rows
 
     def forward(
@@ -167,13 +165,11 @@ class MropeVision(PlaceholderVision):
         if start != self.offset_of(state):
             raise ValueError(f"a chunk at {start} on a state of {self.offset_of(state)} tokens")
         language = self.model.language_model
-        embeds = language.model.embed_tokens(mx.array(list(ids)))
+        embeds = spliced(language, ids, pieces)
         visual = np.zeros(len(ids), dtype=bool)
         deep: list[list[mx.array]] = []
         for offset, rows in pieces:
-            n = rows.shape[0]
-            embeds[offset : offset + n] = rows[:, : self.hidden].astype(embeds.dtype)
-            visual[offset : offset + n] = True
+            visual[offset : offset + rows.shape[0]] = True
             extra = rows.shape[-1] // self.hidden - 1
             deep.append(
                 [rows[:, (k + 1) * self.hidden : (k + 2) * self.hidden] for k in range(extra)]
