@@ -27,7 +27,7 @@ from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.batch import batched_decode
 from promptcache.engines.mlx.state import evaluate_module, get_slot
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 class ImagePlace(NamedTuple):
@@ -155,14 +155,8 @@ class MropeVision(PlaceholderVision):
             mx.eval(rows)
         return rows
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int,
-        spans: Sequence[ImageSpan],
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        ids, pieces, start, spans = chunk
         # every chunk of a prompt with images comes here: the state learns where they sit
         self.place(state, spans)
         if start != self.offset_of(state):

@@ -38,7 +38,7 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -141,16 +141,10 @@ class MlxVision(PlaceholderVision):
         merged = self.model.get_input_embeddings(ids, inputs["pixel_values"]).inputs_embeds
         return image_rows(merged, ids, self.image_token_id, self.dtype)
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[Any] = (),
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
         # plain causal positions (llava): the chunk's place and the other images change nothing
-        embeds = spliced(self.model.language_model, ids, pieces)
+        ids = chunk.ids
+        embeds = spliced(self.model.language_model, ids, chunk.pieces)
         return last_logits(self.model.language_model, state, ids, embeds[None])
 
 
