@@ -9,7 +9,8 @@ replies as a client would. One run of a server:
     A1..A{split}          session A, turn by turn (TTFT at the client, cached tokens reported)
     B1..B{split}          session B (another conversation) in between
     A{split+1}, ...       session A again: did A's history survive B? ("A after B")
-    restart               SIGTERM, start again (same cache folder / settings)
+    restart               SIGTERM (``--restart kill``: SIGKILL, a crash), start again (same
+                          cache folder / settings)
     A{restart_at}, ...    the first turn after the restart, then the rest of A
     decode                one request generating ``--decode`` tokens: tok/s after the first
 
@@ -21,6 +22,9 @@ that is not installed is skipped with the command that installs it.
     .venv/bin/python benchmarks/peer_bench.py \\
         --conversation ../shared/data/tau_bench/gpt-4o-airline.json \\
         --servers promptcache,promptcache-int4,llama_cpp,vllm_cpu,mlx_lm
+
+The MLX comparison is ``--servers promptcache-mlx,mlx_lm,vllm_mlx`` (promptcache ``--engine mlx``
+on the bundled model's MLX-ready folder; on Linux, OpenBLAS is preloaded for every MLX server).
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from promptcache.bench import tau_conversation  # noqa: E402
 from promptcache.models import bundled_gguf, mlx_ready, resolve_model  # noqa: E402
 
 PEERS_HOME = Path(os.environ.get("PEERS_HOME") or Path.home() / ".cache/promptcache-peers")
-SERVERS = ("promptcache", "promptcache-int4", "llama_cpp", "vllm_cpu", "mlx_lm", "vllm_mlx")
+SERVERS = ("promptcache", "promptcache-int4", "llama_cpp", "vllm_cpu", "mlx_lm", "vllm_mlx",
+           "promptcache-mlx")  # fmt: skip
 DECODE_PROMPT = "Write a long, detailed story about a day in the life of an airline agent."
 
 
@@ -66,8 +71,11 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
     folder, gguf, ctx = args.folder, args.gguf, str(args.context)
     if name.startswith("promptcache"):
         extra = ["--weights", "int4"] if name == "promptcache-int4" else []
-        return [sys.executable, "-m", "promptcache.cli", "serve", "--model", str(folder), "--engine",
-                "torch", "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
+        engine, model = (
+            ("mlx", mlx_ready(folder)) if name == "promptcache-mlx" else ("torch", folder)
+        )
+        return [sys.executable, "-m", "promptcache.cli", "serve", "--model", str(model), "--engine",
+                engine, "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
     py = peer_python(name, args.peers_home)
     if py is None:
         return None
@@ -91,7 +99,7 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
 def server_env(name: str) -> dict[str, str]:
     """MLX on Linux: its bundled BLAS is slow; OpenBLAS preloaded where Debian has it."""
     blas = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
-    if name.startswith(("mlx", "vllm_mlx")) and sys.platform == "linux" and blas.exists():
+    if "mlx" in name and sys.platform == "linux" and blas.exists():
         return {"LD_PRELOAD": str(blas)}
     return {}
 
@@ -157,8 +165,8 @@ def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str,
         turn(a, "after B")
         while a.turn < args.restart_at - 1 and turn(a):
             pass
-        server.stop()
-        print(f"  restart: up in {server.start():.1f} s", flush=True)
+        server.stop(crash=args.restart == "kill")
+        print(f"  restart ({args.restart}): up in {server.start():.1f} s", flush=True)
         turn(a, "restart")
         while a.turn < args.turns and turn(a):
             pass
@@ -218,6 +226,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32, help="reply tokens per turn")
     p.add_argument("--decode", type=int, default=256, help="tokens of the decode request")
     p.add_argument("--context", type=int, default=8192, help="context the peers are started with")
+    p.add_argument("--restart", choices=("term", "kill"), default="term",
+                   help="how the server is stopped before the restart: SIGTERM or SIGKILL (a crash)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="runs per server (medians)")
     p.add_argument("--servers", default=",".join(SERVERS[:5]), help=f"from {', '.join(SERVERS)}")
     p.add_argument("--peers-home", type=Path, default=PEERS_HOME, help="the peers' venvs")

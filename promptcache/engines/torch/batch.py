@@ -160,26 +160,33 @@ def batched_decode(
     tokens: Sequence[int],
     last: DecodeBatch | None,
     step: Callable[..., Any] | None = None,
+    positions: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], DecodeBatch]:
     """Append ``tokens[i]`` to ``states[i]`` for every i in one forward (every layer plain full
     attention): each row's logits, and the batch to pass back as ``last`` next step. ``step``:
-    a compiled forward (static shapes), None for the model itself."""
+    a compiled forward (static shapes), None for the model itself. ``positions``: the rows'
+    ``position_ids`` from their real lengths (a 3-D RoPE model's, ``torch.mrope``); default the
+    lengths."""
     grown = tuple(range(len(states[0].layers)))
     batch = last if last is not None and last.covers(states) else gather(model, states, grown)
     lengths, rows = batch.lengths, len(states)
     width = batch.cache.get_seq_length()
     device = batch.cache.layers[0].keys.device
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
-    positions = torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+    position_ids = (
+        torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+        if positions is None
+        else positions(lengths)
+    )
     if step is None:
         # the mask covers the cached positions and the new one; padding is the left part of a row
         mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
         for i, n in enumerate(lengths):
             mask[i, width - n :] = 1
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
     else:
-        out = _static_step(step, model, cache_arg, batch, ids, positions, width)
+        out = _static_step(step, model, cache_arg, batch, ids, position_ids, width)
     # each request's layers become views of its row (the padding cut off): no copy back
     batch.lengths = [n + 1 for n in lengths]
     _hand_out_views(batch, width)
@@ -193,15 +200,18 @@ def lone_decode(
     token: int,
     last: DecodeBatch | None,
     grown: tuple[int, ...],
+    position_ids: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, DecodeBatch]:
     """One request's next token on any layout with full-attention layers (``grown``, not
     empty): those append in place, every other layer is its own object, updated by the model as in a plain forward
-    (a sliding ring or an SSM state does not grow). No mask: one row has no padding."""
+    (a sliding ring or an SSM state does not grow). No mask: one row has no padding.
+    ``position_ids``: a 3-D RoPE model's (``torch.mrope``), else the model counts them."""
     batch = last if last is not None and last.covers([state]) else gather(model, [state], grown)
     width = batch.lengths[0]
     device = batch.cache.layers[grown[0]].keys.device
+    kwargs: dict[str, Any] = {} if position_ids is None else {"position_ids": position_ids}
     out = model(input_ids=torch.tensor([[token]], dtype=torch.long, device=device),
-                use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
+                use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache}, **kwargs)  # fmt: skip
     batch.lengths = [width + 1]
     _hand_out_views(batch, width)
     return out.logits[0, -1], batch

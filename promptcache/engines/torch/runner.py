@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +37,7 @@ from promptcache.engines.torch.state import (
     take_checkpoint,
 )
 from promptcache.engines.torch.threads import ThreadTuner
-from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
-from promptcache.engines.torch.vision import TorchVision
+from promptcache.engines.torch.vision import image_families, make_vision
 from promptcache.engines.torch.weights import (
     check_weights_mode,
     pack_linears,
@@ -135,22 +135,43 @@ def check_forward(model: Any, path: str | Path) -> None:
 
 
 def load_torch_processor(path: str | Path) -> Any:
-    """The processor of a vision-language model folder whose image path we support, or None:
-    a text-only model, or a family whose images are not supported (said in the log: text chat
-    is served, image parts get a 400)."""
+    """What a vision-language folder's images need, or None: its ``AutoProcessor``, or its image
+    processor alone where the processor cannot load (Qwen's video processor needs torchvision;
+    images do not). None for a text-only model, or a family whose images are not supported
+    (said in the log: text chat is served, image parts get a 400)."""
     config = AutoConfig.from_pretrained(path)
     if not is_vision_config(config):
         return None
-    if config.model_type not in VISION_SUPPORTED:
+    families = image_families()
+    name = Path(path).name
+    if config.model_type not in families:
         log.warning(
             "%s: images are not supported for %s on the torch engine (supported: %s); serving "
             "text only (image parts get a 400)",
-            Path(path).name, config.model_type, ", ".join(VISION_SUPPORTED),
+            name, config.model_type, ", ".join(sorted(families)),
         )  # fmt: skip
         return None
-    from transformers import AutoProcessor
+    from transformers import AutoImageProcessor, AutoProcessor
 
-    return AutoProcessor.from_pretrained(path)
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except Exception as exc:  # e.g. a video processor that needs torchvision: images do not
+        log.info("%s: using the image processor alone (%s)", name, _first_line(exc))
+        try:
+            processor = AutoImageProcessor.from_pretrained(path)
+        except Exception as exc2:  # no preprocessor_config.json: a decoder-only export
+            log.warning(
+                "%s: images are not supported for this checkpoint on the torch engine (its image "
+                "processor cannot load: %s); serving text only (image parts get a 400)",
+                name, _first_line(exc2),
+            )  # fmt: skip
+            return None
+    log.info("%s: images on (%s: %s)", name, config.model_type, families[config.model_type])
+    return processor
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 class TorchRunner:
@@ -167,8 +188,8 @@ class TorchRunner:
         processor: Any = None,
         threads: ThreadTuner | None = None,
     ) -> None:
-        """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
-        then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
+        """``processor``: a vision-language model's processor (``AutoProcessor``, or its image
+        processor alone): the runner then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
         each forward (None: left as they are)."""
         self.threads = threads
         # no autograd, wherever the model is called from: a forward outside inference mode
@@ -215,25 +236,13 @@ class TorchRunner:
         self._grown = in_place_layers(self.layout)  # what a lone decode appends to in place
         self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
         self._step: Any = None  # a compiled decode forward (``enable_compile``), else eager
-        self.vision: TorchVision | None = None
+        self.vision: Any = None
         if processor is not None:
-            self.vision = TorchVision(model, processor, self.device, self.dtype, self._cache_arg)
-
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-        weights: str | None = None,
-    ) -> TorchRunner:
-        return cls(
-            *load_torch_weights(
-                path, dtype=dtype, device=device, max_context=max_context, weights=weights
+            self.vision = make_vision(
+                model, processor, tokenizer, self.device, self.dtype, self._cache_arg
             )
-        )
+        # a 3-D RoPE model's positions (``torch.mrope``): passed explicitly on every forward
+        self._positions = getattr(self.vision, "positions", None)
 
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -247,16 +256,19 @@ class TorchRunner:
         # copies the whole context every token); any other mix one sequence at a time
         # (a one-token prompt's first forward has no keys yet to gather: it runs alone)
         is_decode = all(len(x) == 1 for x in ids) and all(self._has_keys(s) for s in states)
+        positions = self._positions
         if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
                 self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
                 self._step if len(states) == 1 else None,
+                None if positions is None else partial(positions.decode_rows, states),
             )  # fmt: skip
             return logits
         if is_decode and len(states) == 1:  # sliding / SSM layouts: in place where it can
             logit, self._last_batch = lone_decode(
-                self.model, self._cache_arg, states[0], ids[0][0], self._last_batch, self._grown
-            )
+                self.model, self._cache_arg, states[0], ids[0][0], self._last_batch, self._grown,
+                None if positions is None else positions.text(states[0], 1),
+            )  # fmt: skip
             return [logit]
         # a lone forward on a batch member replaces its layers' tensors: DecodeBatch.covers sees
         # that, so the batch is kept across prefill forwards of other requests
@@ -293,6 +305,8 @@ class TorchRunner:
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_arg else {}
         kwargs[self._cache_arg] = state
+        if self._positions is not None:  # never the model's shared rope_deltas
+            kwargs["position_ids"] = self._positions.text(state, len(ids))
         out = self.model(input_ids=x, use_cache=True, **kwargs)
         return out.logits[0, -1]
 
@@ -309,6 +323,8 @@ class TorchRunner:
 
     def crop(self, state: DynamicCache, length: int) -> None:
         crop_positional(state, self.layout, length)
+        if self._positions is not None:
+            self._positions.crop(state, length)
 
     def to_numpy(self, logits: torch.Tensor) -> np.ndarray:
         return logits.detach().float().cpu().numpy()
