@@ -1,16 +1,19 @@
-"""Images on the MLX engine for the Qwen-VL family (3-D M-RoPE positions): tiny random-weight
-Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear
-attention + full attention) checkpoints, saved as mlx-vlm folders and loaded as a user's. Per family: positions
-equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt forward, and a
-conversation of image turns plus an edited-history turn replies exactly as --no-cache does, with
-reuse on every turn, image hits after a restore and the vision-embedding cache counted."""
+"""Images on the MLX engine for the M-RoPE family (3-D positions): tiny random-weight Qwen2-VL,
+Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear attention +
+full attention) and GLM-4.1V checkpoints, saved as mlx-vlm folders and loaded as a user's. Per
+family: positions equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt
+forward, and a conversation of image turns plus an edited-history turn replies exactly as
+--no-cache does, with reuse on every turn, image hits after a restore and the vision-embedding
+cache counted."""
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from promptcache.core.images import image_from_pixels  # noqa: E402
+from vlm_chat import check_conversation, picture, user  # noqa: E402
+
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.mlx.tiny_mrope import TINY_MROPE_FAMILIES, save_mrope  # noqa: E402
 from promptcache.engines.mlx.vlm_engine import MlxVlmEngine  # noqa: E402
@@ -34,16 +37,6 @@ def make_engine(tiny, **options):
     return MlxVlmEngine(model, processor, block_size=BLOCK, prefill_chunk=CHUNK, **options)
 
 
-def picture(seed, size=(64, 80)):
-    rng = np.random.RandomState(seed)
-    return image_from_pixels(rng.randint(0, 256, (*size, 3), dtype=np.uint8))
-
-
-def user(*parts):
-    content = [{"type": "image"} if p is None else {"type": "text", "text": p} for p in parts]
-    return {"role": "user", "content": content}
-
-
 def library_forward(tiny, messages, images):
     """mlx-vlm's own path on the whole prompt: its processor, its rope index, one forward."""
     _, model, processor = tiny
@@ -51,10 +44,10 @@ def library_forward(tiny, messages, images):
         messages, tokenize=False, add_generation_prompt=True, chat_template=processor.chat_template
     )
     out = processor(images=[im.to_pil() for im in images], text=text)
-    ids = out["input_ids"]
-    grid = out["image_grid_thw"]
+    ids, pixels, grid = (mx.array(np.asarray(out[k])) for k in
+                         ("input_ids", "pixel_values", "image_grid_thw"))  # fmt: skip
     positions, _ = model.language_model.get_rope_index(ids, grid)
-    logits = model(ids, out["pixel_values"], image_grid_thw=grid).logits[0, -1]
+    logits = model(ids, pixels, image_grid_thw=grid).logits[0, -1]
     return np.asarray(ids)[0].tolist(), np.asarray(positions)[:, 0], np.asarray(logits)
 
 
@@ -75,65 +68,9 @@ def test_positions_and_logits_equal_mlx_vlms_own_path(tiny):
     np.testing.assert_allclose(plain.to_numpy(logits), want_logits, rtol=1e-4, atol=1e-4)
 
 
-def conversation():
-    """Image turns of one chat, then a turn whose history edits the previous reply."""
-    return [
-        ([user("what is in ", None, " here?")], [picture(2)]),
-        ([user("and in ", None, " now?")], [picture(3, (32, 48))]),
-        ([user("compare both with ", None)], [picture(4)]),
-        ([user("say it shorter")], []),
-    ]
-
-
-def run_chat(engine, other):
-    """The conversation turn by turn (a turn of ``other`` chat between: every hit is restored
-    from blocks, not the live state). Returns (replies, cached tokens, prompt ids, spans)."""
-    params = SamplingParams(max_tokens=8)
-    history, images = [], []
-    out = []
-    for i, (messages, new_images) in enumerate(conversation()):
-        history += messages
-        images += new_images
-        if i == len(conversation()) - 1:  # the edited turn: the previous reply rewritten
-            history[-2] = {"role": "assistant", "content": "an edited answer"}
-        ids, spans = engine.encode_chat_images(history, None, images)
-        events = list(engine.generate(ids, params, images=spans))
-        reply = events[-1].completion_ids
-        out.append((reply, events[0].cached_tokens, ids, spans))
-        history.append({"role": "assistant", "content": engine.tokenizer.decode(reply)})
-        # the side chat's text changes each turn: its image's rows come from the embedding cache
-        o_ids, o_spans = engine.encode_chat_images([user(f"other {i} ", None)], None, [picture(9)])
-        list(other(o_ids, o_spans))
-    return out
-
-
 def test_conversation_equals_no_cache_with_reuse_every_turn(tiny):
     cached, plain = make_engine(tiny), make_engine(tiny, cache_enabled=False)
-    params = SamplingParams(max_tokens=8)
-
-    def side(engine):
-        return lambda ids, spans: engine.generate(ids, params, images=spans)
-
-    got = run_chat(cached, side(cached))
-    want = run_chat(plain, side(plain))
-    assert [g[0] for g in got] == [w[0] for w in want]  # greedy replies, turn by turn
-    assert len({tuple(w[0]) for w in want}) > 1 and all(len(set(w[0])) > 1 for w in want)
-    cached_tokens = [g[1] for g in got]
-    assert cached_tokens[0] == 0 and all(c > 0 for c in cached_tokens[1:])
-    for _, hit, _, spans in got[1:3]:  # the hit reaches past the earlier turns' images
-        assert hit >= spans[-2].end
-    edited = got[3]
-    assert spans_before(edited[3], edited[1]) == 3  # all three images restored, none encoded
-    stats = cached.cache_stats()["vision"]
-    # four distinct images (three turns + the side chat's), each encoded once; the side chat's
-    # image after new text three more times from the vision-embedding cache
-    assert stats["encoder_runs"] == 4 and stats["cache_hits"] >= 3
-    assert stats["images_fed"] == stats["encoder_runs"] + stats["cache_hits"]
-    cached.cache.check_integrity()
-
-
-def spans_before(spans, hit):
-    return sum(1 for s in spans if s.end <= hit)
+    check_conversation(cached, plain)
 
 
 def test_other_pixels_miss_from_the_image_and_match_no_cache(tiny):
@@ -225,3 +162,40 @@ def test_a_config_mlx_vlm_cannot_read_is_a_clean_refusal_not_a_traceback(tmp_pat
     folder = save_tiny_vision_family("qwen3_vl", str(tmp_path / "hf-qwen3-vl"))
     with pytest.raises(ConfigError, match="does not load as an mlx-vlm qwen3_vl model.*mlx-lm"):
         build_engine("mlx", folder, block_size=BLOCK, prefill_chunk=CHUNK)
+
+
+def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny):
+    import threading
+
+    if tiny[0] not in ("qwen3_vl", "qwen3_5"):  # the batched step itself: every family above
+        pytest.skip("served concurrently: one full-attention and one hybrid family")
+
+    alone, together = make_engine(tiny), make_engine(tiny)
+    asks = [([user("what is ", None)], [picture(10)]),
+            ([user("Describe ", None, " and ", None, " briefly please")], [picture(11), picture(12, (32, 48))]),
+            ([user("no image at all")], [])]  # fmt: skip
+    prompts = [together.encode_chat_images(m, None, ims) for m, ims in asks]
+    params = SamplingParams(max_tokens=12)
+
+    def reply(engine, ids, spans):
+        return list(engine.generate(ids, params, images=spans))[-1].completion_ids
+
+    want = [reply(alone, ids, spans) for ids, spans in prompts]
+    got: list = [None] * len(prompts)
+    gate = threading.Barrier(len(prompts))
+
+    def run(i):
+        gate.wait()
+        got[i] = reply(together, *prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == want  # each row decodes at its own rope-shifted position
+    stats = together.cache_stats()
+    if not together.runner.layout.snapshot:  # linear-attention state steps one by one
+        assert stats["max_batch_rows"] >= 2
+    assert stats["num_pinned_blocks"] == 0
+    together.cache.check_integrity()

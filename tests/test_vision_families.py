@@ -27,6 +27,7 @@ from promptcache.engines.tiny_vlm_families import (  # noqa: E402
     tiny_vision_family,
 )
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.vision import VisionChunk  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BLOCK, CHUNK = 16, 32
@@ -333,14 +334,14 @@ def test_gemma_resumes_exactly_from_a_restore_inside_an_image(families):
     rows = vision.encode(img)
     expected = reference(name, parts, ids, [img])
     whole = runner.new_state()
-    assert close(vision.forward(whole, ids, [(span.start, rows)], 0, spans), expected)
+    assert close(vision.forward(whole, VisionChunk(ids, [(span.start, rows)], 0, spans)), expected)
     k = span.start + span.length // 2
     restored = runner.restore([(runner.slice_block(whole, 0, k), k)], None)
-    rest = vision.forward(restored, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    rest = vision.forward(restored, VisionChunk(ids[k:], [(0, rows[k - span.start :])], k, spans))
     assert close(rest, expected)
     split = runner.new_state()  # the image cut across two forwards: its first half is wrong
-    vision.forward(split, ids[:k], [(span.start, rows[: k - span.start])], 0, spans)
-    wrong = vision.forward(split, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    vision.forward(split, VisionChunk(ids[:k], [(span.start, rows[: k - span.start])], 0, spans))
+    wrong = vision.forward(split, VisionChunk(ids[k:], [(0, rows[k - span.start :])], k, spans))
     assert not close(wrong, expected)
 
 

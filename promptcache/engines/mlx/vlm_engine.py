@@ -9,6 +9,7 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
+from promptcache.engines.mlx.vlm_gemma3 import Gemma3Runner
 from promptcache.engines.mlx.vlm_load import MROPE_TYPES, load_mlx_vlm
 from promptcache.engines.mlx.vlm_mrope import MropeRunner
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner
@@ -22,8 +23,9 @@ class MlxVlmEngine(CachedEngine):
         """``processor``: the model's mlx-vlm processor; ``options``: the cache and serving
         options (``EngineOptions``) and the block scheme's (see TorchEngine)."""
         scheme = pop_block_scheme(options)
-        mrope = model.config.model_type in MROPE_TYPES
-        runner = (MropeRunner if mrope else MlxVlmRunner)(model, processor, scheme)
+        kind = model.config.model_type
+        cls = MropeRunner if kind in MROPE_TYPES else Gemma3Runner if kind == "gemma3" else None
+        runner = (cls or MlxVlmRunner)(model, processor, scheme)
         super().__init__(runner, **options)
 
     @classmethod

@@ -22,7 +22,8 @@ from promptcache.engines.errors import ConfigError
 
 _QWEN3_PROCESSOR = "mlx_vlm.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor"
 # model_type -> (package, processor class): llava's image tokens are plain causal positions with
-# 1-D RoPE; the Qwen-VL family's take 3-D M-RoPE positions (``vlm_mrope``)
+# 1-D RoPE; the Qwen-VL family's take 3-D M-RoPE positions (``vlm_mrope``); Gemma 3's attend
+# to each other (``vlm_gemma3``)
 SUPPORTED = {
     "llava": ("mlx_vlm.models.llava", "mlx_vlm.models.llava.processing_llava.LlavaProcessor"),
     "qwen2_vl": (
@@ -37,8 +38,13 @@ SUPPORTED = {
     "qwen3_vl_moe": ("mlx_vlm.models.qwen3_vl_moe", _QWEN3_PROCESSOR),
     "qwen3_5": ("mlx_vlm.models.qwen3_5", _QWEN3_PROCESSOR),
     "qwen3_5_moe": ("mlx_vlm.models.qwen3_5_moe", _QWEN3_PROCESSOR),
+    "glm4v": ("mlx_vlm.models.glm4v", "mlx_vlm.models.glm4v.processing.Glm46VProcessor"),
+    "gemma3": (
+        "mlx_vlm.models.gemma3",
+        "mlx_vlm.models.gemma3.processing_gemma3.Gemma3Processor",
+    ),
 }
-MROPE_TYPES = frozenset(SUPPORTED) - {"llava"}  # image positions from the image's grid
+MROPE_TYPES = frozenset(SUPPORTED) - {"llava", "gemma3"}  # image positions from the image's grid
 
 
 @contextmanager

@@ -1,5 +1,5 @@
-"""Images on mlx-vlm's Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, Qwen3.5 and
-its MoE): 3-D M-RoPE positions computed from where the prompt's images sit.
+"""Images on mlx-vlm's M-RoPE family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, Qwen3.5 and
+its MoE, GLM-4.1V): 3-D M-RoPE positions computed from where the prompt's images sit.
 
 An image whose grid is (t, h, w) after the spatial merge takes t*h*w placeholder tokens; its
 k-th token sits at (base + k // (h*w), base + k // w % h, base + k % w) in the (temporal, height,
@@ -25,9 +25,9 @@ from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.batch import batched_decode
-from promptcache.engines.mlx.state import get_slot
-from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, last_logits
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.mlx.state import evaluate_module, get_slot
+from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 class ImagePlace(NamedTuple):
@@ -145,35 +145,28 @@ class MropeVision(PlaceholderVision):
         features = self.model.get_input_embeddings(
             ids, inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
         )
-        where = mx.array(np.flatnonzero(np.asarray(ids)[0] == self.image_token_id))
-        rows = features.inputs_embeds[0][where]
+        rows = image_rows(features.inputs_embeds, ids, self.image_token_id, self.dtype)
+        # GLM-4V keeps this call's rope index on the model (never read: positions are passed):
+        # evaluated here, on this thread, so no array on the model waits for this thread's stream
+        evaluate_module(self.model)
         deep = getattr(features, "deepstack_visual_embeds", None)
         if deep:  # one (num_tokens, hidden) array per deepstack layer, in image-token order
-            rows = mx.concatenate([rows, *deep], axis=-1)
-        rows = rows.astype(self.dtype)
-        mx.eval(rows)
+            rows = mx.concatenate([rows, *(d.astype(self.dtype) for d in deep)], axis=-1)
+            mx.eval(rows)
         return rows
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int,
-        spans: Sequence[ImageSpan],
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        ids, pieces, start, spans = chunk
         # every chunk of a prompt with images comes here: the state learns where they sit
         self.place(state, spans)
         if start != self.offset_of(state):
             raise ValueError(f"a chunk at {start} on a state of {self.offset_of(state)} tokens")
         language = self.model.language_model
-        embeds = language.model.embed_tokens(mx.array(list(ids)))
+        embeds = spliced(language, ids, pieces)
         visual = np.zeros(len(ids), dtype=bool)
         deep: list[list[mx.array]] = []
         for offset, rows in pieces:
-            n = rows.shape[0]
-            embeds[offset : offset + n] = rows[:, : self.hidden].astype(embeds.dtype)
-            visual[offset : offset + n] = True
+            visual[offset : offset + rows.shape[0]] = True
             extra = rows.shape[-1] // self.hidden - 1
             deep.append(
                 [rows[:, (k + 1) * self.hidden : (k + 2) * self.hidden] for k in range(extra)]

@@ -38,7 +38,7 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -71,6 +71,25 @@ def last_logits(
     logits = language(tokens[:, -1:], inputs_embeds=tail, cache=state, **extra).logits[0, -1]
     mx.eval(logits, [c.state for c in state])
     return logits
+
+
+def image_rows(merged: mx.array, ids: Any, image_token_id: int, dtype: Any) -> mx.array:
+    """The rows of ``merged`` (1, n, width) at the image token's positions in ``ids`` (1, n),
+    cast to ``dtype`` and evaluated: an owning copy, as the vision cache keeps it."""
+    where = mx.array(np.flatnonzero(np.asarray(ids)[0] == image_token_id))
+    rows = merged[0][where].astype(dtype)
+    mx.eval(rows)
+    return rows
+
+
+def spliced(language: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> mx.array:
+    """The token embeddings of ``ids`` with each piece's feature rows at its offset (the
+    rows' first ``hidden`` columns: Qwen3-VL's carry deepstack columns after them)."""
+    embeds = language.model.embed_tokens(mx.array(list(ids)))
+    hidden = embeds.shape[-1]
+    for offset, rows in pieces:
+        embeds[offset : offset + rows.shape[0]] = rows[:, :hidden].astype(embeds.dtype)
+    return embeds
 
 
 class MlxVision(PlaceholderVision):
@@ -120,23 +139,12 @@ class MlxVision(PlaceholderVision):
         inputs = self._process(image)
         ids = inputs["input_ids"]
         merged = self.model.get_input_embeddings(ids, inputs["pixel_values"]).inputs_embeds
-        where = np.flatnonzero(np.asarray(ids)[0] == self.image_token_id)
-        rows = merged[0][mx.array(where)].astype(self.dtype)
-        mx.eval(rows)
-        return rows
+        return image_rows(merged, ids, self.image_token_id, self.dtype)
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[Any] = (),
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
         # plain causal positions (llava): the chunk's place and the other images change nothing
-        embeds = self.model.language_model.model.embed_tokens(mx.array(list(ids)))
-        for offset, rows in pieces:
-            embeds[offset : offset + rows.shape[0]] = rows.astype(embeds.dtype)
+        ids = chunk.ids
+        embeds = spliced(self.model.language_model, ids, chunk.pieces)
         return last_logits(self.model.language_model, state, ids, embeds[None])
 
 

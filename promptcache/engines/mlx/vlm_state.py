@@ -17,6 +17,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_vlm.models.cache import ArraysCache as VlmArraysCache
 from mlx_vlm.models.cache import KVCache as VlmKVCache
+from mlx_vlm.models.cache import RotatingKVCache as VlmRotatingKVCache
 
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.mlx.state import LAYERS, SNAPSHOT, MlxLayer
@@ -34,16 +35,34 @@ class VlmKVLayer(MlxLayer):
 
 
 LAYERS.register(VlmKVCache, VlmKVLayer(num_arrays=2))
+
+
+@dataclass(frozen=True, slots=True)
+class VlmRingLayer(MlxLayer):
+    """mlx-vlm's ``RotatingKVCache`` (a sliding window's ring): snapshot state, its whole
+    buffers plus the ring's public ``meta_state`` (its ``state`` alone drops the offsets)."""
+
+    def checkpoint(self, c: Any) -> Any:
+        meta = tuple(int(x) for x in c.meta_state)  # keep, max_size, offset, write index
+        return (mx.array(c.keys), mx.array(c.values), meta)
+
+    def restore_checkpoint(self, c: Any, state: Any) -> None:
+        keys, values, meta = state
+        c.keys, c.values = mx.array(keys), mx.array(values)
+        c.meta_state = tuple(str(int(x)) for x in meta)
+
+
 LAYERS.register(VlmArraysCache, SNAPSHOT)
-KNOWN = (VlmKVCache, VlmArraysCache)
+LAYERS.register(VlmRotatingKVCache, VlmRingLayer())
+KNOWN = (VlmKVCache, VlmArraysCache, VlmRotatingKVCache)
 
 
 def check_layers(cache: list[Any]) -> None:
-    """ConfigError unless every layer is mlx-vlm's plain ``KVCache`` or ``ArraysCache`` (the
-    kinds this engine can slice, checkpoint and restore; rings and the rest have no adapter)."""
+    """ConfigError unless every layer is mlx-vlm's ``KVCache``, ``ArraysCache`` or
+    ``RotatingKVCache`` (the kinds this engine can slice, checkpoint and restore)."""
     kinds = sorted({type(c).__name__ for c in cache if type(c) not in KNOWN})
     if kinds:
         raise ConfigError(
-            "the mlx-vlm engine supports language models with a plain KV cache or "
-            f"linear-attention state; this one uses {', '.join(kinds)}"
+            "the mlx-vlm engine supports language models with KV caches, sliding-window "
+            f"rings or linear-attention state; this one uses {', '.join(kinds)}"
         )

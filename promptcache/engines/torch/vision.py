@@ -15,15 +15,14 @@ as more than one token repeated (Mistral 3, LLaVA-NeXT anyres, Idefics3, ...).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from promptcache.core.hashing import digest_bytes
-from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.images import ImageInput
 from promptcache.engines.errors import ConfigError, RequestError
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 LLAVA = ("llava",)  # model_type values whose image tokens are plain causal positions
 
@@ -85,17 +84,10 @@ class TorchVision(PlaceholderVision):
         return first.to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.device)
         embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in pieces:
+        for offset, rows in chunk.pieces:
             embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
         kwargs = {self.cache_arg: state}
         out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
