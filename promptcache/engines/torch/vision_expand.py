@@ -24,6 +24,7 @@ import torch
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
+from promptcache.engines.vision import VisionChunk
 
 EXPANDED = ("mistral3", "llava_next", "llava_onevision", "idefics3", "smolvlm", "aya_vision",
             "internvl")  # fmt: skip
@@ -155,17 +156,10 @@ class ExpandedVision:
         return rows.to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.device)
         embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in pieces:
+        for offset, rows in chunk.pieces:
             embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
         kwargs = {self.cache_arg: state}
         out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
