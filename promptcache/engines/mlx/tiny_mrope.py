@@ -2,9 +2,9 @@
 transformers' config classes at test time and saved as an mlx-vlm conversion would be.
 
 Families: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_vl_moe (deepstack), qwen3_5 and qwen3_5_moe
-(linear attention + full attention), glm4v and glm4v_moe (GLM's image markers). Each: a 1-2 layer vision tower
-(hidden 32, 8x8 patches merged 2x2: a 32x48 image is 6 tokens, 64x80 is 20), a 2-4 layer
-language model (hidden 64, head 16, 3-D rotary sections that all turn), weights drawn at
+(linear attention + full attention), glm4v and glm4v_moe (GLM's image markers). Each: a 1-2
+layer vision tower (hidden 32, 8x8 patches merged 2x2: a 32x48 image is 6 tokens, 64x80 is 20),
+a 2-4 layer language model (hidden 64, head 16, 3-D rotary sections that all turn), weights drawn at
 ``initializer_range`` 0.2 (so greedy replies don't collapse), the ``tiny_models`` BPE tokenizer
 with the family's vision tokens, a ChatML template with image parts and the image processor's
 ``preprocessor_config.json``. ``load_mlx_vlm`` reads the folder back as a user's mlx-community
