@@ -1,10 +1,10 @@
 """Images on the MLX engine for the M-RoPE family (3-D positions): tiny random-weight Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear attention +
-full attention) and GLM-4.1V checkpoints, saved as mlx-vlm folders and loaded as a user's. Per
-family: positions equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt
-forward, and a conversation of image turns plus an edited-history turn replies exactly as
---no-cache does, with reuse on every turn, image hits after a restore and the vision-embedding
-cache counted."""
+full attention), GLM-4V and GLM-4V-MoE checkpoints, saved as mlx-vlm folders and loaded as a
+user's. Per family: positions equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's
+whole-prompt forward, and a conversation of image turns plus an edited-history turn replies
+exactly as --no-cache does, with reuse on every turn, image hits after a restore and the
+vision-embedding cache counted."""
 
 import mlx.core as mx
 import numpy as np

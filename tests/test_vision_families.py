@@ -1,8 +1,12 @@
 """Images on the transformers families beyond LLaVA, each a tiny random-weight model built from
 its config class: the Qwen-VL class (3-D RoPE positions: qwen2_vl, qwen2_5_vl, qwen3_vl,
 qwen3_vl_moe, qwen3_5, qwen3_5_moe, and GLM-4V's glm4v, glm4v_moe) and Gemma 3 (bidirectional attention among an image's
-tokens). Against the model's own uncached forward and ``generate`` (its own image path and
+tokens), and the causal families whose processor lays an image out as more than one token
+repeated (Mistral 3 row breaks, LLaVA-NeXT / OneVision anyres tiles, Idefics3, Aya Vision,
+InternVL). Against the model's own uncached forward and ``generate`` (its own image path and
 positions), and cached vs --no-cache over image turns and an edited history."""
+
+import inspect
 
 import numpy as np
 import pytest
@@ -13,6 +17,10 @@ pytest.importorskip("PIL")
 from promptcache.core.images import image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.request import Request  # noqa: E402
+from promptcache.engines.tiny_vlm_expanded import (  # noqa: E402
+    EXPANDED_FAMILIES,
+    tiny_expanded_family,
+)
 from promptcache.engines.tiny_vlm_families import (  # noqa: E402
     MROPE_FAMILIES,
     VISION_FAMILIES,
@@ -24,6 +32,7 @@ from promptcache.engines.vision import VisionChunk  # noqa: E402
 pytestmark = pytest.mark.torch
 BLOCK, CHUNK = 16, 32
 SIZES = [(40, 50), (64, 40), (30, 90)]  # Qwen grids 6x6, 8x6, 4x12 (9, 12, 12 tokens)
+ALL_FAMILIES = (*VISION_FAMILIES, *EXPANDED_FAMILIES)
 
 
 def pixels(seed, size=(40, 50)):
@@ -40,6 +49,11 @@ def families():
 
     def get(name, **kw):
         key = (name, tuple(sorted(kw.items())))
+        if key not in built and name in EXPANDED_FAMILIES:
+            try:
+                built[key] = tiny_expanded_family(name, **kw)
+            except ImportError as exc:  # its processor needs torchvision
+                pytest.skip(str(exc))
         if key not in built:
             built[key] = tiny_vision_family(name, **kw)
         return built[key]
@@ -59,6 +73,15 @@ def model_inputs(name, parts, ids, images):
     x = torch.tensor([ids])
     if not images:
         return {"input_ids": x}
+    if name in EXPANDED_FAMILIES:  # the processor's pixels (its input_ids are ours)
+        pils = [im.to_pil() for im in images]
+        if hasattr(proc, "tokenizer"):
+            out = proc(text=[proc.image_token * len(images)], images=pils, return_tensors="pt")
+        else:  # Mistral 3's image processor alone, at the merged patch size
+            out = proc(images=pils, return_tensors="pt", patch_size={"height": 16, "width": 16})
+        takes = inspect.signature(model.forward).parameters
+        pixels = {k: v for k, v in out.items() if k in takes and k != "input_ids"}
+        return {"input_ids": x, **{k: v for k, v in pixels.items() if k != "attention_mask"}}
     out = proc(images=[im.to_pil() for im in images], return_tensors="pt")
     types = (x == model.config.image_token_id).long()
     if name == "gemma3":
@@ -95,7 +118,7 @@ def prefill(eng, messages, images):
     return ids, spans, logits, cached
 
 
-@pytest.mark.parametrize("name", VISION_FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_prompt_logits_and_greedy_reply_match_the_model(families, name):
     """Chunked prefill (images split across chunks where attention is causal), a restore that
     ends after an image, and decode: the model's own forward and ``generate`` agree."""
@@ -137,7 +160,7 @@ def test_prompt_logits_and_greedy_reply_match_the_model(families, name):
         assert close(req.logits, reference(name, parts, ids, [a, b]))
 
 
-@pytest.mark.parametrize("name", VISION_FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_image_turns_and_an_edited_history_equal_uncached(families, name, capsys):
     parts = families(name)
     cached, plain = engine(parts), engine(parts, cache_enabled=False)
@@ -245,6 +268,7 @@ def test_the_family_table_covers_the_qwen_class():
     families = image_families()
     assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
     assert families["qwen3_5_moe"] == "3-D RoPE positions" and "llava" in families
+    assert set(EXPANDED_FAMILIES) <= set(families) and families["mistral3"].startswith("causal")
 
 
 def test_concurrent_image_requests_batch_decode_with_their_own_offsets(families):
@@ -282,14 +306,14 @@ def test_start_up_says_which_images_are_served(families, tmp_path, caplog):
 
     from promptcache.engines.torch.runner import load_torch_processor
 
-    AutoConfig.for_model("mistral3").save_pretrained(tmp_path / "mistral3")
+    AutoConfig.for_model("mllama").save_pretrained(tmp_path / "mllama")  # cross-attention
     with caplog.at_level(logging.INFO, logger="promptcache"):
-        assert load_torch_processor(tmp_path / "mistral3") is None
+        assert load_torch_processor(tmp_path / "mllama") is None
         folder = tmp_path / "gemma3"
         for part in families("gemma3"):  # model, image processor, tokenizer: a user's folder
             part.save_pretrained(folder)
         processor = load_torch_processor(folder)
-    assert "images are not supported for mistral3 on the torch engine" in caplog.text
+    assert "images are not supported for mllama on the torch engine" in caplog.text
     assert "images on (gemma3: bidirectional image attention)" in caplog.text
     assert processor is not None
 
@@ -319,3 +343,52 @@ def test_gemma_resumes_exactly_from_a_restore_inside_an_image(families):
     vision.forward(split, VisionChunk(ids[:k], [(span.start, rows[: k - span.start])], 0, spans))
     wrong = vision.forward(split, VisionChunk(ids[k:], [(0, rows[k - span.start :])], k, spans))
     assert not close(wrong, expected)
+
+
+def test_gemma3_through_its_own_processor_end_to_end(tmp_path, capsys):
+    """A Gemma 3 folder whose ``Gemma3Processor`` loads fully, served through the factory: the
+    prompt's image text is the processor's ``full_image_sequence`` (ids equal to the processor's
+    own), greedy replies equal --no-cache over image turns and an edited history."""
+    from transformers import AutoProcessor
+
+    from promptcache.engines.factory import build_engine
+    from promptcache.engines.tiny_vlm_families import save_tiny_gemma3_processor
+
+    folder = save_tiny_gemma3_processor(str(tmp_path / "tiny-gemma3"))
+    processor = AutoProcessor.from_pretrained(folder)
+    assert type(processor).__name__ == "Gemma3Processor"
+    opts = dict(block_size=BLOCK, ram_budget=10**8, prefill_chunk=CHUNK)
+    cached = build_engine("torch", folder, **opts)
+    plain = build_engine("torch", folder, cache_enabled=False, **opts)
+    assert cached.vision.sequence == processor.full_image_sequence
+    a, b = image(11, 0), image(12, 1)
+    turns = [(ask("One: "), [a]), ([{"type": "image"}, {"type": "text", "text": "Two?"}], [b]),
+             ("Which is darker?", [])]  # fmt: skip
+    messages, images, rows = [], [], []
+    for turn, (content, new) in enumerate([*turns, (None, [])]):
+        if content is None:  # the edited history: the first reply rewritten, the last turn again
+            messages = [dict(m) for m in messages[:-1]]
+            first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            messages[first]["content"] = "An edited reply."
+        else:
+            messages = content if turn == 0 else [*messages, {"role": "user", "content": content}]
+            images = images + new
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        own = processor(text=[text], images=[im.to_pil() for im in images] or None,
+                        add_special_tokens=False)["input_ids"][0]  # fmt: skip
+        outs = []
+        for eng in (cached, plain):
+            ids, spans = eng.encode_chat_images(messages, None, images)
+            assert ids == list(own), turn
+            evs = list(eng.generate(ids, SamplingParams(max_tokens=6), images=spans))
+            outs.append(evs[-1].completion_ids)
+            if eng is cached:
+                rows.append((evs[0].cached_tokens, len(ids)))
+        assert outs[0] == outs[1], turn
+        if content is not None:
+            messages = [*messages, {"role": "assistant", "content": cached.decode(outs[0])}]
+    with capsys.disabled():
+        report = ", ".join(f"{c}/{n}" for c, n in rows)
+        print(f"\ngemma3 (Gemma3Processor folder): cached/prompt per turn {report} (equal 4/4)")
+    assert rows[0][0] == 0 and all(c > 0 for c, _ in rows[1:]), rows
+    assert cached.feeder.num_encoder_runs == 2

@@ -8,7 +8,8 @@ placeholder, its image processor prepares pixels, and its token count per image
 (``_get_num_multimodal_tokens``, what serving stacks use) expands each placeholder. This is the
 LLaVA kind (causal attention, 1-D RoPE: image tokens are plain positions); ``make_vision`` picks
 the class for a model, ``vision_families`` has the Qwen-VL (3-D RoPE) and Gemma 3 (bidirectional
-image attention) kinds.
+image attention) kinds, ``vision_expand`` the causal families whose processor lays an image out
+as more than one token repeated (Mistral 3, LLaVA-NeXT anyres, Idefics3, ...).
 """
 
 from __future__ import annotations
@@ -95,9 +96,11 @@ class TorchVision(PlaceholderVision):
 
 def image_families() -> dict[str, str]:
     """model_type -> how its images are placed, for every family with images on torch."""
+    from promptcache.engines.torch.vision_expand import EXPANDED
     from promptcache.engines.torch.vision_families import GEMMA, MROPE
 
     out = dict.fromkeys(LLAVA, "causal positions")
+    out.update(dict.fromkeys(EXPANDED, "causal positions, the processor's image layout"))
     out.update(dict.fromkeys(MROPE, "3-D RoPE positions"))
     out.update(dict.fromkeys(GEMMA, "bidirectional image attention"))
     return out
@@ -108,9 +111,12 @@ def make_vision(
 ) -> Any:
     """The ``VisionModel`` for ``model``: ``processor`` is its ``AutoProcessor`` or, where that
     cannot load (a video processor needing torchvision), its image processor alone."""
+    from promptcache.engines.torch.vision_expand import EXPANDED, ExpandedVision
     from promptcache.engines.torch.vision_families import GEMMA, MROPE, GemmaVision, QwenVision
 
     kind = getattr(model.config, "model_type", "")
+    if kind in EXPANDED:
+        return ExpandedVision(model, processor, tokenizer, device, dtype, cache_arg)
     if kind in MROPE:
         return QwenVision(model, processor, tokenizer, device, dtype, cache_arg)
     if kind in GEMMA:
