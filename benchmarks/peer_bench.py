@@ -9,7 +9,8 @@ replies as a client would. One run of a server:
     A1..A{split}          session A, turn by turn (TTFT at the client, cached tokens reported)
     B1..B{split}          session B (another conversation) in between
     A{split+1}, ...       session A again: did A's history survive B? ("A after B")
-    restart               SIGTERM, start again (same cache folder / settings)
+    restart               SIGTERM (``--restart kill``: SIGKILL, a crash), start again (same
+                          cache folder / settings)
     A{restart_at}, ...    the first turn after the restart, then the rest of A
     decode                one request generating ``--decode`` tokens: tok/s after the first
 
@@ -21,6 +22,9 @@ that is not installed is skipped with the command that installs it.
     .venv/bin/python benchmarks/peer_bench.py \\
         --conversation ../shared/data/tau_bench/gpt-4o-airline.json \\
         --servers promptcache,promptcache-int4,llama_cpp,vllm_cpu,mlx_lm
+
+The MLX comparison is ``--servers promptcache-mlx,mlx_lm,vllm_mlx`` (promptcache ``--engine mlx``
+on the bundled model's MLX-ready folder; on Linux, OpenBLAS is preloaded for every MLX server).
 
 promptcache's rows also carry the server's own account of each TTFT (``/v1/cache/requests``:
 the engine's TTFT and its phases), printed as a table by phase. Before/after a change, on a
@@ -52,7 +56,8 @@ from promptcache.bench import tau_conversation  # noqa: E402
 from promptcache.models import bundled_gguf, mlx_ready, resolve_model  # noqa: E402
 
 PEERS_HOME = Path(os.environ.get("PEERS_HOME") or Path.home() / ".cache/promptcache-peers")
-SERVERS = ("promptcache", "promptcache-int4", "llama_cpp", "vllm_cpu", "mlx_lm", "vllm_mlx")
+SERVERS = ("promptcache", "promptcache-int4", "llama_cpp", "vllm_cpu", "mlx_lm", "vllm_mlx",
+           "promptcache-mlx")  # fmt: skip
 DECODE_PROMPT = "Write a long, detailed story about a day in the life of an airline agent."
 
 
@@ -75,9 +80,12 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
     if name.startswith("promptcache") or name in args.variants:  # -base: from --baseline
         extra = ["--weights", "int4"] if name == "promptcache-int4" else []
         extra += args.variants.get(name, [])
+        engine, model = (
+            ("mlx", mlx_ready(folder)) if name == "promptcache-mlx" else ("torch", folder)
+        )
         # -P: promptcache from PYTHONPATH or the install, never from the current directory
-        return [sys.executable, "-P", "-m", "promptcache.cli", "serve", "--model", str(folder), "--engine",
-                "torch", "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
+        return [sys.executable, "-P", "-m", "promptcache.cli", "serve", "--model", str(model), "--engine",
+                engine, "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
     py = peer_python(name, args.peers_home)
     if py is None:
         return None
@@ -104,7 +112,7 @@ def server_env(name: str, args: argparse.Namespace) -> dict[str, str]:
     if name == "promptcache-base":
         return {"PYTHONPATH": str(args.baseline)}
     blas = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
-    if name.startswith(("mlx", "vllm_mlx")) and sys.platform == "linux" and blas.exists():
+    if "mlx" in name and sys.platform == "linux" and blas.exists():
         return {"LD_PRELOAD": str(blas)}
     return {}
 
@@ -173,8 +181,8 @@ def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str,
         turn(a, "after B")
         while a.turn < args.restart_at - 1 and turn(a):
             pass
-        server.stop()
-        print(f"  restart: up in {server.start():.1f} s", flush=True)
+        server.stop(crash=args.restart == "kill")
+        print(f"  restart ({args.restart}): up in {server.start():.1f} s", flush=True)
         turn(a, "restart")
         while a.turn < args.turns and turn(a):
             pass
@@ -215,6 +223,8 @@ def main() -> int:
     p.add_argument("--decode", type=int, default=256,
                    help="tokens of the decode request (0: none)")  # fmt: skip
     p.add_argument("--context", type=int, default=8192, help="context the peers are started with")
+    p.add_argument("--restart", choices=("term", "kill"), default="term",
+                   help="how the server is stopped before the restart: SIGTERM or SIGKILL (a crash)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="runs per server (medians)")
     p.add_argument("--servers", default=",".join(SERVERS[:5]),
                    help=f"from {', '.join(SERVERS)}, promptcache-base and --variant names")  # fmt: skip

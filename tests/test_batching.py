@@ -291,9 +291,9 @@ def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
         log.append(("forward", tuple(len(x) for x in ids)))
         return forward(states, ids)
 
-    def logged_wake():
+    def logged_wake(ready):  # the scheduler's deliver: the step's early events, then a wake
         log.append(("wake",))
-        wake()
+        return wake(ready)
 
     engine.runner.forward = logged_forward  # looked up per forward
     engine.batcher.on_events = logged_wake

@@ -113,8 +113,8 @@ class Engine(Protocol):
 
     name: str
     model_id: str
-    max_context: int
-    vocab_size: int  # token ids are in [0, vocab_size)
+    model_type: str  # the model config's model_type ("" when it has none)
+    fingerprint: str  # the model's identity (weights, config, dtype, block scheme)
     eos_ids: set[int]
     tokenizer: Any  # an HF-style tokenizer (chat template, encode, decode)
 

@@ -191,21 +191,6 @@ class MlxRunner(MlxCacheSteps):
         self.vocab_size = int(getattr(args, "vocab_size", 0) or len(tokenizer.vocab))
         self.model_limit = int(getattr(args, "max_position_embeddings", None) or 2048)
 
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-        **options: Any,
-    ) -> MlxRunner:
-        model, tokenizer = load_mlx_weights(
-            path, dtype=dtype, device=device, max_context=max_context
-        )
-        return cls(model, tokenizer, **options)
-
     def new_state(self) -> list[Any]:
         cache = make_prompt_cache(self.model)
         if self.kv_bits is None:
