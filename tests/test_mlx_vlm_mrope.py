@@ -100,10 +100,7 @@ def test_batched_decode_equals_one_by_one(tiny):
     ]
     states = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
     twins = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
-    if runner.layout.snapshot:  # linear-attention state: one sequence per forward
-        assert not runner.batches_decode(states)
-        return
-    assert runner.batches_decode(states)
+    assert runner.batches_decode(states)  # linear-attention state merges too
     together = runner.forward(states, [[5], [6]])
     alone = [runner.forward([s], [[t]])[0] for s, t in zip(twins, [5, 6], strict=True)]
     for a, b in zip(together, alone, strict=True):
@@ -195,7 +192,6 @@ def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny)
         t.join(120)
     assert got == want  # each row decodes at its own rope-shifted position
     stats = together.cache_stats()
-    if not together.runner.layout.snapshot:  # linear-attention state steps one by one
-        assert stats["max_batch_rows"] >= 2
+    assert stats["max_batch_rows"] >= 2
     assert stats["num_pinned_blocks"] == 0
     together.cache.check_integrity()
