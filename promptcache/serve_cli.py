@@ -42,6 +42,7 @@ ENGINE_FLAGS = (
     "vision_cache_bytes",
     "threads",
     "weights",
+    "compile",
 )
 
 

@@ -1,10 +1,10 @@
 """Images on the MLX engine for the M-RoPE family (3-D positions): tiny random-weight Qwen2-VL,
 Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (deepstack), Qwen3.5 and Qwen3.5-MoE (linear attention +
-full attention) and GLM-4.1V checkpoints, saved as mlx-vlm folders and loaded as a user's. Per
-family: positions equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's whole-prompt
-forward, and a conversation of image turns plus an edited-history turn replies exactly as
---no-cache does, with reuse on every turn, image hits after a restore and the vision-embedding
-cache counted."""
+full attention), GLM-4V and GLM-4V-MoE checkpoints, saved as mlx-vlm folders and loaded as a
+user's. Per family: positions equal mlx-vlm's own ``get_rope_index``, logits equal mlx-vlm's
+whole-prompt forward, and a conversation of image turns plus an edited-history turn replies
+exactly as --no-cache does, with reuse on every turn, image hits after a restore and the
+vision-embedding cache counted."""
 
 import mlx.core as mx
 import numpy as np
@@ -100,10 +100,7 @@ def test_batched_decode_equals_one_by_one(tiny):
     ]
     states = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
     twins = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
-    if runner.layout.snapshot:  # linear-attention state: one sequence per forward
-        assert not runner.batches_decode(states)
-        return
-    assert runner.batches_decode(states)
+    assert runner.batches_decode(states)  # linear-attention state merges too
     together = runner.forward(states, [[5], [6]])
     alone = [runner.forward([s], [[t]])[0] for s, t in zip(twins, [5, 6], strict=True)]
     for a, b in zip(together, alone, strict=True):
@@ -195,7 +192,6 @@ def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny)
         t.join(120)
     assert got == want  # each row decodes at its own rope-shifted position
     stats = together.cache_stats()
-    if not together.runner.layout.snapshot:  # linear-attention state steps one by one
-        assert stats["max_batch_rows"] >= 2
+    assert stats["max_batch_rows"] >= 2
     assert stats["num_pinned_blocks"] == 0
     together.cache.check_integrity()

@@ -2,9 +2,9 @@
 transformers' config classes at test time and saved as an mlx-vlm conversion would be.
 
 Families: qwen2_vl, qwen2_5_vl, qwen3_vl and qwen3_vl_moe (deepstack), qwen3_5 and qwen3_5_moe
-(linear attention + full attention), glm4v (GLM's image markers). Each: a 1-2 layer vision tower
-(hidden 32, 8x8 patches merged 2x2: a 32x48 image is 6 tokens, 64x80 is 20), a 2-4 layer
-language model (hidden 64, head 16, 3-D rotary sections that all turn), weights drawn at
+(linear attention + full attention), glm4v and glm4v_moe (GLM's image markers). Each: a 1-2
+layer vision tower (hidden 32, 8x8 patches merged 2x2: a 32x48 image is 6 tokens, 64x80 is 20),
+a 2-4 layer language model (hidden 64, head 16, 3-D rotary sections that all turn), weights drawn at
 ``initializer_range`` 0.2 (so greedy replies don't collapse), the ``tiny_models`` BPE tokenizer
 with the family's vision tokens, a ChatML template with image parts and the image processor's
 ``preprocessor_config.json``. ``load_mlx_vlm`` reads the folder back as a user's mlx-community
@@ -89,6 +89,26 @@ FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             rope_scaling=GLM_ROPE,
             rope_parameters=GLM_ROPE,
             attention_bias=True,
+        ),
+        dict(image_size=32, window_size=32, rms_norm_eps=1e-5, depth=1),
+    ),  # fmt: skip
+    "glm4v_moe": (
+        dict(
+            num_hidden_layers=2,
+            partial_rotary_factor=0.5,
+            rope_scaling=GLM_ROPE,
+            rope_parameters=GLM_ROPE,
+            attention_bias=True,
+            n_routed_experts=4,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=1,
+            topk_group=1,
+            routed_scaling_factor=1.0,
+            norm_topk_prob=True,
+            use_qk_norm=False,
         ),
         dict(image_size=32, window_size=32, rms_norm_eps=1e-5, depth=1),
     ),  # fmt: skip

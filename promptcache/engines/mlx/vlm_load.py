@@ -39,6 +39,10 @@ SUPPORTED = {
     "qwen3_5": ("mlx_vlm.models.qwen3_5", _QWEN3_PROCESSOR),
     "qwen3_5_moe": ("mlx_vlm.models.qwen3_5_moe", _QWEN3_PROCESSOR),
     "glm4v": ("mlx_vlm.models.glm4v", "mlx_vlm.models.glm4v.processing.Glm46VProcessor"),
+    "glm4v_moe": (
+        "mlx_vlm.models.glm4v_moe",
+        "mlx_vlm.models.glm4v_moe.processing.Glm46VMoEProcessor",
+    ),
     "gemma3": (
         "mlx_vlm.models.gemma3",
         "mlx_vlm.models.gemma3.processing_gemma3.Gemma3Processor",

@@ -1,5 +1,5 @@
 """Images on mlx-vlm's M-RoPE family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, Qwen3.5 and
-its MoE, GLM-4.1V): 3-D M-RoPE positions computed from where the prompt's images sit.
+its MoE, GLM-4V and its MoE): 3-D M-RoPE positions computed from where the prompt's images sit.
 
 An image whose grid is (t, h, w) after the spatial merge takes t*h*w placeholder tokens; its
 k-th token sits at (base + k // (h*w), base + k // w % h, base + k % w) in the (temporal, height,
