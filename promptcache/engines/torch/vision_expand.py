@@ -78,8 +78,8 @@ class ExpandedVision:
                     add_special_tokens=False, return_text_replacement_offsets=True,
                 )  # fmt: skip
             else:
-                layout = pixtral_layout if self.kind == "mistral3" else internvl_layout
-                out = layout(self.model, self.images, self.tokenizer, image)
+                build = pixtral_layout if self.kind == "mistral3" else internvl_layout
+                out = build(self.model, self.images, self.tokenizer, image)
         except Exception as exc:  # the client's image (a size or shape the processor refuses)
             raise RequestError(f"the image processor refused an image: {exc}") from exc
         ids = [int(t) for t in out["input_ids"][0]]
