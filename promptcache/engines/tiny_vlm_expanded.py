@@ -3,7 +3,8 @@ whose processor expands an image into more than one token repeated, built offlin
 transformers' config classes with the processor their checkpoints name (PIL image processors:
 no torchvision): Mistral 3 (Pixtral tower, row breaks and an end token), LLaVA-NeXT and
 LLaVA-OneVision (anyres tiles: the count depends on the image's size), Idefics3 (tiles with
-row/column markers), Aya Vision and InternVL (tiles). 2 text layers, hidden 64,
+row/column markers), Aya Vision and InternVL (tiles), VipLLaVA (several tower layers) and
+DeepSeek-VL (a fixed count; the encoder only on the inner model). 2 text layers, hidden 64,
 ``initializer_range`` 0.2; vision towers of one or two layers on 32-64 pixel tiles.
 """
 
@@ -16,7 +17,7 @@ from promptcache.engines.tiny_models import train_tiny_tokenizer
 from promptcache.engines.tiny_vlm_families import _template
 
 EXPANDED_FAMILIES = ("mistral3", "llava_next", "llava_onevision", "idefics3", "aya_vision",
-                     "internvl")  # fmt: skip
+                     "internvl", "vipllava", "deepseek_vl")  # fmt: skip
 PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # anyres grids, in multiples of the 32-pixel tile
 TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
              initializer_range=0.2)  # fmt: skip
@@ -33,15 +34,19 @@ TOKENS: dict[str, tuple[tuple[str, ...], str]] = {
     "idefics3": (IDEFICS_TOKENS, "<image>"),
     "aya_vision": (AYA_TOKENS, "<|IMG_PATCH|>"),
     "internvl": (INTERNVL_TOKENS, "<IMG_CONTEXT>"),
+    "vipllava": (("<image>",), "<image>"),
+    "deepseek_vl": (("<image_placeholder>",), "<image_placeholder>"),
 }
-PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]"}  # what the template emits
+PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]",
+               "deepseek_vl": "<image_placeholder>"}  # fmt: skip  # what the template emits
 
 
 def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
     """(model, processor, tokenizer) of family ``name`` with random weights, float32; the
     tokenizer's ChatML template places the family's image placeholder. Mistral 3's processor is
-    its image processor alone (``PixtralProcessor`` needs torchvision); LLaVA-OneVision's and
-    InternVL's need torchvision (their video processor): ImportError without it."""
+    its image processor alone (``PixtralProcessor`` needs torchvision), and InternVL's without
+    torchvision (its processor needs it for videos); LLaVA-OneVision's processor needs
+    torchvision: ImportError without it."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -80,6 +85,12 @@ def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     if name == "aya_vision":
         return {**TOWER, "model_type": "siglip_vision_model", "image_size": 32,
                 "patch_size": 8}, {"downsample_factor": 2}  # fmt: skip
+    if name == "vipllava":  # the projector reads several tower layers
+        return {**TOWER, "model_type": "clip_vision_model", "image_size": 32, "patch_size": 8,
+                "projection_dim": 32}, {"vision_feature_layer": [-1, -2]}  # fmt: skip
+    if name == "deepseek_vl":
+        return {**TOWER, "model_type": "siglip_vision_model", "image_size": 32,
+                "patch_size": 8}, {}  # fmt: skip
     return {**TOWER, "image_size": [32, 32], "patch_size": [8, 8]}, {"downsample_ratio": 0.5}
 
 
@@ -110,6 +121,8 @@ def _processor(name: str, tokenizer: Any) -> Any:
         import importlib.util
 
         if importlib.util.find_spec("torchvision") is None:
+            if name == "internvl":  # its image processor alone (what loads without torchvision)
+                return GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=4)
             raise ImportError(f"{name}'s processor needs torchvision (its video processor)")
     if name == "llava_onevision":
         from transformers import LlavaOnevisionProcessor
@@ -135,6 +148,30 @@ def _processor(name: str, tokenizer: Any) -> Any:
         )
         return Idefics3Processor(images, tokenizer, image_seq_len=4,
                                  chat_template=tokenizer.chat_template)  # fmt: skip
+    if name == "vipllava":
+        from transformers import LlavaProcessor
+        from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+        images = CLIPImageProcessorPil(
+            size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}
+        )
+        return LlavaProcessor(
+            images, tokenizer, patch_size=8, vision_feature_select_strategy="default",
+            num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
+        )  # fmt: skip
+    if name == "deepseek_vl":
+        from transformers import DeepseekVLProcessor, PreTrainedTokenizerFast
+        from transformers.models.deepseek_vl.image_processing_pil_deepseek_vl import (
+            DeepseekVLImageProcessorPil,
+        )
+
+        named = PreTrainedTokenizerFast(
+            tokenizer_object=tokenizer.backend_tokenizer, pad_token="<pad>", bos_token="<s>",
+            eos_token="<|im_end|>", extra_special_tokens={"image_token": "<image_placeholder>"},
+        )  # fmt: skip
+        images = DeepseekVLImageProcessorPil(size={"height": 32, "width": 32})
+        return DeepseekVLProcessor(images, named, chat_template=tokenizer.chat_template,
+                                   num_image_tokens=16)  # fmt: skip
     tiles = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
                                      min_patches=1, max_patches=4)  # fmt: skip
     if name == "aya_vision":
