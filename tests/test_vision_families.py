@@ -77,9 +77,9 @@ def model_inputs(name, parts, ids, images):
         pils = [im.to_pil() for im in images]
         if hasattr(proc, "tokenizer"):
             out = proc(text=[proc.image_token * len(images)], images=pils, return_tensors="pt")
-        else:  # an image processor alone: Mistral 3's at the merged patch size, InternVL's tiles
-            merged = {"patch_size": {"height": 16, "width": 16}}
-            kw = merged if name == "mistral3" else {"crop_to_patches": True}
+        else:  # an image processor alone (Mistral 3's at the merged patch size, InternVL's tiles)
+            kw = {"mistral3": {"patch_size": {"height": 16, "width": 16}},
+                  "internvl": {"crop_to_patches": True}}.get(name, {})  # fmt: skip
             out = proc(images=pils, return_tensors="pt", **kw)
         takes = inspect.signature(model.forward).parameters
         pixels = {k: v for k, v in out.items() if k in takes and k != "input_ids"}

@@ -44,9 +44,9 @@ PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]",
 def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
     """(model, processor, tokenizer) of family ``name`` with random weights, float32; the
     tokenizer's ChatML template places the family's image placeholder. Mistral 3's processor is
-    its image processor alone (``PixtralProcessor`` needs torchvision), and InternVL's without
-    torchvision (its processor needs it for videos); LLaVA-OneVision's processor needs
-    torchvision: ImportError without it."""
+    its image processor alone (``PixtralProcessor`` needs torchvision), and so are InternVL's and
+    LLaVA-OneVision's (their processors need it for videos): the layouts users without
+    torchvision get, the same wherever the tests run."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -79,6 +79,8 @@ def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
         return {**TOWER, "model_type": kind, "image_size": 32, "patch_size": 8}, {
             "image_grid_pinpoints": PINPOINTS, "vision_feature_select_strategy": select,
             "vision_feature_layer": -1,
+            # OneVision: a 2x2 grid is more than 2 tiles' worth and shrinks, a 1x2 one does not
+            **({"vision_aspect_ratio": "anyres_max_2"} if name == "llava_onevision" else {}),
         }  # fmt: skip
     if name == "idefics3":
         return {**TOWER, "image_size": 32, "patch_size": 8}, {"scale_factor": 2}
@@ -117,26 +119,14 @@ def _processor(name: str, tokenizer: Any) -> Any:
             images, tokenizer, patch_size=8, vision_feature_select_strategy="default",
             num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
         )  # fmt: skip
-    if name in ("llava_onevision", "internvl"):
-        import importlib.util
-
-        if importlib.util.find_spec("torchvision") is None:
-            if name == "internvl":  # its image processor alone (what loads without torchvision)
-                return GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=4)
-            raise ImportError(f"{name}'s processor needs torchvision (its video processor)")
-    if name == "llava_onevision":
-        from transformers import LlavaOnevisionProcessor
+    if name == "llava_onevision":  # its image processor alone: its processor needs torchvision
         from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
             LlavaOnevisionImageProcessorPil,
         )
 
-        images = LlavaOnevisionImageProcessorPil(
+        return LlavaOnevisionImageProcessorPil(
             size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS
         )
-        return LlavaOnevisionProcessor(
-            images, tokenizer, num_image_tokens=16, vision_feature_select_strategy="full",
-            chat_template=tokenizer.chat_template,
-        )  # fmt: skip
     if name == "idefics3":
         from transformers import Idefics3Processor
         from transformers.models.idefics3.image_processing_pil_idefics3 import (
@@ -172,18 +162,12 @@ def _processor(name: str, tokenizer: Any) -> Any:
         images = DeepseekVLImageProcessorPil(size={"height": 32, "width": 32})
         return DeepseekVLProcessor(images, named, chat_template=tokenizer.chat_template,
                                    num_image_tokens=16)  # fmt: skip
-    tiles = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
-                                     min_patches=1, max_patches=4)  # fmt: skip
     if name == "aya_vision":
         from transformers import AyaVisionProcessor
 
+        tiles = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
+                                         min_patches=1, max_patches=4)  # fmt: skip
         return AyaVisionProcessor(tiles, tokenizer, patch_size=16, img_size=32,
                                   chat_template=tokenizer.chat_template)  # fmt: skip
-    from transformers import InternVLProcessor
-
-    tokenizer.start_image_token, tokenizer.end_image_token = "<img>", "</img>"
-    tokenizer.context_image_token, tokenizer.video_token = "<IMG_CONTEXT>", "<video>"
-    for attr in ("start_image_token", "end_image_token", "context_image_token", "video_token"):
-        setattr(tokenizer, attr + "_id", tokenizer.convert_tokens_to_ids(getattr(tokenizer, attr)))
-    return InternVLProcessor(tiles, tokenizer, image_seq_length=4,
-                             chat_template=tokenizer.chat_template)  # fmt: skip
+    # InternVL: its image processor alone (its processor needs torchvision for videos)
+    return GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=4)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -30,8 +31,8 @@ from promptcache.engines.vision import VisionChunk
 EXPANDED = ("mistral3", "llava_next", "llava_onevision", "idefics3", "smolvlm", "aya_vision",
             "internvl", "vipllava", "deepseek_vl")  # fmt: skip
 # family -> its template's placeholder, where its layout is ours when the processor cannot load
-# (PixtralProcessor and InternVL's video processor need torchvision)
-OWN_LAYOUT = {"mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>"}
+# (PixtralProcessor and InternVL's and OneVision's video processors need torchvision)
+OWN_LAYOUT = {"mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>", "llava_onevision": "<image>"}
 MAX_LAYOUTS = 4096  # images whose expansion is remembered (render needs it on every turn)
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids",
              "text_replacement_offsets")  # fmt: skip
@@ -78,7 +79,7 @@ class ExpandedVision:
                     add_special_tokens=False, return_text_replacement_offsets=True,
                 )  # fmt: skip
             else:
-                build = pixtral_layout if self.kind == "mistral3" else internvl_layout
+                build = LAYOUTS[self.kind]
                 out = build(self.model, self.images, self.tokenizer, image)
         except Exception as exc:  # the client's image (a size or shape the processor refuses)
             raise RequestError(f"the image processor refused an image: {exc}") from exc
@@ -196,6 +197,35 @@ def internvl_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) 
     out = dict(images(images=[image.to_pil()], return_tensors="pt", crop_to_patches=True))
     tiles = int(out.pop("num_patches")[0])
     return _with_text(out, tokenizer, "<img>" + "<IMG_CONTEXT>" * (per_tile * tiles) + "</img>")
+
+
+def onevision_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) -> dict[str, Any]:
+    """LLaVA-OneVision without its processor: the base tile's tokens, then the anyres grid cut
+    back to the image's aspect with a newline per row, shrunk to ``anyres_max_N`` tiles' worth
+    (the processor's count; the model checks it against its features)."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    cfg = model.config
+    out = dict(images(images=[image.to_pil()], return_tensors="pt"))
+    height, width = (int(x) for x in out["image_sizes"][0])
+    tile_h, tile_w = (int(x) for x in out["pixel_values"].shape[-2:])
+    best_h, best_w = select_best_resolution([height, width], cfg.image_grid_pinpoints)
+    side = int(cfg.vision_config.image_size) // int(cfg.vision_config.patch_size)
+    rows, cols = side * (best_h // tile_h), side * (best_w // tile_w)
+    if width / height > cols / rows:  # padding above and below, then left and right
+        rows -= 2 * ((rows - int(round(height * (cols / width), 7))) // 2)
+    else:
+        cols -= 2 * ((cols - int(round(width * (rows / height), 7))) // 2)
+    cap = int(str(cfg.vision_aspect_ratio).removeprefix("anyres_max_"))
+    ratio = math.sqrt(rows * cols / (cap * side * side))
+    if ratio > 1.1:
+        rows, cols = int(rows // ratio), int(cols // ratio)
+    count = side * side + rows * cols + rows - (cfg.vision_feature_select_strategy == "default")
+    return _with_text(out, tokenizer, "<image>" * count)
+
+
+LAYOUTS = {"mistral3": pixtral_layout, "internvl": internvl_layout,
+           "llava_onevision": onevision_layout}  # fmt: skip
 
 
 def _with_text(out: dict[str, Any], tokenizer: Any, text: str) -> dict[str, Any]:
