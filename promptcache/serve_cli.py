@@ -42,6 +42,7 @@ ENGINE_FLAGS = (
     "vision_cache_bytes",
     "threads",
     "weights",
+    "compile",
 )
 
 
@@ -150,6 +151,17 @@ def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
     admin.warm_up_shared(nbytes, seconds, progress)
 
 
+# the serve flags that are ``Limits`` fields of the same name
+LIMIT_FLAGS = (
+    "max_queue",
+    "max_body_bytes",
+    "max_prompt_tokens",
+    "max_stop_strings",
+    "allow_image_urls",
+    "max_image_bytes",
+)
+
+
 def limits_from_args(args: argparse.Namespace) -> Any:
     from promptcache.server.guard import LOOPBACK_HOSTS, load_api_keys
     from promptcache.server.state import Limits
@@ -163,13 +175,8 @@ def limits_from_args(args: argparse.Namespace) -> Any:
             args.host,
         )
     return Limits(
-        max_queue=args.max_queue,
         request_timeout_s=args.request_timeout or None,
-        max_body_bytes=args.max_body_bytes,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_stop_strings=args.max_stop_strings,
         api_keys=keys,
         loopback_only=loopback,
-        allow_image_urls=args.allow_image_urls,
-        max_image_bytes=args.max_image_bytes,
+        **{name: getattr(args, name) for name in LIMIT_FLAGS},
     )

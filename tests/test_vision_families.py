@@ -1,8 +1,12 @@
 """Images on the transformers families beyond LLaVA, each a tiny random-weight model built from
 its config class: the Qwen-VL class (3-D RoPE positions: qwen2_vl, qwen2_5_vl, qwen3_vl,
 qwen3_vl_moe, qwen3_5, qwen3_5_moe, and GLM-4V's glm4v, glm4v_moe) and Gemma 3 (bidirectional attention among an image's
-tokens). Against the model's own uncached forward and ``generate`` (its own image path and
+tokens), and the causal families whose processor lays an image out as more than one token
+repeated (Mistral 3 row breaks, LLaVA-NeXT / OneVision anyres tiles, Idefics3, Aya Vision,
+InternVL). Against the model's own uncached forward and ``generate`` (its own image path and
 positions), and cached vs --no-cache over image turns and an edited history."""
+
+import inspect
 
 import numpy as np
 import pytest
@@ -13,16 +17,22 @@ pytest.importorskip("PIL")
 from promptcache.core.images import image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.request import Request  # noqa: E402
+from promptcache.engines.tiny_vlm_expanded import (  # noqa: E402
+    EXPANDED_FAMILIES,
+    tiny_expanded_family,
+)
 from promptcache.engines.tiny_vlm_families import (  # noqa: E402
     MROPE_FAMILIES,
     VISION_FAMILIES,
     tiny_vision_family,
 )
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.vision import VisionChunk  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BLOCK, CHUNK = 16, 32
 SIZES = [(40, 50), (64, 40), (30, 90)]  # Qwen grids 6x6, 8x6, 4x12 (9, 12, 12 tokens)
+ALL_FAMILIES = (*VISION_FAMILIES, *EXPANDED_FAMILIES)
 
 
 def pixels(seed, size=(40, 50)):
@@ -39,6 +49,11 @@ def families():
 
     def get(name, **kw):
         key = (name, tuple(sorted(kw.items())))
+        if key not in built and name in EXPANDED_FAMILIES:
+            try:
+                built[key] = tiny_expanded_family(name, **kw)
+            except ImportError as exc:  # its processor needs torchvision
+                pytest.skip(str(exc))
         if key not in built:
             built[key] = tiny_vision_family(name, **kw)
         return built[key]
@@ -58,6 +73,17 @@ def model_inputs(name, parts, ids, images):
     x = torch.tensor([ids])
     if not images:
         return {"input_ids": x}
+    if name in EXPANDED_FAMILIES:  # the processor's pixels (its input_ids are ours)
+        pils = [im.to_pil() for im in images]
+        if hasattr(proc, "tokenizer"):
+            out = proc(text=[proc.image_token * len(images)], images=pils, return_tensors="pt")
+        else:  # an image processor alone: Mistral 3's at the merged patch size, InternVL's tiles
+            merged = {"patch_size": {"height": 16, "width": 16}}
+            kw = merged if name == "mistral3" else {"crop_to_patches": True}
+            out = proc(images=pils, return_tensors="pt", **kw)
+        takes = inspect.signature(model.forward).parameters
+        pixels = {k: v for k, v in out.items() if k in takes and k != "input_ids"}
+        return {"input_ids": x, **{k: v for k, v in pixels.items() if k != "attention_mask"}}
     out = proc(images=[im.to_pil() for im in images], return_tensors="pt")
     types = (x == model.config.image_token_id).long()
     if name == "gemma3":
@@ -94,7 +120,7 @@ def prefill(eng, messages, images):
     return ids, spans, logits, cached
 
 
-@pytest.mark.parametrize("name", VISION_FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_prompt_logits_and_greedy_reply_match_the_model(families, name):
     """Chunked prefill (images split across chunks where attention is causal), a restore that
     ends after an image, and decode: the model's own forward and ``generate`` agree."""
@@ -136,7 +162,7 @@ def test_prompt_logits_and_greedy_reply_match_the_model(families, name):
         assert close(req.logits, reference(name, parts, ids, [a, b]))
 
 
-@pytest.mark.parametrize("name", VISION_FAMILIES)
+@pytest.mark.parametrize("name", ALL_FAMILIES)
 def test_image_turns_and_an_edited_history_equal_uncached(families, name, capsys):
     parts = families(name)
     cached, plain = engine(parts), engine(parts, cache_enabled=False)
@@ -244,6 +270,7 @@ def test_the_family_table_covers_the_qwen_class():
     families = image_families()
     assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
     assert families["qwen3_5_moe"] == "3-D RoPE positions" and "llava" in families
+    assert set(EXPANDED_FAMILIES) <= set(families) and families["mistral3"].startswith("causal")
 
 
 def test_concurrent_image_requests_batch_decode_with_their_own_offsets(families):
@@ -281,14 +308,14 @@ def test_start_up_says_which_images_are_served(families, tmp_path, caplog):
 
     from promptcache.engines.torch.runner import load_torch_processor
 
-    AutoConfig.for_model("mistral3").save_pretrained(tmp_path / "mistral3")
+    AutoConfig.for_model("mllama").save_pretrained(tmp_path / "mllama")  # cross-attention
     with caplog.at_level(logging.INFO, logger="promptcache"):
-        assert load_torch_processor(tmp_path / "mistral3") is None
+        assert load_torch_processor(tmp_path / "mllama") is None
         folder = tmp_path / "gemma3"
         for part in families("gemma3"):  # model, image processor, tokenizer: a user's folder
             part.save_pretrained(folder)
         processor = load_torch_processor(folder)
-    assert "images are not supported for mistral3 on the torch engine" in caplog.text
+    assert "images are not supported for mllama on the torch engine" in caplog.text
     assert "images on (gemma3: bidirectional image attention)" in caplog.text
     assert processor is not None
 
@@ -309,12 +336,12 @@ def test_gemma_resumes_exactly_from_a_restore_inside_an_image(families):
     rows = vision.encode(img)
     expected = reference(name, parts, ids, [img])
     whole = runner.new_state()
-    assert close(vision.forward(whole, ids, [(span.start, rows)], 0, spans), expected)
+    assert close(vision.forward(whole, VisionChunk(ids, [(span.start, rows)], 0, spans)), expected)
     k = span.start + span.length // 2
     restored = runner.restore([(runner.slice_block(whole, 0, k), k)], None)
-    rest = vision.forward(restored, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    rest = vision.forward(restored, VisionChunk(ids[k:], [(0, rows[k - span.start :])], k, spans))
     assert close(rest, expected)
     split = runner.new_state()  # the image cut across two forwards: its first half is wrong
-    vision.forward(split, ids[:k], [(span.start, rows[: k - span.start])], 0, spans)
-    wrong = vision.forward(split, ids[k:], [(0, rows[k - span.start :])], k, spans)
+    vision.forward(split, VisionChunk(ids[:k], [(span.start, rows[: k - span.start])], 0, spans))
+    wrong = vision.forward(split, VisionChunk(ids[k:], [(0, rows[k - span.start :])], k, spans))
     assert not close(wrong, expected)

@@ -75,6 +75,7 @@ def build_engine(
     cache_dtype: str | None = None,
     threads: int | None = None,
     weights: str | None = None,
+    compile: bool = False,
     **options: Any,
 ) -> Any:
     """The engine for ``model`` (``model_sources.locate_model``; None: the bundled one) on
@@ -89,6 +90,8 @@ def build_engine(
         if kv_bits and engine != "mlx":
             raise ConfigError("--kv-bits needs --engine mlx")
         check_weights_engine(engine, weights, device)
+        if compile and engine != "torch":
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     found = locate_model(model, revision)
     kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
@@ -100,10 +103,14 @@ def build_engine(
 
         extra["weights"] = check_weights_engine(kind, weights, device)
         extra["threads"] = tuner = make_thread_tuner(threads)
+        if compile:
+            extra["compile"] = True
         if tuner is not None:
             tuner.apply()  # the loading thread too (weights conversion, warm-up)
     else:
         check_weights_engine(kind, weights, device)
+        if compile:
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):

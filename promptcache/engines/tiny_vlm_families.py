@@ -170,3 +170,22 @@ def save_tiny_vision_family(name: str, folder: str, seed: int = 0) -> str:
     images.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def save_tiny_gemma3_processor(folder: str, seed: int = 0) -> str:
+    """A Gemma 3 folder whose ``Gemma3Processor`` loads fully (``processor_config.json``, the
+    tokenizer's ``boi_token``/``image_token``/``eoi_token``): its image text is the processor's
+    ``full_image_sequence``, as in the published checkpoints."""
+    from transformers import Gemma3Processor, PreTrainedTokenizerFast
+
+    model, images, tokenizer = _tiny_gemma3(seed, sliding=True)
+    named = dict(zip(("boi_token", "image_token", "eoi_token"), GEMMA_TOKENS, strict=True))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, pad_token="<pad>", bos_token="<s>",
+        eos_token="<|im_end|>", extra_special_tokens=named,
+    )  # fmt: skip
+    processor = Gemma3Processor(images, tokenizer, chat_template=GEMMA_TEMPLATE,
+                                image_seq_length=model.config.mm_tokens_per_image)  # fmt: skip
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder

@@ -13,19 +13,19 @@ a chunk holding an image runs the same layers with per-layer masks: each layer c
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
 from promptcache.core.hashing import digest_bytes
-from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.images import ImageInput
 from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
-class Gemma3Vision:
+class Gemma3Vision(PlaceholderVision):
     """``VisionModel`` for an mlx-vlm Gemma 3 and its mlx-vlm ``Gemma3Processor``."""
 
     whole_images = True
@@ -35,7 +35,7 @@ class Gemma3Vision:
         self.processor = processor
         self.tokenizer = processor.tokenizer
         self.dtype = dtype
-        self.boi = str(processor.boi_token)
+        self.boi = self.marker = str(processor.boi_token)  # the template's mark per image
         self.sequence = str(processor.full_image_sequence)
         self.image_token_id = int(processor.image_token_id)
         self.length = int(processor.image_seq_length)
@@ -53,32 +53,6 @@ class Gemma3Vision:
     def num_tokens(self, image: ImageInput) -> int:
         return self.length
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        images: Sequence[ImageInput],
-    ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template, add_generation_prompt=True,
-                tokenize=False,
-            )  # fmt: skip
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
-        if text.count(self.boi) != len(images):
-            raise RequestError(
-                f"the prompt holds {text.count(self.boi)} image markers for {len(images)} images "
-                "(the text may not contain the model's image token)"
-            )
-        ids = list(self.tokenizer.encode(text.replace(self.boi, self.sequence),
-                                         add_special_tokens=False))  # fmt: skip
-        marks = np.flatnonzero(np.asarray(ids) == self.image_token_id)
-        starts = [int(m) for i, m in enumerate(marks) if i == 0 or marks[i - 1] != m - 1]
-        if len(starts) != len(images) or len(marks) != self.length * len(images):
-            raise RequestError("the prompt's text holds the model's image tokens")
-        return ids, [ImageSpan(s, self.length, im) for s, im in zip(starts, images, strict=True)]
-
     def encode(self, image: ImageInput) -> mx.array:
         """One image's rows (image_seq_length, hidden), evaluated: the model's public
         ``get_input_embeddings`` on the processor's output for this image alone."""
@@ -91,14 +65,8 @@ class Gemma3Vision:
         merged = self.model.get_input_embeddings(ids, pixels, mask=mx.ones_like(ids))
         return image_rows(merged.inputs_embeds, ids, self.image_token_id, self.dtype)
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int,
-        spans: Sequence[ImageSpan],
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        ids, pieces = chunk.ids, chunk.pieces
         language = self.model.language_model
         if not pieces:  # text only: the library's own forward and masks
             return last_logits(language, state, ids, None)

@@ -1,5 +1,5 @@
-"""Images on mlx-vlm's Qwen-VL family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, Qwen3.5 and
-its MoE): 3-D M-RoPE positions computed from where the prompt's images sit.
+"""Images on mlx-vlm's M-RoPE family (Qwen2-VL, Qwen2.5-VL, Qwen3-VL and its MoE, Qwen3.5 and
+its MoE, GLM-4V and its MoE): 3-D M-RoPE positions computed from where the prompt's images sit.
 
 An image whose grid is (t, h, w) after the spatial merge takes t*h*w placeholder tokens; its
 k-th token sits at (base + k // (h*w), base + k // w % h, base + k % w) in the (temporal, height,
@@ -25,9 +25,9 @@ from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.batch import batched_decode
-from promptcache.engines.mlx.state import get_slot
+from promptcache.engines.mlx.state import evaluate_module, get_slot
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 
 class ImagePlace(NamedTuple):
@@ -146,20 +146,17 @@ class MropeVision(PlaceholderVision):
             ids, inputs["pixel_values"], image_grid_thw=inputs["image_grid_thw"]
         )
         rows = image_rows(features.inputs_embeds, ids, self.image_token_id, self.dtype)
+        # GLM-4V keeps this call's rope index on the model (never read: positions are passed):
+        # evaluated here, on this thread, so no array on the model waits for this thread's stream
+        evaluate_module(self.model)
         deep = getattr(features, "deepstack_visual_embeds", None)
         if deep:  # one (num_tokens, hidden) array per deepstack layer, in image-token order
             rows = mx.concatenate([rows, *(d.astype(self.dtype) for d in deep)], axis=-1)
             mx.eval(rows)
         return rows
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int,
-        spans: Sequence[ImageSpan],
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        ids, pieces, start, spans = chunk
         # every chunk of a prompt with images comes here: the state learns where they sit
         self.place(state, spans)
         if start != self.offset_of(state):

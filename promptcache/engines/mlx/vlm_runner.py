@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_vlm.models.cache import ArraysCache as VlmArraysCache
 from mlx_vlm.models.cache import KVCache as VlmKVCache
 from mlx_vlm.models.cache import make_prompt_cache
 
@@ -38,7 +39,9 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
+
+BATCHED = (VlmKVCache, VlmArraysCache)  # the cache kinds batched decode merges
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -141,16 +144,10 @@ class MlxVision(PlaceholderVision):
         merged = self.model.get_input_embeddings(ids, inputs["pixel_values"]).inputs_embeds
         return image_rows(merged, ids, self.image_token_id, self.dtype)
 
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[Any] = (),
-    ) -> Any:
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
         # plain causal positions (llava): the chunk's place and the other images change nothing
-        embeds = spliced(self.model.language_model, ids, pieces)
+        ids = chunk.ids
+        embeds = spliced(self.model.language_model, ids, chunk.pieces)
         return last_logits(self.model.language_model, state, ids, embeds[None])
 
 
@@ -208,8 +205,9 @@ class MlxVlmRunner(MlxCacheSteps):
         ]
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
-        # mlx-vlm's BatchKVCache merges plain KV layers; linear-attention state steps alone
-        return len(states) > 1 and all(type(c) is VlmKVCache for c in states[0])
+        # mlx-vlm merges KV layers (BatchKVCache, left-padded) and linear-attention state
+        # (ArraysCache rows stacked); sliding-window rings step one sequence per forward
+        return len(states) > 1 and all(type(c) in BATCHED for c in states[0])
 
     def _batch_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
         return self.language(tokens, cache=cache).logits

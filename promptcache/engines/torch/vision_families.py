@@ -24,10 +24,10 @@ import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from promptcache.core.hashing import digest_bytes
-from promptcache.core.images import ImageInput, ImageSpan
+from promptcache.core.images import ImageInput
 from promptcache.engines.errors import RequestError
 from promptcache.engines.torch.mrope import MropePositions
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
 MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
          "glm4v_moe")  # fmt: skip
@@ -117,14 +117,8 @@ class QwenVision(FamilyVision):
         return torch.cat(rows, dim=-1).to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        ids, pieces, start, spans = chunk
         encoded = None
         if pieces:  # the chunk's image rows in prompt order, as the model scatters them
             rows = torch.cat([r for _, r in pieces]).to(self.device, self.dtype)
@@ -160,36 +154,6 @@ class GemmaVision(FamilyVision):
     def num_tokens(self, image: ImageInput) -> int:
         return self.count
 
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        images: Sequence[ImageInput],
-    ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template,
-                add_generation_prompt=True, tokenize=False,
-            )  # fmt: skip
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
-        if text.count(self.marker) != len(images) or self.sequence.count(self.marker) != 1:
-            raise RequestError(
-                f"the prompt holds {text.count(self.marker)} image markers for {len(images)} "
-                "images (the text may not contain the model's image tokens)"
-            )
-        # the processor's own expansion: the text, then one tokenization (its merges included)
-        ids = list(self.tokenizer.encode(text.replace(self.marker, self.sequence),
-                                         add_special_tokens=False))  # fmt: skip
-        starts = [i for i, t in enumerate(ids) if t == self.image_token_id and
-                  (i == 0 or ids[i - 1] != self.image_token_id)]  # fmt: skip
-        spans = [ImageSpan(s, self.count, im) for s, im in zip(starts, images, strict=False)]
-        if len(starts) != len(images) or any(
-            ids[s.start : s.end] != [self.image_token_id] * self.count for s in spans
-        ):
-            raise RequestError("the prompt's image tokens do not match its images")
-        return ids, spans
-
     @torch.inference_mode()
     def encode(self, image: ImageInput) -> torch.Tensor:
         pixels = self.process(image, do_pan_and_scan=False)["pixel_values"]
@@ -198,14 +162,8 @@ class GemmaVision(FamilyVision):
         return rows[0].to(self.dtype).contiguous().clone()
 
     @torch.inference_mode()
-    def forward(
-        self,
-        state: Any,
-        ids: Sequence[int],
-        pieces: Sequence[tuple[int, Any]],
-        start: int = 0,
-        spans: Sequence[ImageSpan] = (),
-    ) -> torch.Tensor:
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        ids, pieces, start, spans = chunk
         end = start + len(ids)
         # 1 over image tokens from the sequence's start: the mask reads them by position
         types = torch.zeros((1, end), dtype=torch.long, device=self.device)
