@@ -20,6 +20,7 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.torch.attention import use_gqa_attention
 from promptcache.engines.torch.batch import (
     DecodeBatch,
     batched_decode,
@@ -28,6 +29,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
 )
 from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
     crop_positional,
@@ -210,6 +212,8 @@ class TorchRunner:
         # no autograd, wherever the model is called from: a forward outside inference mode
         # would keep every step's graph, and with it each decode step's copy of the cache
         self.model = model.eval().requires_grad_(False)
+        use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)

@@ -83,15 +83,22 @@ class TorchVision(PlaceholderVision):
         first = rows[0] if isinstance(rows, list | tuple) else rows[0]
         return first.to(self.dtype).contiguous().clone()
 
-    @torch.inference_mode()
     def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
-        x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.device)
-        embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in chunk.pieces:
-            embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
-        kwargs = {self.cache_arg: state}
-        out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]
+        return spliced_forward(self.model, self.cache_arg, self.device, state, chunk)
+
+
+@torch.inference_mode()
+def spliced_forward(
+    model: Any, cache_arg: str, device: torch.device, state: Any, chunk: VisionChunk
+) -> torch.Tensor:
+    """A chunk on plain causal positions (LLaVA-style models): its token embeddings with each
+    piece's feature rows in place, through the model on ``state``; the last position's logits."""
+    x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=device)
+    embeds = model.get_input_embeddings()(x)
+    for offset, rows in chunk.pieces:
+        embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
+    out = model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **{cache_arg: state})
+    return out.logits[0, -1]
 
 
 def image_families() -> dict[str, str]:

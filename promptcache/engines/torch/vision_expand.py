@@ -26,7 +26,8 @@ import torch
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.errors import ConfigError, RequestError
-from promptcache.engines.vision import VisionChunk
+from promptcache.engines.torch.vision import spliced_forward
+from promptcache.engines.vision import VisionChunk, chat_text
 
 EXPANDED = ("mistral3", "llava_next", "llava_onevision", "idefics3", "smolvlm", "aya_vision",
             "internvl", "vipllava", "deepseek_vl")  # fmt: skip
@@ -111,13 +112,7 @@ class ExpandedVision:
         tools: list[dict[str, Any]] | None,
         images: Sequence[ImageInput],
     ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template,
-                add_generation_prompt=True, tokenize=False,
-            )  # fmt: skip
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
+        text = chat_text(self.tokenizer, self.template, messages, tools)
         pieces = text.split(self.placeholder)
         if len(pieces) != len(images) + 1:
             raise RequestError(
@@ -162,15 +157,8 @@ class ExpandedVision:
         rows[mask] = feats.to(rows.dtype)
         return rows.to(self.dtype).contiguous().clone()
 
-    @torch.inference_mode()
     def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
-        x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.device)
-        embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in chunk.pieces:
-            embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
-        kwargs = {self.cache_arg: state}
-        out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]
+        return spliced_forward(self.model, self.cache_arg, self.device, state, chunk)
 
 
 def pixtral_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) -> dict[str, Any]:
