@@ -37,6 +37,7 @@ from promptcache.core.policy import DEFAULT_POLICY, policy_names  # noqa: E402
 from promptcache.replay import TraceRequest, read_trace, replay  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+RULE = "session"  # the cache-aware rule: its fraction of the optimum gets a column too
 
 
 class Shape(NamedTuple):
@@ -123,6 +124,8 @@ def main() -> None:
     fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
     cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
     cols.append("default / belady")
+    if RULE in fixed:
+        cols.append(f"{RULE} / belady")
     cols.append("cpu vs lru")
     print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
     print("|---|---:|" + "---:|" * len(cols))
@@ -166,7 +169,13 @@ def main() -> None:
                       f"{row['cpu_vs_lru']:.2f}" if row["cpu_vs_lru"] else "-"]  # fmt: skip
             if row.get("belady"):
                 row["of_optimum"] = row[DEFAULT_POLICY] / row["belady"]
+                row["of_optimum_by_policy"] = {
+                    p: row[p] / row["belady"] for p in [*fixed, DEFAULT_POLICY]
+                }
             cells.insert(-1, f"{row['of_optimum']:.3f}" if "of_optimum" in row else "-")
+            if RULE in fixed:
+                of = row.get("of_optimum_by_policy", {}).get(RULE)
+                cells.insert(-1, f"{of:.3f}" if of is not None else "-")
             print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
     print("\nReplay seconds (median over capacities) and speed relative to LRU:")
     print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")
