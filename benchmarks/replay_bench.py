@@ -70,10 +70,10 @@ def mooncake_half(path: Path, half: str) -> Callable[[], list[TraceRequest]]:
     return load
 
 
-def tau_trace() -> list[TraceRequest]:
+def tau_trace(path: Path) -> list[TraceRequest]:
     from make_agent_trace import build
 
-    with open(SHARED / "tau_bench" / "gpt-4o-airline.json") as f:
+    with open(path) as f:
         trajs = [d["traj"] for d in json.load(f)] * 3
     rows = build(trajs, 0, 6.0, 30.0)
     return [
@@ -99,8 +99,10 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
         out.append(Shape("mooncake_a", mooncake_half(mooncake, "a"), 512, chat))
         out.append(Shape("mooncake_b", mooncake_half(mooncake, "b"), 512, chat))
-    if (SHARED / "tau_bench" / "gpt-4o-airline.json").exists():
-        out.append(Shape("tau_agent", tau_trace, 512, (100_000, 250_000, 500_000, 1_000_000)))
+    tau = Path(args.tau)
+    if tau.exists():
+        out.append(Shape("tau_agent", lambda: tau_trace(tau), 512,
+                         (100_000, 250_000, 500_000, 1_000_000)))  # fmt: skip
     if args.trace:  # any other Mooncake-format trace, at the Mooncake capacities
         out.append(Shape(Path(args.trace).stem, lambda: list(read_trace(args.trace)), args.block,
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
@@ -118,6 +120,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512, help="block tokens for --trace")
     ap.add_argument("--mooncake", default=str(SHARED / "mooncake" / "conversation_trace.jsonl"),
                     help="the Mooncake conversation trace (whole, and each half by time)")  # fmt: skip
+    ap.add_argument("--tau", default=str(SHARED / "tau_bench" / "gpt-4o-airline.json"),
+                    help="tau-bench trajectories (the tau_agent shape)")  # fmt: skip
     ap.add_argument("--no-belady", action="store_true")
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
