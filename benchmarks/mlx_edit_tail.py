@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from mlx_peer_bench import Server  # noqa: E402
+from peer_server import PeerServer, free_port  # noqa: E402
 
 SYSTEM = (
     "You are a helpful assistant. Answer the user's question about flights, bookings and refunds. "
@@ -32,7 +32,17 @@ SYSTEM = (
 )
 
 
-def conversation(server: Server, user: str, edit: bool, max_tokens: int) -> dict[str, Any]:
+def command(name: str, model: Path, port: int, work: Path, args: argparse.Namespace) -> list[str]:
+    if name == "promptcache":
+        return [sys.executable, "-m", "promptcache.cli", "serve", "--engine", "mlx", "--model",
+                str(model), "--port", str(port), "--cache-dir", str(work / "ssd")]  # fmt: skip
+    if name == "mlx_lm.server":
+        return [args.mlx_lm_python, "-m", "mlx_lm.server", "--model", str(model), "--port",
+                str(port), "--host", "127.0.0.1", "--max-tokens", str(args.max_tokens)]  # fmt: skip
+    raise ValueError(name)
+
+
+def conversation(server: PeerServer, user: str, edit: bool, max_tokens: int) -> dict[str, Any]:
     history: list[dict[str, Any]] = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": user},
@@ -50,7 +60,7 @@ def conversation(server: Server, user: str, edit: bool, max_tokens: int) -> dict
             "cached_tokens": second["cached_tokens"], "ttft_s": second["ttft_s"]}  # fmt: skip
 
 
-def edited_document(server: Server, max_tokens: int) -> dict[str, Any]:
+def edited_document(server: PeerServer, max_tokens: int) -> dict[str, Any]:
     """A long user message (a pasted document) sent again with its last part rewritten."""
     doc = " ".join(
         f"Clause {i}: refunds for flight HAT{100 + i} follow rule {i % 7}." for i in range(50)
@@ -92,7 +102,10 @@ def main() -> int:
         for name in args.servers.split(","):
             work = tmp / name
             work.mkdir()
-            server = Server(name, model, work, args)
+            port = free_port()
+            # mlx_lm.server's /v1/models lists the HF cache, not what it serves: name the folder
+            server = PeerServer(name, command(name, model, port, work, args), port, work,
+                                model=str(model))  # fmt: skip
             server.start()
             try:
                 for edit in (False, True):

@@ -65,11 +65,12 @@ class PeerServer:
             time.sleep(0.5)
         raise RuntimeError(f"{self.name} did not come up in {timeout} s")
 
-    def stop(self) -> None:
-        """SIGTERM (servers may save state on the way out), SIGKILL after 60 s."""
+    def stop(self, crash: bool = False) -> None:
+        """SIGTERM (servers may save state on the way out), SIGKILL after 60 s; ``crash``:
+        SIGKILL at once (what a crash or an OOM kill leaves behind)."""
         if self.proc is None:
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        for sig in (signal.SIGKILL,) if crash else (signal.SIGTERM, signal.SIGKILL):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, sig)
             try:

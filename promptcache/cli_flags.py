@@ -141,9 +141,18 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "weights",
         None,
         "torch engine, CPU: run the linear layers on int8 or int4 weights (weight-only, "
-        "torch's packed kernels; a separate cache fingerprint) (default: the model's dtype)",
+        "torch's packed kernels; a separate cache fingerprint), or dense: float32 linear "
+        "layers on torch's default matmul instead of oneDNN-packed weights (default: the "
+        "model's dtype, packed for oneDNN on a CPU in float32)",
     )
     add_flag(p, "device", "cpu", "torch device: cpu | cuda")
+    add_switch(
+        p,
+        "compile",
+        "torch engine: compile the decode step with torch.compile (inductor) at start-up (a "
+        "minute or more, logged): fewer, fused kernels per token; logits differ from eager by "
+        "float rounding",
+    )
     add_flag(
         p, "kv-bits", None, "mlx engine: quantize the KV cache to 2-8 bits (default: full)", int
     )

@@ -18,6 +18,34 @@ def default_cache_dir() -> str:
     return str(cache_root() / "blocks")
 
 
+# the serve/bench flags that are build_engine options of the same name
+ENGINE_FLAGS = (
+    "revision",
+    "block_size",
+    "ram_budget",
+    "prefill_chunk",
+    "step_tokens",
+    "max_context",
+    "dtype",
+    "device",
+    "policy",
+    "ssd_budget",
+    "ssd_retention",
+    "shared_ttl",
+    "ram_ttl",
+    "encrypt_key_file",
+    "kv_bits",
+    "cache_kv_bits",
+    "cache_kv_group",
+    "cache_kv_min_tokens",
+    "cache_dtype",
+    "vision_cache_bytes",
+    "threads",
+    "weights",
+    "compile",
+)
+
+
 def engine_from_args(args: argparse.Namespace) -> Any:
     from promptcache.engines.factory import build_engine
 
@@ -25,31 +53,10 @@ def engine_from_args(args: argparse.Namespace) -> Any:
     return build_engine(
         args.engine,
         args.model,
-        revision=args.revision,
         cache_enabled=not args.no_cache,
-        block_size=args.block_size,
-        ram_budget=args.ram_budget,
-        prefill_chunk=args.prefill_chunk,
-        step_tokens=args.step_tokens,
-        max_context=args.max_context,
-        dtype=args.dtype,
-        device=args.device,
-        policy=args.policy,
         ssd_dir=ssd_dir,
-        ssd_budget=args.ssd_budget,
-        ssd_retention=args.ssd_retention,
         shared_url=args.shared_tier,
-        shared_ttl=args.shared_ttl,
-        ram_ttl=args.ram_ttl,
-        encrypt_key_file=args.encrypt_key_file,
-        kv_bits=args.kv_bits,
-        cache_kv_bits=args.cache_kv_bits,
-        cache_kv_group=args.cache_kv_group,
-        cache_kv_min_tokens=args.cache_kv_min_tokens,
-        cache_dtype=args.cache_dtype,
-        vision_cache_bytes=args.vision_cache_bytes,
-        threads=args.threads,
-        weights=args.weights,
+        **{name: getattr(args, name) for name in ENGINE_FLAGS},
     )
 
 
@@ -144,6 +151,17 @@ def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
     admin.warm_up_shared(nbytes, seconds, progress)
 
 
+# the serve flags that are ``Limits`` fields of the same name
+LIMIT_FLAGS = (
+    "max_queue",
+    "max_body_bytes",
+    "max_prompt_tokens",
+    "max_stop_strings",
+    "allow_image_urls",
+    "max_image_bytes",
+)
+
+
 def limits_from_args(args: argparse.Namespace) -> Any:
     from promptcache.server.guard import LOOPBACK_HOSTS, load_api_keys
     from promptcache.server.state import Limits
@@ -157,13 +175,8 @@ def limits_from_args(args: argparse.Namespace) -> Any:
             args.host,
         )
     return Limits(
-        max_queue=args.max_queue,
         request_timeout_s=args.request_timeout or None,
-        max_body_bytes=args.max_body_bytes,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_stop_strings=args.max_stop_strings,
         api_keys=keys,
         loopback_only=loopback,
-        allow_image_urls=args.allow_image_urls,
-        max_image_bytes=args.max_image_bytes,
+        **{name: getattr(args, name) for name in LIMIT_FLAGS},
     )

@@ -20,6 +20,7 @@ class FakeEngine:
     the way strict templates (Qwen, Mistral) do."""
 
     model_id = "fake"
+    model_type = ""
     tokenizer = object()
 
     def __init__(self, strict: bool = False):

@@ -204,8 +204,8 @@ def test_unusable_folders_are_config_errors(tmp_path):
     (folder / "config.json").write_text(json.dumps({"model_type": "llava", "vision_config": {}}))
     with pytest.raises(ConfigError, match="does not load as an mlx-vlm llava model"):
         load_mlx_vlm(folder)
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen2_vl", "vision_config": {}}))
-    with pytest.raises(ConfigError, match="supports llava models, not 'qwen2_vl'"):
+    (folder / "config.json").write_text(json.dumps({"model_type": "idefics3", "vision_config": {}}))
+    with pytest.raises(ConfigError, match="supports llava, qwen2_vl.* models, not 'idefics3'"):
         load_mlx_vlm(folder)
 
 

@@ -22,6 +22,8 @@ from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, th
 from promptcache.engines.torch.weights import (  # noqa: E402
     Int4Linear,
     Int8Linear,
+    PackedLinear,
+    pack_linears,
     quantize_linears,
     weights_bytes,
     weights_mode,
@@ -39,6 +41,8 @@ def models():
     for mode in ("int8", "int4"):
         out[mode] = copy.deepcopy(base)
         assert quantize_linears(out[mode], mode) == 15  # 2 x (4 attention + 3 MLP) + LM head
+    out["packed"] = copy.deepcopy(base)
+    assert pack_linears(out["packed"]) == 15  # float32, oneDNN's layout (the default on a CPU)
     return out
 
 
@@ -58,7 +62,26 @@ def test_quantized_layers_replace_every_linear_and_stay_close(models, mode):
     assert rel > 0  # the weights really changed
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_packed_float32_layers_compute_the_same_numbers(models):
+    """oneDNN-packed float32 weights: every nn.Linear replaced, the same logits up to float
+    rounding, the mode still "model" but the fingerprint still covering the weights."""
+    model, base = models["packed"], models["model"]
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 15
+    ids = torch.tensor([list(range(3, 60))])
+    with torch.inference_mode():
+        want, got = base(input_ids=ids).logits, model(input_ids=ids).logits
+        one = model(input_ids=ids[:, :1]).logits  # a one-row input (the decode case)
+    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
+    assert (one[0, 0] - want[0, 0]).abs().max().item() < 1e-4
+    assert weights_mode(model) == "model"
+    other = tiny_model("llama", seed=1)
+    pack_linears(other)
+    prints = {TorchRunner(m, ByteTokenizer()).fingerprint for m in (model, other)}
+    assert len(prints) == 2
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "packed"])
 def test_quantized_engines_cache_on_equals_cache_off(models, mode):
     model = models[mode]
     cached = TorchEngine(
@@ -87,7 +110,7 @@ def _logits_of(engine, prompt):
 
 def test_fingerprints_differ_per_weights_mode(models):
     prints = {mode: TorchRunner(m, ByteTokenizer()).fingerprint for mode, m in models.items()}
-    assert len(set(prints.values())) == 3
+    assert len(set(prints.values())) == 4
     assert TorchRunner(models["int8"], ByteTokenizer()).fingerprint == prints["int8"]  # stable
 
 
@@ -107,7 +130,7 @@ def test_one_row_decode_in_place_equals_a_full_recompute(monkeypatch):
 
 
 def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
-    with pytest.raises(ConfigError, match="use int8 or int4"):
+    with pytest.raises(ConfigError, match="use int8, int4 or dense"):
         build_engine("torch", None, weights="int3")
     with pytest.raises(ConfigError, match="needs --engine torch"):
         build_engine("mlx", None, weights="int8")
@@ -117,7 +140,9 @@ def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
     env = {**os.environ, "PROMPTCACHE_HOME": str(tmp_path)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert "--weights 'fp3': use int8 or int4" in proc.stderr and "Traceback" not in proc.stderr
+    assert (
+        "--weights 'fp3': use int8, int4 or dense" in proc.stderr and "Traceback" not in proc.stderr
+    )
 
 
 def test_threads_default_follows_the_other_processes_load():
@@ -139,3 +164,65 @@ def test_threads_default_follows_the_other_processes_load():
     assert make_thread_tuner(0) is None
     with pytest.raises(ConfigError, match="--threads -1"):
         make_thread_tuner(-1)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "jamba", "bamba"])
+def test_lone_decode_on_sliding_and_ssm_layouts_appends_in_place(monkeypatch, kind):
+    """A lone request on a layout that does not batch (a sliding ring, SSM layers) appends its
+    full-attention keys in place (a regrow every ROOM positions, not a copy per token) and gets
+    the logits of the plain concatenating forward."""
+    monkeypatch.setattr(GrowingLayer, "ROOM", 8)
+    runner = TorchRunner(tiny_model(kind), ByteTokenizer())
+    assert runner._grown and not runner._batches
+    j = runner._grown[0]
+    fast, plain = runner.new_state(), runner.new_state()
+    prompt = list(range(3, 30))
+    a, b = runner.forward([fast], [prompt])[0], runner._forward_one(plain, prompt)
+    buffers = set()
+    for _ in range(20):  # past gemma3's 16-token window
+        token = int(a.argmax())
+        assert token == int(b.argmax())
+        a, b = runner.forward([fast], [[token]])[0], runner._forward_one(plain, [token])
+        assert (a - b).abs().max().item() <= 1e-4
+        buffers.add(fast.layers[j].keys.untyped_storage().data_ptr())
+        assert fast.layers[j].keys.shape == plain.layers[j].keys.shape
+    assert len(buffers) <= 4  # 20 tokens in steps of ROOM = 8: the first buffer + 2-3 regrows
+
+
+@pytest.mark.slow  # one inductor compile (about a minute on 2 cores)
+def test_compiled_decode_equals_eager(models, monkeypatch):
+    """--compile: a lone request's decode steps through inductor (static buffers, a prepared 4-D
+    mask) give eager's greedy tokens across buffer regrows (one compile: dynamic lengths), with
+    logits within float noise; a batch of two runs eager on the same runner."""
+    monkeypatch.setattr(GrowingLayer, "ROOM", 8)  # regrown twice in 20 tokens
+    eager = TorchRunner(models["model"], ByteTokenizer())
+    fast = TorchRunner(copy.deepcopy(models["model"]), ByteTokenizer())
+    assert fast.enable_compile() > 0 and fast._step is not None
+    prompts = [list(range(3, 40)), list(range(50, 61))]
+    for rows in (1, 2):
+        a_states = [fast.new_state() for _ in range(rows)]
+        b_states = [eager.new_state() for _ in range(rows)]
+        a = [fast.forward([s], [p])[0] for s, p in zip(a_states, prompts, strict=False)]
+        b = [eager.forward([s], [p])[0] for s, p in zip(b_states, prompts, strict=False)]
+        for _ in range(20):
+            tokens = [[int(x.argmax())] for x in b]
+            assert tokens == [[int(x.argmax())] for x in a]
+            a, b = fast.forward(a_states, tokens), eager.forward(b_states, tokens)
+            for x, y in zip(a, b, strict=True):
+                assert (x - y).abs().max().item() <= 1e-3
+        for s, t in zip(a_states, b_states, strict=True):  # the requests' own states agree too
+            assert s.get_seq_length() == t.get_seq_length()
+            assert (s.layers[1].keys - t.layers[1].keys).abs().max().item() <= 1e-3
+
+
+def test_runner_forwards_never_build_an_autograd_graph():
+    """The runner's model holds no trainable parameters: a forward called outside inference
+    mode (a benchmark, a helper) keeps no graph, and so no copy of the cache per decode step
+    (a 1,400-token prompt's concatenating decode grew by 70 MB per token that way)."""
+    runner = TorchRunner(tiny_model("llama"), ByteTokenizer())
+    assert not any(p.requires_grad for p in runner.model.parameters())
+    state = runner.new_state()
+    out = runner.model(input_ids=torch.tensor([[3, 4, 5]]), cache=state, use_cache=True)
+    assert out.logits.grad_fn is None and state.layers[0].keys.grad_fn is None
+    logits = runner._forward_one(state, [6])
+    assert logits.grad_fn is None and state.get_seq_length() == 4

@@ -322,21 +322,9 @@ class PromptCache:
 
     def stats(self) -> CacheStats:
         with self._lock:
-            c = self.counters
             num_blocks, num_pinned = self.ram.count_blocks()
             return CacheStats(
-                num_lookups=c.num_lookups,
-                num_hits=c.num_hits,
-                lookup_tokens=c.lookup_tokens,
-                hit_tokens=c.hit_tokens,
-                hits_by_kind=dict(c.hits_by_kind),
-                num_saves=c.num_saves,
-                num_saved_blocks=c.num_saved_blocks,
-                num_saved_checkpoints=c.num_saved_checkpoints,
-                num_save_skipped_blocks=c.num_save_skipped_blocks,
-                num_evictions=c.num_evictions,
-                num_spills=c.num_spills,
-                num_superseded=c.num_superseded,
+                **self.counters.snapshot(),
                 num_blocks=num_blocks,
                 num_pinned_blocks=num_pinned,
                 bytes_by_tier=self.tiers.bytes_by_tier(),
@@ -345,8 +333,6 @@ class PromptCache:
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
                 whatif=self.whatif.snapshot() if self.whatif is not None else {},
-                num_expired=c.num_expired,
-                num_deleted=c.num_deleted,
                 ram_ttl_s=self.ram.ttl_s,
             )
 

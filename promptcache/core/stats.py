@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, NamedTuple
 
 from promptcache.core.evictions import Eviction
@@ -27,6 +28,11 @@ class Counters:
     num_superseded: int = 0  # partial blocks dropped because a full block now covers them
     num_expired: int = 0  # RAM blocks unused past their TTL (--ram-ttl or a request's hint)
     num_deleted: int = 0  # RAM blocks removed by a session or tenant deletion
+
+    def snapshot(self) -> dict[str, Any]:
+        """Every counter by name, copied (later counting leaves it as it is): each is a
+        ``CacheStats`` field of the same name."""
+        return {f.name: copy.copy(getattr(self, f.name)) for f in fields(self)}
 
 
 class LookupReport(NamedTuple):

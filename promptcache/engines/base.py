@@ -73,6 +73,7 @@ class PrefillDone:
     ttft_s: float
     hit_kind: str
     lookup: LookupReport | None = None  # what the cache lookup found (None: cache off)
+    phases: Any = None  # the request's PhaseTimes (its first_token_s is set just after)
 
 
 @dataclass(slots=True)
@@ -112,8 +113,8 @@ class Engine(Protocol):
 
     name: str
     model_id: str
-    max_context: int
-    vocab_size: int  # token ids are in [0, vocab_size)
+    model_type: str  # the model config's model_type ("" when it has none)
+    fingerprint: str  # the model's identity (weights, config, dtype, block scheme)
     eos_ids: set[int]
     tokenizer: Any  # an HF-style tokenizer (chat template, encode, decode)
 

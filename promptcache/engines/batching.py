@@ -17,18 +17,23 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    out a step sooner); a request that did not get its share goes first next step (a long prompt
    is not starved either). On attention-only models a chunk runs in budget-sized pieces, so the
    budget bounds a step's length (how long a newcomer waits); with snapshot layers (sliding
-   window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least
+   window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. A request
+   alone in the engine runs whole chunks too (fewer forwards: each one streams every weight and
+   copies the whole KV cache once); one arriving meanwhile waits at most that chunk. At least
    one piece runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at
    multiples of ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land
    where they would for a request alone. A prompt completed here has its first token sampled
-   and its consumer woken (``on_events``): it streams while step 4 runs;
+   and delivered (``on_events``: the scheduler puts it in the outbox and wakes the consumer): it
+   streams while step 4 runs;
 4. **one forward for every one-token step**: the next token of every request that was decoding
    when the step began (and any final save left) go through the model together
    (``Steps.one_token_steps``; the runners batch one-token steps: ``torch.batch``,
    ``mlx.batch``).
 
-The batcher never sets a request's phase: each part returns where the request goes next (or its
-error), and ``advance_batch`` hands the scheduler those outcomes.
+The batcher never sets a request's phase nor fills its outbox: each part returns what happened
+(a ``Moved``: the next phase or the error, and the events), and ``advance_batch`` hands the
+scheduler those. What the batcher writes on a request is its own bookkeeping of the policy
+(``waited``, ``skipped``).
 
 Requests join at any step (their lookup happens in the step they arrive) and leave when they
 finish: nothing waits for a batch to fill or drain. A decoding request's inter-token latency is
@@ -40,11 +45,11 @@ and prefill (when its prompt fits the budget left by the decode tokens).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from promptcache.engines.request import Outcome, Phase, Request
+from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.steps import Steps
 
 DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M model on 2 CPU cores
@@ -69,14 +74,15 @@ class Batcher:
         self.max_batch_rows = 0
         self.num_inflight_waits = 0  # requests that waited for another's prefill
         self.inflight_dedup_tokens = 0  # prompt tokens they then restored instead of computing
-        # called when a step left events before its end (the scheduler wakes their consumers)
-        self.on_events: Callable[[], None] = _no_op
+        # called with the parts of a step that produced events before its end (the scheduler
+        # delivers them and wakes their consumers; the default keeps them for the step's end)
+        self.on_events: Callable[[Mapping[Request, Moved]], bool] = _keep
 
     # -- the scheduler's Work ---------------------------------------------------------------
 
-    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Outcome]:
+    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Moved]:
         steps = self.steps
-        moved: dict[Request, Outcome] = {}  # where each request goes; the scheduler applies it
+        moved: dict[Request, Moved] = {}  # what happened to each request; the scheduler applies it
         one: list[Request] = []  # decode steps and final saves: one token each, in step order
         new: list[Request] = []
         prefill: list[Request] = []
@@ -94,6 +100,8 @@ class Batcher:
             elif req.phase is Phase.PREFILL:
                 prefill.append(req)
         budget = self.step_tokens - len(one)
+        if len(reqs) == 1 and not one:  # alone: nobody waits behind it, whole chunks
+            budget = max(budget, self.steps.prefill_chunk)
         saves = [r for r in one if r.phase is Phase.SAVE]
         if new and saves:  # saved before any lookup: a new turn hits the reply it follows
             self._one_token_steps(saves, moved)
@@ -102,22 +110,24 @@ class Batcher:
             if self._wait_for_inflight(req, prefill):
                 continue
             moved[req] = _guard(req, self._begin)
-            if moved[req] is Phase.PREFILL:
+            if moved[req].outcome is Phase.PREFILL:
                 prefill.append(req)
         # prefill before the decode forward: a prompt completing here sends its first token
         # now, and its consumer (woken) streams it while the forward runs
         self._prefill_chunks(prefill, budget, moved)
-        if any(r.outbox for r in reqs):
-            self.on_events()
+        ready = {r: m for r, m in moved.items() if m.events}
+        if ready and self.on_events(ready):  # delivered: only the outcomes are left to apply
+            for req, m in ready.items():
+                moved[req] = Moved(m.outcome)
         self._one_token_steps(one, moved)
         with self._lock:
             self.num_steps += 1
         return moved
 
-    def time_out(self, req: Request) -> Outcome:
+    def time_out(self, req: Request) -> Moved:
         return self.steps.time_out(req)
 
-    def cancel(self, req: Request) -> Outcome:
+    def cancel(self, req: Request) -> Moved:
         return self.steps.cancel(req)
 
     def stats(self) -> dict[str, Any]:
@@ -133,7 +143,7 @@ class Batcher:
 
     # -- the parts of a step ----------------------------------------------------------------
 
-    def _one_token_steps(self, reqs: list[Request], moved: dict[Request, Outcome]) -> None:
+    def _one_token_steps(self, reqs: list[Request], moved: dict[Request, Moved]) -> None:
         if not reqs:
             return
         is_save = [r.phase is Phase.SAVE for r in reqs]
@@ -145,7 +155,7 @@ class Batcher:
                 self.batched_rows += len(reqs)
                 self.max_batch_rows = max(self.max_batch_rows, len(reqs))
 
-    def _begin(self, req: Request) -> Outcome:
+    def _begin(self, req: Request) -> Moved:
         out = self.steps.begin_step(req)
         if req.waited:
             with self._lock:
@@ -168,13 +178,13 @@ class Batcher:
         return False
 
     def _prefill_chunks(
-        self, reqs: list[Request], budget: int, moved: dict[Request, Outcome]
+        self, reqs: list[Request], budget: int, moved: dict[Request, Moved]
     ) -> None:
         # skipped last step first, then the fewest tokens left (shortest remaining first)
         order = sorted(reqs, key=lambda r: (r.skipped == 0, r.num_prompt - r.pos))
         ran = delivered = False
         for req in order:
-            if moved.get(req, req.phase) is not Phase.PREFILL:
+            if req in moved and moved[req].outcome is not Phase.PREFILL:
                 continue
             end = self.steps.chunk_end(req)
             if self.splits:  # a piece of the chunk: the budget bounds the step's length
@@ -192,16 +202,16 @@ class Batcher:
             moved[req] = _guard(req, partial(self.steps.prefill_step, end=end))
 
 
-def _no_op() -> None:
-    pass
+def _keep(ready: Mapping[Request, Moved]) -> bool:
+    return False  # not delivered early: the scheduler applies them with the rest of the step
 
 
-def _guard(req: Request, action: Callable[[Request], Outcome]) -> Outcome:
+def _guard(req: Request, action: Callable[[Request], Moved]) -> Moved:
     """Run one request's part of the step; its exception is its outcome (for its consumer)."""
     try:
         return action(req)
     except Exception as exc:
-        return exc
+        return Moved(exc)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -21,6 +21,7 @@ shape x dtype like any other payload.
 from __future__ import annotations
 
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -120,6 +121,70 @@ class BlockPacker(Protocol):
 
     def unpack(self, stored: Any) -> Any:
         """The positional arrays back in the model's dtype, the shapes ``pack`` was given."""
+
+
+class ArrayPacker(ABC):
+    """The ``BlockPacker`` rule every library shares, its array operations left to the library:
+    a block the scheme quantizes at ``start`` is quantized where the library can (``quantize``
+    gives None where it cannot), else a float32 block is narrowed to the scheme's ``dtype``;
+    the stats count every block's raw and stored bytes. ``dtype``: the model's."""
+
+    def __init__(self, scheme: BlockScheme, dtype: Any) -> None:
+        self.scheme = scheme
+        self.stats = PackStats()
+        self.dtype = dtype  # blocks stored narrower come back in it
+
+    def pack(self, block: Any, start: int) -> Any:
+        if isinstance(block, tuple):
+            return tuple(self._pack_one(b, start) for b in block)
+        return self._pack_one(block, start)
+
+    def _pack_one(self, x: Any, start: int) -> Any:
+        s = self.scheme
+        stored, size = x, self.nbytes(x)
+        quantized = self.quantize(x) if s.quantizes(start) else None
+        if quantized is not None:
+            stored = quantized
+            size = sum(self.nbytes(v) for v in quantized.values() if self.is_array(v))
+        elif s.dtype is not None and self.is_float32(x):
+            stored = self.narrow(x, s.dtype)
+            size = self.nbytes(stored)
+        self.stats.add(self.nbytes(x), size)
+        return stored
+
+    def unpack(self, stored: Any) -> Any:
+        if isinstance(stored, tuple):
+            return tuple(self.unpack(s) for s in stored)
+        if isinstance(stored, dict):
+            return self.dequantize(stored)
+        return self.widen(stored)
+
+    @abstractmethod
+    def nbytes(self, x: Any) -> int:
+        """The bytes of array ``x``."""
+
+    @abstractmethod
+    def is_array(self, x: Any) -> bool:
+        """Whether ``x`` (a value of a quantized dict) is an array."""
+
+    @abstractmethod
+    def is_float32(self, x: Any) -> bool: ...
+
+    @abstractmethod
+    def quantize(self, x: Any) -> dict[str, Any] | None:
+        """``x`` quantized under the scheme (bits, group), or None when it cannot be."""
+
+    @abstractmethod
+    def dequantize(self, stored: dict[str, Any]) -> Any:
+        """A quantized dict back to an array in its original dtype, on the model's device."""
+
+    @abstractmethod
+    def narrow(self, x: Any, dtype: str) -> Any:
+        """``x`` stored in the narrower float ``dtype`` ("bfloat16")."""
+
+    @abstractmethod
+    def widen(self, stored: Any) -> Any:
+        """A stored plain array back in the model's dtype (unchanged when it already is)."""
 
 
 SCHEME_OPTIONS = {

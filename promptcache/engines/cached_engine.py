@@ -91,7 +91,8 @@ class CachedEngine:
             self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
         )
         self.scheduler = Scheduler(self.batcher)
-        self.batcher.on_events = self.scheduler.wake  # first tokens out before the decode forward
+        # a step's first tokens go out before its decode forward
+        self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request
         # special tokens decode() keeps (a tool-call or reasoning format's markers); None: none
         self._hidden: set[int] | None = None

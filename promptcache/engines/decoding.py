@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from promptcache.engines.base import Finished, SamplingParams, TextDelta
+from promptcache.engines.base import Event, Finished, SamplingParams, TextDelta
 from promptcache.engines.forced import TokenConstraint
 from promptcache.engines.request import Request
 from promptcache.engines.sampling import sample_token
@@ -47,9 +47,9 @@ def sample_after(req: Request, scores: np.ndarray) -> None:
     req.next_id = sample_next(scores, req.params, req.rng, req.constraint)
 
 
-def emit_token(req: Request, eos_ids: Any) -> str | None:
-    """The sampled token's turn: a cancel drops it, else it joins the reply (TextDelta to the
-    outbox). Returns why the reply ends here, or None to go on."""
+def emit_token(req: Request, eos_ids: Any, events: list[Event]) -> str | None:
+    """The sampled token's turn: a cancel drops it, else it joins the reply (a TextDelta into
+    the step's ``events``). Returns why the reply ends here, or None to go on."""
     if req.is_cancelled:
         return "cancelled"
     token = req.next_id
@@ -59,7 +59,7 @@ def emit_token(req: Request, eos_ids: Any) -> str | None:
     assert req.stream is not None
     delta = req.stream.push(token)
     if delta:
-        req.outbox.append(TextDelta(delta, [token]))
+        events.append(TextDelta(delta, [token]))
     constraint = req.constraint
     if constraint is not None:
         constraint.accept(token)
@@ -70,16 +70,17 @@ def emit_token(req: Request, eos_ids: Any) -> str | None:
     return None
 
 
-def finish_reply(req: Request, reason: str) -> None:
-    """The held-back text, then Finished (a request cancelled before decoding has no reply)."""
+def finish_reply(req: Request, reason: str, events: list[Event]) -> None:
+    """The held-back text, then Finished, into the step's ``events`` (a request cancelled before
+    decoding has no reply)."""
     stream = req.stream
     if stream is None:
-        req.outbox.append(Finished(reason, req.num_prompt, 0, req.cached, ""))
+        events.append(Finished(reason, req.num_prompt, 0, req.cached, ""))
         return
     tail = stream.flush()
     if tail:
-        req.outbox.append(TextDelta(tail, []))
-    req.outbox.append(
+        events.append(TextDelta(tail, []))
+    events.append(
         Finished(
             reason,
             req.num_prompt,

@@ -67,31 +67,21 @@ def build_engine(
     model: str | None = None,
     *,
     revision: str | None = None,
-    cache_enabled: bool = True,
-    block_size: int = 64,
-    ram_budget: str | int | None = None,
-    prefill_chunk: int = 512,
-    step_tokens: int | None = None,
-    max_context: int | None = None,
-    dtype: str = "float32",
     device: str = "cpu",
-    policy: str | None = None,
-    ssd_dir: str | None = None,
-    ssd_budget: str | int = "10GB",
-    ssd_retention: float | None = None,
-    shared_url: str | None = None,
-    shared_ttl: float | None = None,
-    ram_ttl: float | None = None,
-    encrypt_key_file: str | None = None,
     kv_bits: int | None = None,
     cache_kv_bits: int | None = None,
     cache_kv_group: int = 64,
     cache_kv_min_tokens: int = 0,
     cache_dtype: str | None = None,
-    vision_cache_bytes: str | int = "512MB",
     threads: int | None = None,
     weights: str | None = None,
+    compile: bool = False,
+    **options: Any,
 ) -> Any:
+    """The engine for ``model`` (``model_sources.locate_model``; None: the bundled one) on
+    ``engine`` (auto | torch | mlx). ``options``: the engine's own (``dtype`` and the
+    ``EngineOptions`` fields: cache_enabled, block_size, ram_budget, ssd_dir, shared_url...),
+    passed to its ``load``; the rest are checked here against the engine they need."""
     from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
 
@@ -100,6 +90,8 @@ def build_engine(
         if kv_bits and engine != "mlx":
             raise ConfigError("--kv-bits needs --engine mlx")
         check_weights_engine(engine, weights, device)
+        if compile and engine != "torch":
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     found = locate_model(model, revision)
     kind = pick_engine(engine, found)
     if kv_bits and kind != "mlx":
@@ -111,14 +103,20 @@ def build_engine(
 
         extra["weights"] = check_weights_engine(kind, weights, device)
         extra["threads"] = tuner = make_thread_tuner(threads)
+        if compile:
+            extra["compile"] = True
         if tuner is not None:
             tuner.apply()  # the loading thread too (weights conversion, warm-up)
     else:
         check_weights_engine(kind, weights, device)
+        if compile:
+            raise ConfigError("--compile needs --engine torch (mlx compiles its own graphs)")
     path = prepare_model(found)
     cls = engine_class(kind, path)
     if kv_bits and getattr(cls, "takes_images", False):
-        raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
+        if model_type(path) == "llava":  # no text-only path in mlx-lm
+            raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
+        cls = text_only(path, "--kv-bits quantizes the live cache, which mlx-vlm's path does not")
     if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
@@ -126,28 +124,27 @@ def build_engine(
             cache_kv_min_tokens=cache_kv_min_tokens,
             cache_dtype=cache_dtype,
         )
-    return cls.load(
-        path,
-        dtype=dtype,
-        device=device,
-        cache_enabled=cache_enabled,
-        block_size=block_size,
-        ram_budget=ram_budget,
-        prefill_chunk=prefill_chunk,
-        step_tokens=step_tokens,
-        max_context=max_context,
-        policy=policy,
-        ssd_dir=ssd_dir,
-        ssd_budget=ssd_budget,
-        ssd_retention=ssd_retention,
-        shared_url=shared_url,
-        shared_ttl=shared_ttl,
-        ram_ttl=ram_ttl,
-        encrypt_key_file=encrypt_key_file,
-        vision_cache_bytes=vision_cache_bytes,
-        model_id=found.name,
-        **extra,
-    )
+    load = dict(device=device, model_id=found.name, **options, **extra)
+    try:
+        return cls.load(path, **load)
+    except ConfigError as exc:
+        if not getattr(cls, "takes_images", False) or model_type(path) == "llava":
+            raise
+        try:  # e.g. an MLX text conversion that kept vision_config but no vision tower
+            return text_only(path, str(exc)[:300]).load(path, **load)
+        except ConfigError as text_exc:
+            raise ConfigError(f"{exc}; as text through mlx-lm: {text_exc}") from None
+
+
+def text_only(path: Any, reason: str) -> Any:
+    """The mlx-lm engine for a vision checkpoint whose image path cannot serve, said in the log."""
+    from promptcache.engines.mlx.engine import MlxEngine
+
+    log.warning(
+        "%s: images are not supported for %s on the mlx engine here (%s); serving text only "
+        "through mlx-lm (image parts get a 400)", Path(path).name, model_type(path), reason,
+    )  # fmt: skip
+    return MlxEngine
 
 
 def engine_class(kind: str, path: Any = None) -> Any:
@@ -173,6 +170,8 @@ def engine_class(kind: str, path: Any = None) -> Any:
                 Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
             )  # fmt: skip
         elif path is not None and is_vlm_folder(path):
+            if not importlib.util.find_spec("mlx_vlm") and model_type(path) != "llava":
+                return text_only(path, 'mlx-vlm is not installed: pip install "promptcache[vlm]"')
             if not importlib.util.find_spec("mlx_vlm"):
                 raise ConfigError(
                     "a vision-language model on the mlx engine needs mlx-vlm: "
@@ -180,6 +179,10 @@ def engine_class(kind: str, path: Any = None) -> Any:
                 )
             from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
 
+            log.info(
+                "%s: %s takes images on the mlx engine (mlx-vlm; image families: %s)",
+                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+            )  # fmt: skip
             return MlxVlmEngine
         from promptcache.engines.mlx.engine import MlxEngine
 

@@ -7,9 +7,10 @@ finish; decoding requests share one forward, prefill chunks share a token budget
 
 One stepping thread per scheduler runs the steps, started when a request registers and gone
 when none is active; it holds the engine's ``FairTurns`` for each step (``CachedEngine.prefill``
-takes turns too). Consumers only wait for their request's events: a step that completes a
-prompt wakes its consumer right then (``wake``), so the first token streams while that step's
-decode forward runs. A consumer that times out, is cancelled or walks away settles its own
+takes turns too). The scheduler alone changes a request's ``phase`` and fills its ``outbox``:
+steps return what happened (``Moved``) and ``_apply`` applies it. Consumers only wait for their
+request's events: a step that completes a prompt hands its events over right then
+(``deliver``), so the first token streams while that step's decode forward runs. A consumer that times out, is cancelled or walks away settles its own
 request without the engine, once no step is working on it (``in_flight``).
 """
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from promptcache.engines.base import Event
-from promptcache.engines.request import Outcome, Phase, Request
+from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.turns import FairTurns
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
@@ -30,19 +31,19 @@ POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by 
 
 class Work(Protocol):
     """What the engine does to requests; called by the scheduler only, never concurrently for
-    the same request. Each call leaves its events in ``req.outbox`` and returns where the
-    request goes next (an ``Outcome``: a phase, or the error that ends it); the scheduler
-    applies it (``_apply``): it alone moves ``req.phase``."""
+    the same request. Each call returns what happened (a ``Moved``: the events for the
+    consumer and where the request goes next, a phase or the error that ends it); the scheduler
+    applies it (``_apply``): it alone fills ``req.outbox`` and moves ``req.phase``."""
 
-    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Outcome]:
+    def advance_batch(self, reqs: Sequence[Request]) -> dict[Request, Moved]:
         """One step of every request in ``reqs`` (lookup + restore, a prefill chunk, a token
-        or the final save each): the outcome of each request that moved or failed (a
+        or the final save each): what happened to each request that moved or failed (a
         request's error is its outcome, never raised)."""
 
-    def time_out(self, req: Request) -> Outcome:
+    def time_out(self, req: Request) -> Moved:
         """The deadline passed (no model work: callable without a turn)."""
 
-    def cancel(self, req: Request) -> Outcome:
+    def cancel(self, req: Request) -> Moved:
         """The consumer cancelled (no model work: callable without a turn)."""
 
 
@@ -71,12 +72,12 @@ class Scheduler:
             for req in batch:
                 req.in_flight = True
         try:
-            for req, outcome in self.work.advance_batch(batch).items():
-                _apply(req, outcome)
+            for req, moved in self.work.advance_batch(batch).items():
+                _apply(req, moved)
         except Exception as exc:  # a bug outside any one request's part: all of them fail
             for req in batch:
                 if req.phase is not Phase.DONE:
-                    _apply(req, exc)
+                    _apply(req, Moved(exc))
         finally:
             with self._cond:
                 for req in batch:
@@ -87,10 +88,14 @@ class Scheduler:
                     req.release()
         return True
 
-    def wake(self) -> None:
-        """A step left events before its end: their consumers read them now."""
+    def deliver(self, ready: Mapping[Request, Moved]) -> bool:
+        """Events a step produced before its end, to their consumers now (their outcomes are
+        applied with the rest of the step). True: delivered."""
+        for req, moved in ready.items():
+            req.outbox.extend(moved.events)
         with self._cond:
             self._cond.notify_all()
+        return True
 
     @property
     def num_active(self) -> int:
@@ -170,7 +175,7 @@ class Scheduler:
             for r in self._active
         )
 
-    def _settle(self, req: Request, action: Callable[[Request], Outcome]) -> None:
+    def _settle(self, req: Request, action: Callable[[Request], Moved]) -> None:
         """Run a no-model ``action`` on ``req`` once no step works on it, and take it out of
         the line. A step that ran meanwhile may have produced events: those are read first."""
         with self._cond:
@@ -188,11 +193,11 @@ class Scheduler:
             req.phase = Phase.DONE
         req.release()
 
-    def _run(self, req: Request, action: Callable[[Request], Outcome]) -> None:
+    def _run(self, req: Request, action: Callable[[Request], Moved]) -> None:
         try:
             _apply(req, action(req))
         except Exception as exc:  # delivered to the request's consumer, which raises it
-            _apply(req, exc)
+            _apply(req, Moved(exc))
         finally:
             done = req.phase is Phase.DONE
             with self._cond:
@@ -202,8 +207,12 @@ class Scheduler:
                 req.release()
 
 
-def _apply(req: Request, outcome: Outcome) -> None:
-    """The one place a request's phase moves (an error goes to its consumer and ends it)."""
+def _apply(req: Request, moved: Moved) -> None:
+    """The one place a request's outbox fills and its phase moves: the step's events, then the
+    outcome (an error goes to its consumer and ends it)."""
+    outcome = moved.outcome
+    if moved.events:
+        req.outbox.extend(moved.events)
     if isinstance(outcome, BaseException):
         req.outbox.append(outcome)
         req.phase = Phase.DONE

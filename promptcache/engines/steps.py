@@ -1,8 +1,9 @@
 """What one step does to one request: its lookup and restore, one prefill chunk (saved at its
 end), one decoded token (batched: ``one_token_steps``), or the final save of prompt + reply. Which
 requests step, and when, is the scheduler's; everything here runs inside a step, so the model
-and the live slot are ours. Each step returns where the request goes next (an ``Outcome``);
-the scheduler alone moves ``Request.phase``.
+and the live slot are ours. Each step returns what happened (a ``Moved``: where the request goes
+next and the events for its consumer); the scheduler alone moves ``Request.phase`` and fills
+``Request.outbox``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.engines.base import (
     CacheSaveError,
     EngineTimeoutError,
+    Event,
     Finished,
     PrefillDone,
     RequestError,
 )
 from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
-from promptcache.engines.request import Outcome, Phase, Request
+from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.runner import ModelRunner
-from promptcache.engines.vision import VisionFeeder
+from promptcache.engines.vision import VisionFeeder, image_safe_end
 
 
 class Steps:
@@ -60,9 +62,25 @@ class Steps:
         checkpoint saved there (``is_save_point``) lets a repeat or a regenerate reuse all but
         the last token, whose logits are always computed, as an attention model does."""
         end = min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+        end = self._image_safe(req, end)
         if end == req.num_prompt and req.pos < end - 1 and self._checkpoints_last(req):
             return end - 1
         return end
+
+    def _image_safe(self, req: Request, end: int) -> int:
+        """``end`` past the image it would cut, for a model whose image tokens attend to each
+        other (``VisionModel.whole_images``): such an image is prefilled in one forward."""
+        if req.images and self.feeder is not None and self.feeder.vision.whole_images:
+            return image_safe_end(req.images, end)
+        return end
+
+    def _moved_to(self, req: Request, end: int) -> bool:
+        """Whether ``end`` is the end of a whole image a chunk boundary was moved to (saved as
+        that boundary would have been)."""
+        if not req.images or self.feeder is None or not self.feeder.vision.whole_images:
+            return False
+        last_boundary = (end - 1) // self.prefill_chunk * self.prefill_chunk
+        return any(s.end == end and last_boundary > s.start for s in req.images)
 
     def _checkpoints_last(self, req: Request) -> bool:
         return (
@@ -79,6 +97,7 @@ class Steps:
             end % self.prefill_chunk == 0
             or end == n
             or (end == n - 1 and self._checkpoints_last(req))
+            or self._moved_to(req, end)
         )
 
     @property
@@ -91,32 +110,34 @@ class Steps:
         numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)."""
         return not self.runner.layout.requires_checkpoint
 
-    def begin_step(self, req: Request) -> Outcome:
+    def begin_step(self, req: Request) -> Moved:
         """A new request's lookup and restore: it prefills next."""
         self.begin(req)
-        return Phase.PREFILL
+        return Moved(Phase.PREFILL)
 
-    def prefill_step(self, req: Request, end: int | None = None) -> Outcome:
+    def prefill_step(self, req: Request, end: int | None = None) -> Moved:
         """Prefill up to ``end`` (default: the chunk's end); the prompt's last piece sends
         PrefillDone and the first token."""
         self.prefill_chunk_of(req, end)
         if req.pos < req.num_prompt:
-            return Phase.PREFILL
+            return Moved(Phase.PREFILL)
         report = req.lease.report if req.lease is not None else None
-        req.outbox.append(PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report))
-        req.started = True
+        t = time.perf_counter()
+        events: list[Event] = [
+            PrefillDone(req.num_prompt, req.cached, t - req.t0, req.hit_kind, report, req.phases)
+        ]
         scores = self.runner.to_numpy(req.logits)
         start_decoding(req, self.max_context, self.decode_text, scores)
-        return self._token(req)  # the first token costs no forward: the prompt's logits
+        moved = self._token(req, events)  # the first token costs no forward: the prompt's logits
+        req.phases.first_token_s = time.perf_counter() - t
+        return moved
 
-    def decode_step(self, req: Request, logits: Any) -> Outcome:
+    def decode_step(self, req: Request, logits: Any) -> Moved:
         """The token after the one the forward just fed (``logits`` are its row)."""
         sample_after(req, self.runner.to_numpy(logits))
-        return self._token(req)
+        return self._token(req, [])
 
-    def one_token_steps(
-        self, reqs: list[Request], is_save: list[bool]
-    ) -> tuple[list[Outcome], bool]:
+    def one_token_steps(self, reqs: list[Request], is_save: list[bool]) -> tuple[list[Moved], bool]:
         """One forward feeding each request its last sampled token (batched where the runner
         can), then each one's next token, or its final save where ``is_save``. Returns the
         outcomes in order and whether the forward was batched. A failed forward fails them all."""
@@ -125,40 +146,43 @@ class Steps:
         try:
             logits = runner.forward([r.state for r in reqs], [[r.generated[-1]] for r in reqs])
         except Exception as exc:  # the batch's forward: every request in it fails
-            return [exc] * len(reqs), batched
-        out: list[Outcome] = []
+            return [Moved(exc)] * len(reqs), batched
+        out: list[Moved] = []
         for req, row, save in zip(reqs, logits, is_save, strict=True):
             try:
                 out.append(self.save_reply(req) if save else self.decode_step(req, row))
             except Exception as exc:
-                out.append(exc)
+                out.append(Moved(exc))
         return out, batched
 
-    def time_out(self, req: Request) -> Outcome:
+    def time_out(self, req: Request) -> Moved:
         """The deadline passed: before the first token the request fails (503), after it the
         reply ends with reason "timeout"."""
-        if req.started:
-            return self._finish(req, "timeout")
+        if req.is_started:
+            return self._finish(req, "timeout", [])
         timeout_s = req.params.timeout_s or 0.0
-        return EngineTimeoutError(
-            f"the request did not get through prefill within its time budget "
-            f"({timeout_s:g} s); the server is busy, try again later"
+        return Moved(
+            EngineTimeoutError(
+                f"the request did not get through prefill within its time budget "
+                f"({timeout_s:g} s); the server is busy, try again later"
+            )
         )
 
-    def cancel(self, req: Request) -> Outcome:
+    def cancel(self, req: Request) -> Moved:
         """Nobody waits for the reply any more: end it now (a queued request never looked its
         prompt up; after Finished the final save still runs)."""
         if req.phase is Phase.NEW:
-            req.outbox.append(Finished("cancelled", 0, 0, 0, ""))
-            return Phase.DONE
+            return Moved(Phase.DONE, [Finished("cancelled", 0, 0, 0, "")])
         if req.phase in (Phase.PREFILL, Phase.DECODE):
-            return self._finish(req, "cancelled")
-        return req.phase
+            return self._finish(req, "cancelled", [])
+        return Moved(req.phase)
 
     # -- building blocks (``CachedEngine.prefill`` uses them too) -------------------------------
 
     def begin(self, req: Request) -> None:
         """Look the prompt up and restore the longest cached prefix (pinned until released)."""
+        phases, t = req.phases, time.perf_counter()
+        phases.queued_s = t - req.t0
         if self.cache is not None:
             try:
                 req.seq = self.cache.sequence(
@@ -171,11 +195,14 @@ class Steps:
             except ValueError as exc:  # token ids the cache cannot key: the client's input
                 raise RequestError(f"prompt: {exc}") from None
             req.lease = self.cache.lookup(req.seq)
+            t1 = time.perf_counter()
+            phases.lookup_s = t1 - t
             if req.lease.num_tokens:
                 req.state = self.reuse_live(req.seq, req.lease.num_tokens)
                 if req.state is None:
                     req.state = self.runner.restore(req.lease.segments(), req.lease.checkpoint)
                 req.pos = req.lease.num_tokens
+            phases.restore_s = time.perf_counter() - t1
         self.live = None  # the live state is now this request's (or stale)
         if req.state is None:
             req.state = self.runner.new_state()
@@ -183,35 +210,39 @@ class Steps:
     def prefill_chunk_of(self, req: Request, end: int | None = None) -> None:
         """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to
         ``end``), saved at a chunk's end or the prompt's."""
-        end = self.chunk_end(req) if end is None else end
+        end = self.chunk_end(req) if end is None else self._image_safe(req, end)
         ids = req.prompt[req.pos : end]
-        logits = None
+        t = time.perf_counter()
         if req.images:
             if self.feeder is None:
                 raise RequestError("this server's model takes no image input")
             logits = self.feeder.forward_chunk(
                 req.state, ids, req.pos, req.images, req.features, req.tenant, req.params.session
             )
-        if logits is None:  # no image token in this chunk: the plain text forward
+        else:  # a prompt without images: the plain text forward
             logits = self.runner.forward([req.state], [ids])[0]
         req.logits = logits
         req.pos = end
+        t1 = time.perf_counter()
+        req.phases.prefill_s += t1 - t
+        req.phases.num_forwards += 1
         if req.seq is not None and self.is_save_point(req, end):
             self.save(req.seq, req.state, req.pos)
+            req.phases.save_s += time.perf_counter() - t1
 
-    def final_save(self, req: Request) -> Outcome:
+    def final_save(self, req: Request) -> Moved:
         """Feed the last sampled token so the saved state covers prompt + every generated token:
         the next turn hits the assistant's reply too. The state stays live for that turn."""
         self.runner.forward([req.state], [[req.generated[-1]]])
         return self.save_reply(req)
 
-    def save_reply(self, req: Request) -> Outcome:
+    def save_reply(self, req: Request) -> Moved:
         """The final save, once the last token has been fed (alone or in a batched forward)."""
         assert req.seq is not None
         full = req.seq.extend(req.generated)
         self.save(full, req.state, req.num_prompt + len(req.generated))
         self.live = (req.state, full)
-        return Phase.DONE
+        return Moved(Phase.DONE)
 
     def save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:
         assert self.cache is not None
@@ -245,12 +276,12 @@ class Steps:
 
     # -- endings ----------------------------------------------------------------------------
 
-    def _token(self, req: Request) -> Outcome:
-        reason = emit_token(req, self.runner.eos_ids)
-        return Phase.DECODE if reason is None else self._finish(req, reason)
+    def _token(self, req: Request, events: list[Event]) -> Moved:
+        reason = emit_token(req, self.runner.eos_ids, events)
+        return Moved(Phase.DECODE, events) if reason is None else self._finish(req, reason, events)
 
-    def _finish(self, req: Request, reason: str) -> Outcome:
-        finish_reply(req, reason)
+    def _finish(self, req: Request, reason: str, events: list[Event]) -> Moved:
+        finish_reply(req, reason, events)
         n, gen = req.num_prompt, req.generated
         save = (
             req.seq is not None
@@ -258,8 +289,4 @@ class Steps:
             and reason not in ("cancelled", "timeout")
             and n + len(gen) < self.max_context
         )
-        return Phase.SAVE if save else Phase.DONE
-
-
-def _ttft(req: Request) -> float:
-    return time.perf_counter() - req.t0
+        return Moved(Phase.SAVE if save else Phase.DONE, events)

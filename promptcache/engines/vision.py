@@ -9,17 +9,35 @@ image positions take feature rows. Images enter the cache key through the block 
 (``core.images.image_extras``); a hit that reaches past an image needs no encoder at all, and a
 chunk that holds image tokens gets its feature rows from the vision-embedding cache
 (``core.vision_cache``) or, on a miss, from one encoder run (counted).
+
+Every prefill chunk of a prompt with images goes through ``VisionModel.forward`` (with the
+chunk's absolute start and all the prompt's spans), image tokens in it or not: a model whose
+positions depend on the images before them (Qwen-VL's 3-D RoPE) needs them after a restore too.
+A model whose image tokens attend to each other (``whole_images``: Gemma 3's bidirectional
+image attention) never has a chunk end inside an image (``image_safe_end``).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.vision_cache import VisionCache, VisionKey
 from promptcache.engines.errors import RequestError
+
+
+class VisionChunk(NamedTuple):
+    """One prefill chunk of a prompt with images, as ``VisionModel.forward`` runs it: the token
+    ``ids`` at prompt positions [start, start + len(ids)), the feature rows that replace the
+    embeddings at offsets ``pieces[k][0] ..`` of the chunk (``pieces[k][1]``; empty: a chunk
+    that holds no image token) and ``spans``, all the prompt's images."""
+
+    ids: Sequence[int]
+    pieces: Sequence[tuple[int, Any]]
+    start: int = 0
+    spans: Sequence[ImageSpan] = ()
 
 
 class VisionModel(Protocol):
@@ -30,6 +48,9 @@ class VisionModel(Protocol):
 
     settings_key: str  # what besides the weights shapes encode()'s output (processor settings)
     image_token_id: int  # the placeholder token id repeated over an image's positions
+    # an image's tokens attend to each other (bidirectionally): a prefill chunk holds all of an
+    # image or none of it (a hit may still end inside one: its rows were computed whole)
+    whole_images: bool
 
     def render(
         self,
@@ -45,10 +66,10 @@ class VisionModel(Protocol):
     def encode(self, image: ImageInput) -> Any:
         """The feature rows replacing the image's placeholders: (num_tokens, hidden)."""
 
-    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
-        """Run ``ids`` on ``state`` (appending to it) like ``ModelRunner.forward`` for one
-        sequence, with the embeddings at offsets ``pieces[k][0] ..`` replaced by the rows
-        ``pieces[k][1]``; the last position's logits."""
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        """Run the chunk's ids on ``state`` (appending to it) like ``ModelRunner.forward`` for
+        one sequence, its image tokens' embeddings replaced by its feature rows. The last
+        position's logits."""
 
 
 class VisionFeeder:
@@ -86,9 +107,9 @@ class VisionFeeder:
         tenant: str = "",
         session: str = "",
     ) -> Any:
-        """Prefill prompt positions [start, start + len(ids)). ``held``: the request's feature
-        rows by span index (kept while an image spans several chunks); cached per ``tenant``,
-        tagged with ``session``."""
+        """Prefill prompt positions [start, start + len(ids)) of a prompt whose images are
+        ``spans``. ``held``: the request's feature rows by span index (kept while an image spans
+        several chunks); cached per ``tenant``, tagged with ``session``."""
         end = start + len(ids)
         pieces: list[tuple[int, Any]] = []
         for i, span in enumerate(spans):
@@ -107,9 +128,7 @@ class VisionFeeder:
             pieces.append((lo - start, rows[lo - span.start : hi - span.start]))
             if hi == span.end:  # the image is done: its rows stay in the cache, not the request
                 held.pop(i, None)
-        if not pieces:
-            return None
-        return self.vision.forward(state, ids, pieces)
+        return self.vision.forward(state, VisionChunk(ids, pieces, start, spans))
 
     def forget(self, tenant: str, session: str | None, force: bool = False) -> int:
         """Encoder outputs of a deleted session (None: of a whole tenant); how many went."""
@@ -132,15 +151,22 @@ class VisionFeeder:
 
 
 class PlaceholderVision:
-    """A base for ``VisionModel`` classes whose template holds one placeholder token per image:
-    ``render`` is ``expand_images`` on the subclass's tokenizer, template and ``num_tokens``."""
+    """A base for ``VisionModel`` classes whose template marks each image: ``render`` renders
+    the chat, then expands each mark to the image's ``num_tokens`` image tokens. The mark is
+    the image token itself (llava, Qwen-VL: expanded after tokenizing), or, with ``marker``, a
+    text the processor replaces by the whole image ``sequence`` (Gemma 3: blank lines,
+    ``<start_of_image>``, the soft tokens, ``<end_of_image>``; expanded before tokenizing, as
+    the processor does, so the tokenizer's merges around it are its own)."""
 
     tokenizer: Any
     template: str | None
     image_token_id: int
+    whole_images = False
+    marker: str | None = None
+    sequence: str = ""
 
     def num_tokens(self, image: ImageInput) -> int:
-        """How many placeholder positions ``image`` takes in the prompt."""
+        """How many image-token positions ``image`` takes in the prompt."""
         raise NotImplementedError
 
     def render(
@@ -149,50 +175,80 @@ class PlaceholderVision:
         tools: list[dict[str, Any]] | None,
         images: Sequence[ImageInput],
     ) -> tuple[list[int], list[ImageSpan]]:
-        return expand_images(
-            self.tokenizer, self.template, messages, tools, images, self.image_token_id,
-            self.num_tokens,
-        )  # fmt: skip
+        text = chat_text(self.tokenizer, self.template, messages, tools)
+        if self.marker is not None:
+            return self._expand_markers(text, images, self.marker)
+        return self._expand_placeholders(text, images)
 
+    def _expand_placeholders(
+        self, text: str, images: Sequence[ImageInput]
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """Tokenize, then expand the k-th image token to ``num_tokens(images[k])`` copies."""
+        token = self.image_token_id
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        marks = [i for i, t in enumerate(ids) if t == token]
+        if len(marks) != len(images):
+            raise RequestError(
+                f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
+                "(the text may not contain the model's image token)"
+            )
+        out: list[int] = []
+        spans: list[ImageSpan] = []
+        prev = 0
+        for mark, image in zip(marks, images, strict=True):
+            out += ids[prev:mark]
+            n = self.num_tokens(image)
+            spans.append(ImageSpan(len(out), n, image))
+            out += [token] * n
+            prev = mark + 1
+        return out + ids[prev:], spans
 
-def expand_images(
-    tokenizer: Any,
-    template: str | None,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    images: Sequence[ImageInput],
-    image_token_id: int,
-    num_tokens: Callable[[ImageInput], int],
-) -> tuple[list[int], list[ImageSpan]]:
-    """``VisionModel.render`` for models with one placeholder token per image in the template's
-    text: render, tokenize, then expand the k-th placeholder to ``num_tokens(images[k])`` copies."""
-    try:
-        text = tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=template,
-            add_generation_prompt=True,
-            tokenize=False,
+    def _expand_markers(
+        self, text: str, images: Sequence[ImageInput], marker: str
+    ) -> tuple[list[int], list[ImageSpan]]:
+        """Replace each ``marker`` by ``sequence``, then tokenize the text once."""
+        token = self.image_token_id
+        if text.count(marker) != len(images) or self.sequence.count(marker) != 1:
+            raise RequestError(
+                f"the prompt holds {text.count(marker)} image markers for {len(images)} images "
+                "(the text may not contain the model's image tokens)"
+            )
+        ids = list(
+            self.tokenizer.encode(text.replace(marker, self.sequence), add_special_tokens=False)
         )
+        starts = [i for i, t in enumerate(ids) if t == token and (i == 0 or ids[i - 1] != token)]
+        spans = [
+            ImageSpan(s, self.num_tokens(im), im) for s, im in zip(starts, images, strict=False)
+        ]
+        if len(starts) != len(images) or any(
+            ids[s.start : s.end] != [token] * s.length for s in spans
+        ):
+            raise RequestError("the prompt's image tokens do not match its images")
+        return ids, spans
+
+
+def chat_text(
+    tokenizer: Any, template: str | None, messages: list[dict[str, Any]], tools: Any
+) -> str:
+    """The chat's prompt text through ``template`` (generation prompt added), image parts left
+    as the template writes them; RequestError on a template error (the client's messages)."""
+    try:
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=template, add_generation_prompt=True,
+                tokenize=False,
+            )
+        )  # fmt: skip
     except Exception as exc:  # template errors are the client's (bad roles, bad parts)
         raise RequestError(f"cannot apply the chat template: {exc}") from exc
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
-    marks = [i for i, t in enumerate(ids) if t == image_token_id]
-    if len(marks) != len(images):
-        raise RequestError(
-            f"the prompt holds {len(marks)} image placeholders for {len(images)} images "
-            "(the text may not contain the model's image token)"
-        )
-    out: list[int] = []
-    spans: list[ImageSpan] = []
-    prev = 0
-    for mark, image in zip(marks, images, strict=True):
-        out += ids[prev:mark]
-        n = num_tokens(image)
-        spans.append(ImageSpan(len(out), n, image))
-        out += [image_token_id] * n
-        prev = mark + 1
-    return out + ids[prev:], spans
+
+
+def image_safe_end(spans: Sequence[ImageSpan], end: int) -> int:
+    """``end`` moved past the image it would cut (a chunk of a ``whole_images`` model)."""
+    for span in spans:
+        if span.start < end < span.end:
+            return span.end
+    return end
 
 
 def overlaps(spans: Sequence[ImageSpan], start: int, end: int) -> bool:

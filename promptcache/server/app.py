@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -72,6 +73,27 @@ DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/cs
 
 def dashboard_file(name: str) -> str:
     return (resources.files("promptcache.server") / "dashboard" / name).read_text("utf-8")
+
+
+def body_route(
+    state: ServerState, handler: Callable[..., Awaitable[Any]], body_model: type
+) -> Callable[..., Awaitable[Any]]:
+    """An endpoint taking ``body_model`` as its JSON body (FastAPI validates it: a 4xx with the
+    field otherwise) that returns ``handler(state, request, body)``."""
+
+    async def endpoint(request: Request, body: Any) -> Any:
+        return await handler(state, request, body)
+
+    # FastAPI reads the body's model from the signature: this route's model, not Any
+    params = inspect.signature(endpoint).parameters
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            params["request"].replace(annotation=Request),
+            params["body"].replace(annotation=body_model),
+        ]
+    )
+    endpoint.__name__ = endpoint.__qualname__ = handler.__name__
+    return endpoint
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -165,25 +187,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run
         return {"status": "ok", "model": state.model_id}
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request, body: ChatCompletionRequest) -> Any:
-        return await openai_api.chat_completions(state, request, body)
-
-    @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest) -> Any:
-        return await openai_api.completions(state, request, body)
-
-    @app.post("/v1/messages")
-    async def messages(request: Request, body: MessagesRequest) -> Any:
-        return await anthropic_api.messages(state, request, body)
-
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(request: Request, body: CountTokensRequest) -> Any:
-        return await anthropic_api.count_tokens(state, request, body)
-
-    @app.post("/v1/responses")
-    async def responses(request: Request, body: ResponsesRequest) -> Any:
-        return await responses_api.create(state, request, body)
+    # the generation APIs: a validated body, handed to its API module with the request; the
+    # Ollama API serves Open WebUI, Continue and IDE plugins
+    for path, handler, body_model in (
+        ("/v1/chat/completions", openai_api.chat_completions, ChatCompletionRequest),
+        ("/v1/completions", openai_api.completions, CompletionRequest),
+        ("/v1/messages", anthropic_api.messages, MessagesRequest),
+        ("/v1/messages/count_tokens", anthropic_api.count_tokens, CountTokensRequest),
+        ("/v1/responses", responses_api.create, ResponsesRequest),
+        ("/api/chat", ollama_api.chat, OllamaChatRequest),
+        ("/api/generate", ollama_api.generate, OllamaGenerateRequest),
+    ):
+        app.post(path)(body_route(state, handler, body_model))
 
     # one route for both methods, so a 405 names both in Allow
     @app.api_route(
@@ -208,15 +223,6 @@ def create_app(state: ServerState) -> FastAPI:
     async def model(request: Request, model_id: str) -> Any:
         """Any id names the served model (requests are served whatever ``model`` says)."""
         return models_api.model_card(state, model_id, "anthropic-version" in request.headers)
-
-    # the Ollama API (Open WebUI, Continue, IDE plugins)
-    @app.post("/api/chat")
-    async def ollama_chat(request: Request, body: OllamaChatRequest) -> Any:
-        return await ollama_api.chat(state, request, body)
-
-    @app.post("/api/generate")
-    async def ollama_generate(request: Request, body: OllamaGenerateRequest) -> Any:
-        return await ollama_api.generate(state, request, body)
 
     @app.get("/api/tags")
     async def ollama_tags() -> Any:

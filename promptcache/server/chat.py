@@ -81,14 +81,14 @@ class ChatFormatter:
         template = getattr(hf, "chat_template", None)
         template = template if isinstance(template, str) else None
         added = getattr(hf, "get_added_vocab", dict)()
-        found = detect_formats(template, added, str(getattr(engine, "model_type", "") or ""))
+        found = detect_formats(template, added, engine.model_type)
         self.tool_format, self.native_tools = found.tool_format, found.native_tools
         self.tool_format = tool_parser or found.tool_format
         self.parser = make_parser(self.tool_format)
         self.reasoning = make_reasoning(reasoning_parser or found.reasoning)
         log.info(
             "tool calls of %s read in the %s format (%s), reasoning in the %s format (%s)",
-            getattr(engine, "model_id", "the model"),
+            engine.model_id,
             self.tool_format,
             "--tool-parser" if tool_parser else found.why,
             self.reasoning.name,

@@ -51,7 +51,7 @@ def model_card(
     """One model, for either client: OpenAI's (object, created, owned_by) and vLLM's fields,
     Anthropic's (type, display_name, created_at, max_input_tokens, max_tokens). ``anthropic``
     (the request has an ``anthropic-version`` header): capabilities in Anthropic's shape."""
-    context = state.engine.max_context
+    context = state.engine_limits.max_context
     name = model_id or state.model_id
     max_out = min(state.max_output_tokens or context, context)
     caps = capabilities(state)

@@ -221,14 +221,14 @@ def tags(state: ServerState) -> dict[str, Any]:
 
 def ps(state: ServerState) -> dict[str, Any]:
     loaded = {**_entry(state), "expires_at": "2999-01-01T00:00:00Z", "size_vram": 0,
-              "context_length": state.engine.max_context}  # fmt: skip
+              "context_length": state.engine_limits.max_context}  # fmt: skip
     return {"models": [loaded]}
 
 
 def show(state: ServerState, req: OllamaShowRequest) -> dict[str, Any]:
     """Any name shows the served model (requests are served whatever ``model`` says)."""
     arch = items.family(state)
-    template = getattr(getattr(state.engine, "tokenizer", None), "chat_template", None)
+    template = getattr(state.engine.tokenizer, "chat_template", None)
     return {
         "modelfile": f"# served by promptcache\nFROM {state.model_id}\n",
         "parameters": "",
@@ -237,7 +237,7 @@ def show(state: ServerState, req: OllamaShowRequest) -> dict[str, Any]:
         "model_info": {
             "general.architecture": arch,
             "general.basename": state.model_id,
-            f"{arch}.context_length": state.engine.max_context,
+            f"{arch}.context_length": state.engine_limits.max_context,
         },
         "capabilities": items.capabilities(state),
         "modified_at": now_iso(),

@@ -47,7 +47,7 @@ def read_options(req: OllamaBase, state: ServerState) -> Options:
     if explicit:
         max_tokens = int(num_predict)
     elif num_predict in (-1, -2):  # until the context is full: the room left (clamped)
-        max_tokens = state.engine.max_context
+        max_tokens = state.engine_limits.max_context
     else:
         max_tokens = state.default_max_tokens
     stop = opts.get("stop") or []
@@ -155,10 +155,7 @@ def ollama_image(data: str, images: ImagePolicy) -> Any:
 
 def family(state: ServerState) -> str:
     """The architecture name (model_type) when the engine's model config says it."""
-    model = getattr(state.engine, "model", None)
-    config = getattr(model, "config", None) or getattr(model, "args", None)
-    kind = getattr(config, "model_type", None)
-    return str(kind) if kind else "unknown"
+    return state.engine.model_type or "unknown"
 
 
 def details(state: ServerState) -> dict[str, Any]:
@@ -168,7 +165,7 @@ def details(state: ServerState) -> dict[str, Any]:
 
 
 def digest(state: ServerState) -> str:
-    key = str(getattr(state.engine, "fingerprint", "") or state.model_id)
+    key = state.engine.fingerprint or state.model_id
     return hashlib.sha256(key.encode()).hexdigest()
 
 

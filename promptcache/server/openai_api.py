@@ -167,7 +167,7 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
     p = req.prompt
     if isinstance(p, list) and p and all(isinstance(x, int) for x in p):
         prompt = list(p)  # type: ignore[arg-type]
-        vocab = state.engine.vocab_size
+        vocab = state.engine_limits.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise RequestError(f"prompt: token ids must be in [0, {vocab}) for this model")
     else:

@@ -15,6 +15,7 @@ from starlette.requests import Request
 from promptcache.core.images import ImageSpan
 from promptcache.engines.base import (
     Engine,
+    EngineLimits,
     Event,
     Finished,
     PrefillDone,
@@ -107,6 +108,8 @@ class ServerState:
         responses: ResponseStore | None = None,
     ) -> None:
         self.engine = engine
+        # what the engine can take, read once: the server's checks never reach into it
+        self.engine_limits: EngineLimits = engine.limits
         self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
         self.default_max_tokens = default_max_tokens
@@ -120,9 +123,9 @@ class ServerState:
         self.records = RequestRecords(alert_below=hit_rate_alert, window=hit_rate_window)
         self.prompts = PromptMemory()  # what miss diagnosis compares a prompt with
         self.responses = responses or ResponseStore()  # stored Responses API responses
-        self.is_cache_on = bool(engine.cache_stats())
+        self.is_cache_on = self.engine_limits.block_size is not None
         self.image_policy = ImagePolicy(
-            enabled=bool(getattr(engine, "supports_images", False)),
+            enabled=self.engine_limits.supports_images,
             allow_urls=self.limits.allow_image_urls,
             max_image_bytes=self.limits.max_image_bytes,
         )
@@ -177,13 +180,14 @@ class ServerState:
         self.check_prompt(prompt)
         is_capped = self.cap_output(params)
         strict = self.strict_max_tokens and explicit_max
-        fit = fit_output(len(prompt), params.max_tokens, self.engine.max_context, strict)
+        context = self.engine_limits.max_context
+        fit = fit_output(len(prompt), params.max_tokens, context, strict)
         if fit.clamped_from is not None:
             params.max_tokens = fit.max_tokens
             log.info(
                 "%s: max_tokens %d clamped to %d, the room left in the %d-token context by a "
                 "%d-token prompt (--strict-max-tokens refuses instead)",
-                request.url.path, fit.clamped_from, fit.max_tokens, self.engine.max_context,
+                request.url.path, fit.clamped_from, fit.max_tokens, context,
                 len(prompt),
             )  # fmt: skip
         self.check_params(params)
@@ -337,6 +341,7 @@ class ServerState:
             reason=reason,
             detail=detail,
             session=session,
+            phases=prefill.phases.to_dict() if prefill is not None and prefill.phases else {},
         )
         records.add(rec)
         if log.isEnabledFor(logging.DEBUG):

@@ -15,22 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 
-from .base import (
-    ParsedReply,
-    ToolCall,
-    grammar_of_values,
-    join_content,
-    param_schema,
-    parse_blocks,
-    read_params,
-    skip_ws,
-    text_value,
-    tool_functions,
-    tools_json_lines,
-    typed_value,
-)
+from .base import ToolCall, param_schema, read_params, skip_ws, tools_json_lines, typed_value
+from .framing import TextArgsFormat
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME = re.compile(r"[^\s<]+")
@@ -38,13 +25,13 @@ _PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>", re.S)
 V_CLOSE = "</arg_value>"
 
 
-class GlmParser:
+class GlmParser(TextArgsFormat):
     name: str = "glm45"
     start_markers: tuple[str, ...] = (OPEN,)
     markers: tuple[str, ...] = (OPEN, CLOSE, "<arg_key>", "</arg_key>", "<arg_value>", V_CLOSE)
-    template_args: str = "mapping"
+    tail: str = CLOSE
 
-    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
+    def calls_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
         name = _NAME.match(text, skip_ws(text, pos))
         if name is None:
             raise ValueError("no function name")
@@ -57,29 +44,11 @@ class GlmParser:
             raise ValueError("no </tool_call>")
         return [ToolCall(name.group(), json.dumps(args))], pos + len(CLOSE)
 
-    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        return parse_blocks(text, OPEN, lambda t, p: self._call_at(t, p, tools))
+    def head(self, name: str) -> str:
+        return f"{OPEN}{name}\n"
 
-    def render(self, content: str, calls: list[ToolCall]) -> str:
-        blocks = "\n".join(_block(c.name, json.loads(c.arguments)) for c in calls)
-        return join_content((content, blocks))
-
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
-    ) -> str:
-        return grammar_of_values(
-            tool_functions(tools, name),
-            head=lambda n: f"{OPEN}{n}\n",
-            param=lambda k: (f"<arg_key>{k}</arg_key>\n<arg_value>", V_CLOSE, "\n"),
-            tail=CLOSE,
-            sep="\n",
-            parallel=parallel,
-            special=special_tokens,
-        )
+    def param(self, key: str) -> tuple[str, str, str]:
+        return f"<arg_key>{key}</arg_key>\n<arg_value>", V_CLOSE, "\n"
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (
@@ -90,10 +59,3 @@ class GlmParser:
             f"</arg_value>\n...\n{CLOSE}\n\nEach result comes back to you inside "
             "<tool_response></tool_response> tags."
         )
-
-
-def _block(name: str, args: dict) -> str:
-    pairs = "".join(
-        f"<arg_key>{k}</arg_key>\n<arg_value>{text_value(v)}{V_CLOSE}\n" for k, v in args.items()
-    )
-    return f"{OPEN}{name}\n{pairs}{CLOSE}"

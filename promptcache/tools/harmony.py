@@ -20,16 +20,15 @@ from typing import NamedTuple
 from .base import (
     ParsedReply,
     ToolCall,
-    args_rule,
     canonical,
     cut_calls,
     decode_json,
-    lark_text,
+    grammar_of_calls,
     make_call,
     skip_ws,
-    tool_functions,
     tools_json_lines,
 )
+from .framing import CallFormat
 
 START, CHANNEL, MESSAGE = "<|start|>", "<|channel|>", "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>")
@@ -87,11 +86,10 @@ def scan(text: str) -> tuple[list[Message], int]:
     return out, len(text)
 
 
-class HarmonyParser:
+class HarmonyParser(CallFormat):
     name: str = "harmony"
     start_markers: tuple[str, ...] = (START, CHANNEL)
     markers: tuple[str, ...] = MARKERS
-    template_args: str = "mapping"
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
         messages, _ = scan(text)
@@ -118,26 +116,15 @@ class HarmonyParser:
             return f"{content}{blocks}"
         return (blocks or content).removeprefix(START + "assistant")
 
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
     ) -> str:
-        """Calls, each a message of its own (``<|call|>`` ends the generation: a model calls
-        one tool per turn, the rest of the grammar is never reached)."""
+        # calls, each a message of its own (``<|call|>`` ends the generation: a model calls one
+        # tool per turn, the rest of the grammar is never reached)
+        def around(name: str) -> tuple[str, str]:
+            return _head(name), "<|call|>"
 
-        def text(s: str) -> str:
-            return lark_text(s, special_tokens)
-
-        alts, rules = [], []
-        for i, func in enumerate(tool_functions(tools, name)):
-            rules += [f"call_{i}: {text(_head(func['name']))} args_{i} {text('<|call|>')}",
-                      f"args_{i}: {args_rule(func)}"]  # fmt: skip
-            alts.append(f"call_{i}")
-        start = f"call ({text(START + 'assistant')} call)*" if parallel else "call"
-        return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *rules]) + "\n"
+        return grammar_of_calls(funcs, around, START + "assistant", parallel, special)
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (

@@ -10,33 +10,20 @@ by searching, so a string argument that contains "</tool_call>" does not cut the
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from .base import (
-    ParsedReply,
-    ToolCall,
-    canonical,
-    decode_json,
-    dump,
-    grammar_of_calls,
-    join_content,
-    make_call,
-    parse_blocks,
-    skip_ws,
-    tool_functions,
-    tools_json_lines,
-)
+from .base import ToolCall, decode_json, dump, make_call, skip_ws, tools_json_lines
+from .framing import JsonArgsFormat
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
 
-class HermesParser:
+class HermesParser(JsonArgsFormat):
     name: str = "hermes"
     start_markers: tuple[str, ...] = (OPEN,)
-    template_args: str = "mapping"
     markers: tuple[str, ...] = (OPEN, CLOSE)
 
-    def _call_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
+    def calls_at(
+        self, text: str, pos: int, tools: list[dict] | None
+    ) -> tuple[list[ToolCall], int] | None:
         decoded = decode_json(text, skip_ws(text, pos))
         if decoded is None or not isinstance(decoded[0], dict):
             return None
@@ -48,28 +35,8 @@ class HermesParser:
             return None
         return [call], end + len(CLOSE)
 
-    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        # if a block is malformed, the tag stays as text
-        return parse_blocks(text, OPEN, self._call_at)
-
-    def render(self, content: str, calls: list[ToolCall]) -> str:
-        blocks = "\n".join(
-            f'{OPEN}\n{{"name": {dump(c.name)}, "arguments": {canonical(c.arguments)}}}\n{CLOSE}'
-            for c in calls
-        )
-        return join_content((content, blocks))
-
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
-    ) -> str:
-        def around(fname: str) -> tuple[str, str]:
-            return f'{OPEN}\n{{"name": {dump(fname)}, "arguments": ', f"}}\n{CLOSE}"
-
-        return grammar_of_calls(tool_functions(tools, name), around, "\n", parallel, special_tokens)
+    def around(self, name: str) -> tuple[str, str]:
+        return f'{OPEN}\n{{"name": {dump(name)}, "arguments": ', f"}}\n{CLOSE}"
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (

@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 
 from .base import (
-    ParsedReply,
     ToolCall,
     args_rule,
     canonical,
@@ -20,43 +19,36 @@ from .base import (
     join_content,
     lark_text,
     make_call,
-    parse_blocks,
     skip_ws,
-    tool_functions,
     tools_json_lines,
 )
+from .framing import MarkedFormat, read_section
 
 SECTION, SECTION_END = "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"
 CALL, ARGS, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>"
 _ID = re.compile(r"\s*((?:functions\.)?([A-Za-z0-9_.\-]+?)(?::\d+)?)\s*" + re.escape(ARGS))
 
 
-class KimiParser:
+class KimiParser(MarkedFormat):
     name: str = "kimi_k2"
     start_markers: tuple[str, ...] = (SECTION,)
     markers: tuple[str, ...] = (SECTION, SECTION_END, CALL, ARGS, CALL_END)
-    template_args: str = "mapping"
 
-    def _section_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
-        calls: list[ToolCall] = []
-        while text.startswith(CALL, pos := skip_ws(text, pos)):
-            head = _ID.match(text, pos + len(CALL))
-            decoded = decode_json(text, skip_ws(text, head.end())) if head else None
-            if head is None or decoded is None:
-                return None
-            call = make_call(head.group(2), decoded[0])
-            end = skip_ws(text, decoded[1])
-            if call is None or not text.startswith(CALL_END, end):
-                return None
-            calls.append(ToolCall(call.name, call.arguments, head.group(1)))
-            pos = end + len(CALL_END)
-        if not calls or not text.startswith(SECTION_END, pos):
-            return None
-        return calls, pos + len(SECTION_END)
+    def _call_at(self, text: str, pos: int) -> tuple[ToolCall, int]:
+        head = _ID.match(text, pos)
+        decoded = decode_json(text, skip_ws(text, head.end())) if head else None
+        if head is None or decoded is None:
+            raise ValueError("no call id or arguments")
+        call = make_call(head.group(2), decoded[0])
+        end = skip_ws(text, decoded[1])
+        if call is None or not text.startswith(CALL_END, end):
+            raise ValueError("no call end")
+        return ToolCall(call.name, call.arguments, head.group(1)), end + len(CALL_END)
 
-    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        # if what follows a marker is malformed, the marker stays as text
-        return parse_blocks(text, SECTION, self._section_at)
+    def calls_at(
+        self, text: str, pos: int, tools: list[dict] | None
+    ) -> tuple[list[ToolCall], int] | None:
+        return read_section(text, pos, CALL, SECTION_END, self._call_at)
 
     def render(self, content: str, calls: list[ToolCall]) -> str:
         body = "".join(
@@ -66,18 +58,14 @@ class KimiParser:
         section = f"{SECTION}{body}{SECTION_END}" if calls else ""
         return join_content((content, section))
 
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
+    def grammar_for(
+        self, funcs: list[dict], parallel: bool, special: Mapping[str, int] | None
     ) -> str:
         def text(s: str) -> str:
-            return lark_text(s, special_tokens)
+            return lark_text(s, special)
 
         alts, rules = [], []
-        for i, func in enumerate(tool_functions(tools, name)):
+        for i, func in enumerate(funcs):
             head = text(f"{CALL}functions.{func['name']}:")
             rules += [f"call_{i}: {head} INDEX {text(ARGS)} args_{i} {text(CALL_END)}",
                       f"args_{i}: {args_rule(func)}"]  # fmt: skip

@@ -9,23 +9,19 @@ is not call-shaped is skipped whole (a call nested inside it is not a call), and
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .base import (
     ParsedReply,
     ToolCall,
-    canonical,
     cut_calls,
     decode_json,
     dump,
-    grammar_of_calls,
-    join_content,
     make_call,
     skip_ws,
-    tool_functions,
     tools_json_lines,
 )
+from .framing import JsonArgsFormat
 
 TAG = "<|python_tag|>"
 _KEYS = {"name", "parameters", "arguments", "type", "id"}
@@ -42,14 +38,16 @@ def _as_call(value: Any) -> ToolCall | None:
     return make_call(value["name"], value.get("parameters", value.get("arguments")))
 
 
-class Llama3JsonParser:
+class Llama3JsonParser(JsonArgsFormat):
     name: str = "llama3_json"
     start_markers: tuple[str, ...] = (TAG, "{")
-    template_args: str = "mapping"
     markers: tuple[str, ...] = ()
+    call_sep: str = "; "
 
-    def _run(self, text: str, pos: int) -> tuple[list[ToolCall], int]:
-        """The calls in a row starting at pos and the index just past the last one."""
+    def calls_at(
+        self, text: str, pos: int, tools: list[dict] | None = None
+    ) -> tuple[list[ToolCall], int] | None:
+        """The calls in a row starting at pos and the index just past the last one, or None."""
         calls: list[ToolCall] = []
         end = pos
         while (decoded := decode_json(text, pos)) and (call := _as_call(decoded[0])):
@@ -58,9 +56,10 @@ class Llama3JsonParser:
             pos = skip_ws(text, end)
             if text.startswith(";", pos):
                 pos = skip_ws(text, pos + 1)
-        return calls, end
+        return (calls, end) if calls else None
 
     def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
+        # no closing marker: a call may start at the tag or at any "{"
         spans: list[tuple[int, int]] = []
         calls: list[ToolCall] = []
         pos = 0
@@ -71,11 +70,10 @@ class Llama3JsonParser:
             start = min(starts)
             tagged = text.startswith(TAG, start)
             body = skip_ws(text, start + len(TAG)) if tagged else start
-            run, end = self._run(text, body)
-            if run:
-                spans.append((start, end))
-                calls += run
-                pos = end
+            if run := self.calls_at(text, body):
+                spans.append((start, run[1]))
+                calls += run[0]
+                pos = run[1]
             elif tagged:
                 pos = start + len(TAG)
             else:
@@ -83,23 +81,8 @@ class Llama3JsonParser:
                 pos = decoded[1] if decoded else start + 1
         return ParsedReply(cut_calls(text, spans), calls)
 
-    def render(self, content: str, calls: list[ToolCall]) -> str:
-        body = "; ".join(
-            f'{{"name": {dump(c.name)}, "parameters": {canonical(c.arguments)}}}' for c in calls
-        )
-        return join_content((content, body))
-
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
-    ) -> str:
-        def around(fname: str) -> tuple[str, str]:
-            return f'{{"name": {dump(fname)}, "parameters": ', "}"
-
-        return grammar_of_calls(tool_functions(tools, name), around, "; ", parallel, special_tokens)
+    def around(self, name: str) -> tuple[str, str]:
+        return f'{{"name": {dump(name)}, "parameters": ', "}"
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (

@@ -11,23 +11,10 @@ the second (v11+: Mistral Small 3.2, Magistral, Devstral) one call per marker, o
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Any, Literal
 
-from .base import (
-    ParsedReply,
-    ToolCall,
-    canonical,
-    decode_json,
-    dump,
-    grammar_of_calls,
-    join_content,
-    make_call,
-    parse_blocks,
-    skip_ws,
-    tool_functions,
-    tools_json_lines,
-)
+from .base import ToolCall, decode_json, dump, make_call, skip_ws, tools_json_lines
+from .framing import JsonArgsFormat
 
 MARKER = "[TOOL_CALLS]"
 _NAMED = re.compile(r"([A-Za-z0-9_.\-]+)(?:\[CALL_ID\][A-Za-z0-9_\-]*)?\[ARGS\]")
@@ -39,16 +26,21 @@ def _as_call(value: Any) -> ToolCall | None:
     return make_call(value.get("name"), value["arguments"])
 
 
-class MistralParser:
+class MistralParser(JsonArgsFormat):
     name: str = "mistral"
     start_markers: tuple[str, ...] = (MARKER,)
-    template_args: str = "mapping"
     markers: tuple[str, ...] = (MARKER, "[ARGS]")
 
     def __init__(self, style: Literal["list", "args"] = "list") -> None:
         self.style = style
+        # list: one JSON list after one marker; args: a marker before each call
+        self.call_sep, self.prefix, self.suffix = (
+            (", ", MARKER + "[", "]") if style == "list" else ("", "", "")
+        )
 
-    def _calls_at(self, text: str, pos: int) -> tuple[list[ToolCall], int] | None:
+    def calls_at(
+        self, text: str, pos: int, tools: list[dict] | None
+    ) -> tuple[list[ToolCall], int] | None:
         """The calls written just after a marker that ends at pos, and where they end."""
         pos = skip_ws(text, pos)
         if text.startswith("[", pos):
@@ -69,41 +61,10 @@ class MistralParser:
             end = args[1]
         return (calls, end) if calls else None
 
-    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        # if what follows a marker is malformed, the marker stays as text
-        return parse_blocks(text, MARKER, self._calls_at)
-
-    def render(self, content: str, calls: list[ToolCall]) -> str:
-        if not calls:
-            body = ""
-        elif self.style == "list":
-            items = (
-                f'{{"name": {dump(c.name)}, "arguments": {canonical(c.arguments)}}}' for c in calls
-            )
-            body = MARKER + "[" + ", ".join(items) + "]"
-        else:
-            body = "".join(f"{MARKER}{c.name}[ARGS]{canonical(c.arguments)}" for c in calls)
-        return join_content((content, body))
-
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
-    ) -> str:
-        funcs = tool_functions(tools, name)
+    def around(self, name: str) -> tuple[str, str]:
         if self.style == "args":
-            return grammar_of_calls(
-                funcs, lambda n: (f"{MARKER}{n}[ARGS]", ""), "", parallel, special_tokens
-            )
-
-        def around(fname: str) -> tuple[str, str]:
-            return f'{{"name": {dump(fname)}, "arguments": ', "}"
-
-        return grammar_of_calls(
-            funcs, around, ", ", parallel, special_tokens, prefix=MARKER + "[", suffix="]"
-        )
+            return f"{MARKER}{name}[ARGS]", ""
+        return f'{{"name": {dump(name)}, "arguments": ', "}"
 
     def system_prompt(self, tools: list[dict]) -> str:
         example = (

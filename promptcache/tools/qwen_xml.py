@@ -20,22 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
 
-from .base import (
-    ParsedReply,
-    ToolCall,
-    grammar_of_values,
-    join_content,
-    param_schema,
-    parse_blocks,
-    read_params,
-    skip_ws,
-    text_value,
-    tool_functions,
-    tools_json_lines,
-    typed_value,
-)
+from .base import ToolCall, param_schema, read_params, skip_ws, tools_json_lines, typed_value
+from .framing import TextArgsFormat
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 P_CLOSE = "</parameter>"
@@ -49,13 +36,13 @@ def _value(raw: str) -> str:
     return raw[:-1] if raw.endswith("\n") else raw
 
 
-class QwenXmlParser:
+class QwenXmlParser(TextArgsFormat):
     name: str = "qwen3_xml"
     start_markers: tuple[str, ...] = (OPEN,)
     markers: tuple[str, ...] = (OPEN, CLOSE)
-    template_args: str = "mapping"
+    tail: str = f"</function>\n{CLOSE}"
 
-    def _call_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
+    def calls_at(self, text: str, pos: int, tools: list[dict] | None) -> tuple[list[ToolCall], int]:
         """The call (as [call]) whose body starts at pos (just past OPEN), the index past its CLOSE;
         raises ValueError when it is not well formed."""
         func = _FUNC.match(text, skip_ws(text, pos))
@@ -74,29 +61,11 @@ class QwenXmlParser:
             raise ValueError("no </tool_call>")
         return [ToolCall(name, json.dumps(args))], pos + len(CLOSE)
 
-    def parse(self, text: str, tools: list[dict] | None = None) -> ParsedReply:
-        return parse_blocks(text, OPEN, lambda t, p: self._call_at(t, p, tools))
+    def head(self, name: str) -> str:
+        return f"{OPEN}\n<function={name}>\n"
 
-    def render(self, content: str, calls: list[ToolCall]) -> str:
-        blocks = "\n".join(_block(c.name, json.loads(c.arguments)) for c in calls)
-        return join_content((content, blocks))
-
-    def call_grammar(
-        self,
-        tools: list[dict],
-        name: str | None = None,
-        parallel: bool = True,
-        special_tokens: Mapping[str, int] | None = None,
-    ) -> str:
-        return grammar_of_values(
-            tool_functions(tools, name),
-            head=lambda n: f"{OPEN}\n<function={n}>\n",
-            param=lambda k: (f"<parameter={k}>\n", "\n" + P_CLOSE, "\n"),
-            tail=f"</function>\n{CLOSE}",
-            sep="\n",
-            parallel=parallel,
-            special=special_tokens,
-        )
+    def param(self, key: str) -> tuple[str, str, str]:
+        return f"<parameter={key}>\n", "\n" + P_CLOSE, "\n"
 
     def system_prompt(self, tools: list[dict]) -> str:
         return (
@@ -106,8 +75,3 @@ class QwenXmlParser:
             f"{P_CLOSE}\n...\n</function>\n{CLOSE}\n\nEach result comes back to you inside "
             "<tool_response></tool_response> tags."
         )
-
-
-def _block(name: str, args: dict) -> str:
-    params = "".join(f"<parameter={k}>\n{text_value(v)}\n{P_CLOSE}\n" for k, v in args.items())
-    return f"{OPEN}\n<function={name}>\n{params}</function>\n{CLOSE}"

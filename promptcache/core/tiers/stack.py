@@ -36,7 +36,8 @@ def as_tier_list(tiers: LowerTier | Sequence[LowerTier] | None) -> list[LowerTie
 
 
 class TierStack:
-    """Invariant: ``ram`` heads the stack (its ``below`` is this stack); ``lower_tiers`` is
+    """Invariant: ``ram`` heads the stack (its ``below`` is this stack, or None when no lower
+    tier can hold anything: RAM then hands nothing down, not even a call); ``lower_tiers`` is
     never empty (a ``NullTier`` when nothing is behind RAM, so stats still name a tier);
     ``stores`` are the lower tiers that can hold anything, ``_write_through`` those of them
     that get every new block."""
@@ -48,7 +49,7 @@ class TierStack:
         self.stores = [t for t in self.lower_tiers if type(t) is not NullTier]
         self._write_through = [t for t in self.stores if t.write_through]
         self.num_deletions = 0  # bumped by every deletion; see the module docstring
-        ram.below = self
+        ram.below = self if self.stores else None
 
     @property
     def has_lower(self) -> bool:

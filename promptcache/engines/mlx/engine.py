@@ -13,23 +13,13 @@ from promptcache.engines.mlx.runner import MlxRunner, load_mlx_weights
 class MlxEngine(CachedEngine):
     name = "mlx"
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        kv_bits: int | None = None,
-        kv_group_size: int = 64,
-        **options: Any,
-    ) -> None:
-        """``kv_bits``: a quantized KV cache; ``options``: the cache and serving options
-        (``EngineOptions``) and the block scheme's (``cache_kv_bits``, ...: see TorchEngine)."""
+    def __init__(self, model: Any, tokenizer: Any, **options: Any) -> None:
+        """``options``: the runner's (``kv_bits``, ``kv_group_size``: a quantized KV cache),
+        the cache and serving options (``EngineOptions``) and the block scheme's
+        (``cache_kv_bits``, ...: see TorchEngine)."""
         scheme = pop_block_scheme(options)
-        runner = MlxRunner(
-            model, tokenizer, kv_bits=kv_bits, kv_group_size=kv_group_size, block_scheme=scheme
-        )
-        super().__init__(runner, **options)
-        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
+        kv = {k: options.pop(k) for k in ("kv_bits", "kv_group_size") if k in options}
+        super().__init__(MlxRunner(model, tokenizer, block_scheme=scheme, **kv), **options)
 
     load_weights = staticmethod(load_mlx_weights)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from promptcache.engines.block_scheme import BlockScheme, PackStats
+from promptcache.engines.block_scheme import ArrayPacker, BlockScheme
 
 MLX_GROUPS = (128, 64, 32)
 _FLOATS = (mx.float32, mx.float16, mx.bfloat16)
@@ -32,52 +32,50 @@ def _nbytes(x: mx.array) -> int:
     return int(x.size) * x.dtype.size
 
 
-class MlxPacker:
+class MlxPacker(ArrayPacker):
     """``BlockPacker`` on MLX arrays (see ``block_scheme``)."""
 
     def __init__(self, scheme: BlockScheme, dtype: Any = mx.float32) -> None:
-        self.scheme = scheme
-        self.stats = PackStats()
-        self.dtype = dtype  # the model's: blocks stored narrower come back in it
+        super().__init__(scheme, dtype)
 
     def pack(self, block: Any, start: int) -> Any:
-        if isinstance(block, tuple):
-            out: Any = tuple(self._pack_one(b, start) for b in block)
-        else:
-            out = self._pack_one(block, start)
+        out = super().pack(block, start)
         mx.eval(out)  # the slice's copy is already evaluated: keep no lazy graph in the cache
         return out
 
-    def _pack_one(self, x: mx.array, start: int) -> Any:
-        s = self.scheme
-        stored: Any = x
-        size = _nbytes(x)
-        group = mlx_group(x.shape[-1], s.group)
-        if s.quantizes(start) and x.dtype in _FLOATS and group is not None:
-            stored = (
-                _quantize_int8(x, group) if s.bits == 8 else _quantize_affine(x, group, s.bits or 4)
-            )
-            size = sum(_nbytes(v) for v in stored.values() if isinstance(v, mx.array))
-        elif s.dtype is not None and x.dtype == mx.float32:
-            stored = x.astype(getattr(mx, s.dtype))
-            size = _nbytes(stored)
-        self.stats.add(_nbytes(x), size)
-        return stored
+    def nbytes(self, x: mx.array) -> int:
+        return _nbytes(x)
 
-    def unpack(self, stored: Any) -> Any:
-        if isinstance(stored, tuple):
-            return tuple(self.unpack(s) for s in stored)
-        if isinstance(stored, dict):
-            dtype = getattr(mx, stored["dtype"])
-            if "bias" not in stored:
-                return _dequantize_int8(stored, dtype)
-            return mx.dequantize(
-                stored["q"],
-                stored["scale"].astype(dtype),
-                stored["bias"].astype(dtype),
-                group_size=stored["group"],
-                bits=stored["bits"],
-            ).astype(dtype)
+    def is_array(self, x: Any) -> bool:
+        return isinstance(x, mx.array)
+
+    def is_float32(self, x: mx.array) -> bool:
+        return x.dtype == mx.float32
+
+    def quantize(self, x: mx.array) -> dict[str, Any] | None:
+        group = mlx_group(x.shape[-1], self.scheme.group)
+        if x.dtype not in _FLOATS or group is None:
+            return None
+        if self.scheme.bits == 8:
+            return _quantize_int8(x, group)
+        return _quantize_affine(x, group, self.scheme.bits or 4)
+
+    def dequantize(self, stored: dict[str, Any]) -> mx.array:
+        dtype = getattr(mx, stored["dtype"])
+        if "bias" not in stored:
+            return _dequantize_int8(stored, dtype)
+        return mx.dequantize(
+            stored["q"],
+            stored["scale"].astype(dtype),
+            stored["bias"].astype(dtype),
+            group_size=stored["group"],
+            bits=stored["bits"],
+        ).astype(dtype)
+
+    def narrow(self, x: mx.array, dtype: str) -> mx.array:
+        return x.astype(getattr(mx, dtype))
+
+    def widen(self, stored: mx.array) -> mx.array:
         if stored.dtype in _FLOATS and stored.dtype != self.dtype:  # stored as bfloat16
             return stored.astype(self.dtype)
         return stored

@@ -1,5 +1,6 @@
 """MLX vision-language engine: ``CachedEngine`` on an ``MlxVlmRunner`` (an mlx-vlm model with its
-processor; images through ``engines.vision``, the vision-embedding cache included)."""
+processor; images through ``engines.vision``, the vision-embedding cache included), a
+``MropeRunner`` for the Qwen-VL family's 3-D positions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 from promptcache.engines.block_scheme import pop_block_scheme
 from promptcache.engines.cached_engine import CachedEngine
-from promptcache.engines.mlx.vlm_load import load_mlx_vlm
+from promptcache.engines.mlx.vlm_gemma3 import Gemma3Runner
+from promptcache.engines.mlx.vlm_load import MROPE_TYPES, load_mlx_vlm
+from promptcache.engines.mlx.vlm_mrope import MropeRunner
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner
 
 
@@ -20,7 +23,10 @@ class MlxVlmEngine(CachedEngine):
         """``processor``: the model's mlx-vlm processor; ``options``: the cache and serving
         options (``EngineOptions``) and the block scheme's (see TorchEngine)."""
         scheme = pop_block_scheme(options)
-        super().__init__(MlxVlmRunner(model, processor, scheme), **options)
+        kind = model.config.model_type
+        cls = MropeRunner if kind in MROPE_TYPES else Gemma3Runner if kind == "gemma3" else None
+        runner = (cls or MlxVlmRunner)(model, processor, scheme)
+        super().__init__(runner, **options)
 
     @classmethod
     def load(

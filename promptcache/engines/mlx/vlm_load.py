@@ -20,9 +20,35 @@ from typing import Any
 
 from promptcache.engines.errors import ConfigError
 
-# model_type -> (package, processor class): architectures whose image tokens are plain causal
-# positions with 1-D RoPE (their blocks restore like text); M-RoPE ones (Qwen2-VL) are not
-SUPPORTED = {"llava": ("mlx_vlm.models.llava", "processing_llava.LlavaProcessor")}
+_QWEN3_PROCESSOR = "mlx_vlm.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor"
+# model_type -> (package, processor class): llava's image tokens are plain causal positions with
+# 1-D RoPE; the Qwen-VL family's take 3-D M-RoPE positions (``vlm_mrope``); Gemma 3's attend
+# to each other (``vlm_gemma3``)
+SUPPORTED = {
+    "llava": ("mlx_vlm.models.llava", "mlx_vlm.models.llava.processing_llava.LlavaProcessor"),
+    "qwen2_vl": (
+        "mlx_vlm.models.qwen2_vl",
+        "mlx_vlm.models.qwen2_vl.processing_qwen2_vl.Qwen2VLProcessor",
+    ),
+    "qwen2_5_vl": (
+        "mlx_vlm.models.qwen2_5_vl",
+        "mlx_vlm.models.qwen2_5_vl.processing_qwen2_5_vl.Qwen2_5_VLProcessor",
+    ),
+    "qwen3_vl": ("mlx_vlm.models.qwen3_vl", _QWEN3_PROCESSOR),
+    "qwen3_vl_moe": ("mlx_vlm.models.qwen3_vl_moe", _QWEN3_PROCESSOR),
+    "qwen3_5": ("mlx_vlm.models.qwen3_5", _QWEN3_PROCESSOR),
+    "qwen3_5_moe": ("mlx_vlm.models.qwen3_5_moe", _QWEN3_PROCESSOR),
+    "glm4v": ("mlx_vlm.models.glm4v", "mlx_vlm.models.glm4v.processing.Glm46VProcessor"),
+    "glm4v_moe": (
+        "mlx_vlm.models.glm4v_moe",
+        "mlx_vlm.models.glm4v_moe.processing.Glm46VMoEProcessor",
+    ),
+    "gemma3": (
+        "mlx_vlm.models.gemma3",
+        "mlx_vlm.models.gemma3.processing_gemma3.Gemma3Processor",
+    ),
+}
+MROPE_TYPES = frozenset(SUPPORTED) - {"llava", "gemma3"}  # image positions from the image's grid
 
 
 @contextmanager
@@ -51,10 +77,10 @@ def model_package(model_type: str) -> ModuleType:
 
 
 def processor_class(model_type: str) -> Any:
-    package = model_package(model_type)
+    model_package(model_type)
     module_name, cls_name = SUPPORTED[model_type][1].rsplit(".", 1)
     with transformers_as_is():
-        module = importlib.import_module(f"{package.__name__}.{module_name}")
+        module = importlib.import_module(module_name)
     return getattr(module, cls_name)
 
 
@@ -82,6 +108,8 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
     import mlx.core as mx
     import mlx.nn as nn
 
+    from promptcache.engines.mlx.runner import check_forward
+
     path = Path(path)
     model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
     cls = processor_class(model_type)
@@ -90,7 +118,9 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
 
         try:
             model = load_model(path)
-        except (ValueError, FileNotFoundError) as exc:  # e.g. weight names of another layout
+        # e.g. weight names of another layout, a config mlx-vlm's classes do not read (a
+        # transformers 5 config: rope_parameters, the text sizes nested where it wants them flat)
+        except (ValueError, FileNotFoundError, TypeError, KeyError, AttributeError) as exc:
             raise ConfigError(
                 f"{path} does not load as an mlx-vlm {model_type} model (weights in mlx-vlm's "
                 f"layout, e.g. from mlx_vlm.convert): {str(exc)[:300]}"
@@ -98,4 +128,15 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
     quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     if not any(isinstance(m, quantized) for _, m in model.named_modules()):
         model.set_dtype(getattr(mx, dtype))
+    check_forward(model, path, _one_token)  # refused, or cast to float32, at start-up
     return model, cls.from_pretrained(str(path))
+
+
+def _one_token(model: Any) -> Any:
+    """One token through the language model on a fresh mlx-vlm cache: the arrays it computes."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model.language_model)
+    out = model.language_model(mx.array([[0]]), cache=cache)
+    return out.logits, [c.state for c in cache]

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_vlm.models.cache import ArraysCache as VlmArraysCache
+from mlx_vlm.models.cache import KVCache as VlmKVCache
 from mlx_vlm.models.cache import make_prompt_cache
 
 from promptcache.core.hashing import digest_bytes, fingerprint_model
@@ -37,7 +39,9 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
+
+BATCHED = (VlmKVCache, VlmArraysCache)  # the cache kinds batched decode merges
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -47,19 +51,48 @@ def _config_of(model: Any) -> dict[str, Any]:
     return {k: v for k, v in raw.items() if k not in VOLATILE_CONFIG_KEYS}
 
 
-def _last_logits(language: Any, state: list[Any], ids: Sequence[int], embeds: Any) -> mx.array:
+def last_logits(
+    language: Any,
+    state: list[Any],
+    ids: Sequence[int],
+    embeds: Any,
+    kwargs: Callable[[int, int], dict[str, Any]] | None = None,
+) -> mx.array:
     """Run ``ids`` (with their ``embeds`` rows, or None: the token embeddings) on ``state``; the
-    last position's logits. The lm head runs on the last position only: the first call's
-    logits are never evaluated (MLX is lazy)."""
+    last position's logits. ``kwargs(a, b)``: extra model arguments for chunk positions [a, b)
+    (e.g. positions). The lm head runs on the last position only: the first call's logits are
+    never evaluated (MLX is lazy)."""
     tokens = mx.array([list(ids)])
-    if len(ids) > 1:
+    n = len(ids)
+    if n > 1:
         head = None if embeds is None else embeds[:, :-1]
-        language(tokens[:, :-1], inputs_embeds=head, cache=state)
+        extra = kwargs(0, n - 1) if kwargs is not None else {}
+        language(tokens[:, :-1], inputs_embeds=head, cache=state, **extra)
         mx.eval([c.state for c in state])
     tail = None if embeds is None else embeds[:, -1:]
-    logits = language(tokens[:, -1:], inputs_embeds=tail, cache=state).logits[0, -1]
+    extra = kwargs(n - 1, n) if kwargs is not None else {}
+    logits = language(tokens[:, -1:], inputs_embeds=tail, cache=state, **extra).logits[0, -1]
     mx.eval(logits, [c.state for c in state])
     return logits
+
+
+def image_rows(merged: mx.array, ids: Any, image_token_id: int, dtype: Any) -> mx.array:
+    """The rows of ``merged`` (1, n, width) at the image token's positions in ``ids`` (1, n),
+    cast to ``dtype`` and evaluated: an owning copy, as the vision cache keeps it."""
+    where = mx.array(np.flatnonzero(np.asarray(ids)[0] == image_token_id))
+    rows = merged[0][where].astype(dtype)
+    mx.eval(rows)
+    return rows
+
+
+def spliced(language: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> mx.array:
+    """The token embeddings of ``ids`` with each piece's feature rows at its offset (the
+    rows' first ``hidden`` columns: Qwen3-VL's carry deepstack columns after them)."""
+    embeds = language.model.embed_tokens(mx.array(list(ids)))
+    hidden = embeds.shape[-1]
+    for offset, rows in pieces:
+        embeds[offset : offset + rows.shape[0]] = rows[:, :hidden].astype(embeds.dtype)
+    return embeds
 
 
 class MlxVision(PlaceholderVision):
@@ -109,16 +142,13 @@ class MlxVision(PlaceholderVision):
         inputs = self._process(image)
         ids = inputs["input_ids"]
         merged = self.model.get_input_embeddings(ids, inputs["pixel_values"]).inputs_embeds
-        where = np.flatnonzero(np.asarray(ids)[0] == self.image_token_id)
-        rows = merged[0][mx.array(where)].astype(self.dtype)
-        mx.eval(rows)
-        return rows
+        return image_rows(merged, ids, self.image_token_id, self.dtype)
 
-    def forward(self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]) -> Any:
-        embeds = self.model.language_model.model.embed_tokens(mx.array(list(ids)))
-        for offset, rows in pieces:
-            embeds[offset : offset + rows.shape[0]] = rows.astype(embeds.dtype)
-        return _last_logits(self.model.language_model, state, ids, embeds[None])
+    def forward(self, state: Any, chunk: VisionChunk) -> Any:
+        # plain causal positions (llava): the chunk's place and the other images change nothing
+        ids = chunk.ids
+        embeds = spliced(self.model.language_model, ids, chunk.pieces)
+        return last_logits(self.model.language_model, state, ids, embeds[None])
 
 
 class MlxVlmRunner(MlxCacheSteps):
@@ -156,7 +186,10 @@ class MlxVlmRunner(MlxCacheSteps):
         text = model.config.text_config
         self.vocab_size = int(text.vocab_size)
         self.model_limit = int(getattr(text, "max_position_embeddings", None) or 2048)
-        self.vision = MlxVision(model, processor, dtype)
+        self.vision = self.make_vision(model, processor, dtype)
+
+    def make_vision(self, model: Any, processor: Any, dtype: Any) -> Any:
+        return MlxVision(model, processor, dtype)
 
     def new_state(self) -> list[Any]:
         return make_prompt_cache(self.language)
@@ -167,12 +200,14 @@ class MlxVlmRunner(MlxCacheSteps):
         if all(len(x) == 1 for x in ids) and self.batches_decode(states):
             return batched_decode(self._batch_logits, states, [x[0] for x in ids])
         return [
-            _last_logits(self.language, state, seq_ids, None)
+            last_logits(self.language, state, seq_ids, None)
             for state, seq_ids in zip(states, ids, strict=True)
         ]
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
-        return len(states) > 1  # every layer is mlx-vlm's KVCache (check_layers)
+        # mlx-vlm merges KV layers (BatchKVCache, left-padded) and linear-attention state
+        # (ArraysCache rows stacked); sliding-window rings step one sequence per forward
+        return len(states) > 1 and all(type(c) in BATCHED for c in states[0])
 
     def _batch_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
         return self.language(tokens, cache=cache).logits

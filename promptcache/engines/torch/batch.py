@@ -11,13 +11,20 @@ joins or leaves.
 
 Only layouts whose every layer is a plain ``DynamicLayer`` batch: a sliding-window ring
 (gemma3) holds a different length per layer and a linear-attention/SSM layer (mamba, jamba,
-bamba) carries convolution state that transformers' masks do not describe; those models decode
-one sequence per forward (same results, no batching gain). Only the public cache API is used.
+bamba) carries convolution state that transformers' masks do not describe. Those models decode
+a lone request in place too (``lone_decode``: a batch of one row whose full-attention layers
+grow in place and whose other layers are the request's own objects) and several requests one
+sequence per forward. Only the public cache API is used.
+
+``step``: the forward to call (the model, or a compiled one: ``compiled.py``). A compiled step
+needs static shapes: its layers write the new token at a position tensor and return their whole
+buffer, and a 4-D mask (built here, in the attention implementation's form) hides what is not
+yet written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +40,12 @@ def can_batch(layout: Layout) -> bool:
     return not layout.snapshot and all(k == DynamicLayer.__name__ for k in layout.kinds)
 
 
+def in_place_layers(layout: Layout) -> tuple[int, ...]:
+    """The layers a lone decode grows in place: the plain full-attention ones (any other kind
+    is the request's own object, updated by transformers as it always is)."""
+    return tuple(i for i, k in enumerate(layout.kinds) if k == DynamicLayer.__name__)
+
+
 @dataclass(slots=True)
 class DecodeBatch:
     """The last step's padded batch, kept for the next one: while the same requests decode and
@@ -40,18 +53,24 @@ class DecodeBatch:
     join, a leave, a crop or a restore changes a layer's tensor identity: then it is rebuilt)."""
 
     states: list[DynamicCache]  # row order
-    cache: DynamicCache  # [rows, heads, width, dim] per layer, rows right-aligned
+    cache: DynamicCache  # [rows, heads, width, dim] per grown layer, rows right-aligned
     lengths: list[int]  # real positions per row (the rest of ``width`` is left padding)
-    views: list[list[tuple[torch.Tensor, torch.Tensor]]]  # per row, per layer: what we handed out
+    grown: tuple[int, ...]  # the layers that are ours (GrowingLayer); the others are shared
+    views: list[list[tuple[torch.Tensor, torch.Tensor]]]  # per row, per grown layer
 
     def covers(self, states: Sequence[DynamicCache]) -> bool:
         return (
             len(states) == len(self.states)
             and all(a is b for a, b in zip(states, self.states, strict=True))
             and all(
-                layer.keys is k and layer.values is v
+                state.layers[j].keys is k and state.layers[j].values is v
                 for state, row in zip(states, self.views, strict=True)
-                for layer, (k, v) in zip(state.layers, row, strict=True)
+                for j, (k, v) in zip(self.grown, row, strict=True)
+            )
+            and all(
+                self.cache.layers[j] is states[0].layers[j]
+                for j in range(len(self.cache.layers))
+                if j not in self.grown
             )
         )
 
@@ -60,24 +79,38 @@ class GrowingLayer(DynamicLayer):
     """A ``DynamicLayer`` whose keys/values are views of a buffer with room to grow: a decode
     token is written in place (``DynamicLayer.update`` concatenates: a fresh allocation and a
     copy of the whole layer for every token). Positions already handed out as views are never
-    written again, so requests holding them see no change."""
+    written again, so requests holding them see no change. With ``at`` set (a compiled step) the
+    token goes to position ``at`` and the whole buffer is returned: shapes stay static."""
 
     ROOM = 128  # positions allocated ahead (a reallocation every ROOM decode steps)
+    at: torch.Tensor | None = None
 
     def fill(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
         self.lazy_initialization(keys, values)
         self._bufs = (keys, values)
         self.keys, self.values = keys[:, :, :length], values[:, :, :length]
 
+    def reserve(self, total: int) -> None:
+        """Room for ``total`` positions (a copy into a larger buffer when there is not)."""
+        kbuf, vbuf = self._bufs
+        n = self.keys.shape[-2]
+        if total > kbuf.shape[-2]:
+            self._bufs = (
+                _grow(kbuf, n, total - n + self.ROOM),
+                _grow(vbuf, n, total - n + self.ROOM),
+            )
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        n, new = self.keys.shape[-2], key_states.shape[-2]
         kbuf, vbuf = self._bufs
-        if n + new > kbuf.shape[-2]:
-            kbuf = _grow(kbuf, n, new + self.ROOM)
-            vbuf = _grow(vbuf, n, new + self.ROOM)
-            self._bufs = (kbuf, vbuf)
+        if self.at is not None:  # compiled: static shapes, the mask hides the unwritten rest
+            kbuf.index_copy_(2, self.at, key_states)
+            vbuf.index_copy_(2, self.at, value_states)
+            return kbuf, vbuf
+        n, new = self.keys.shape[-2], key_states.shape[-2]
+        self.reserve(n + new)
+        kbuf, vbuf = self._bufs
         kbuf[:, :, n : n + new] = key_states
         vbuf[:, :, n : n + new] = value_states
         self.keys, self.values = kbuf[:, :, : n + new], vbuf[:, :, : n + new]
@@ -91,12 +124,17 @@ def _grow(buf: torch.Tensor, used: int, more: int) -> torch.Tensor:
     return out
 
 
-def gather(model: Any, states: Sequence[DynamicCache]) -> DecodeBatch:
-    """Copy every request's keys/values right-aligned into one padded batch cache."""
-    lengths = [s.get_seq_length() for s in states]
+def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -> DecodeBatch:
+    """Copy every request's keys/values of the ``grown`` layers right-aligned into one padded
+    batch cache; any other layer is the (single) request's own object."""
+    lengths = [s.layers[grown[0]].get_seq_length() for s in states]  # a ring's may differ
     longest, rows = max(lengths), len(states)
     batch = DynamicCache(config=model.config)
+    assert rows == 1 or len(grown) == len(batch.layers), "only full attention batches"
     for j in range(len(batch.layers)):
+        if j not in grown:
+            batch.layers[j] = states[0].layers[j]
+            continue
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
         room = longest + GrowingLayer.ROOM
@@ -112,7 +150,7 @@ def gather(model: Any, states: Sequence[DynamicCache]) -> DecodeBatch:
         layer = GrowingLayer()
         layer.fill(keys, values, longest)
         batch.layers[j] = layer  # our own cache object: its layers are ours to choose
-    return DecodeBatch(list(states), batch, lengths, [])
+    return DecodeBatch(list(states), batch, lengths, grown, [])
 
 
 def batched_decode(
@@ -121,35 +159,116 @@ def batched_decode(
     states: Sequence[DynamicCache],
     tokens: Sequence[int],
     last: DecodeBatch | None,
+    step: Callable[..., Any] | None = None,
+    positions: Callable[[list[int]], torch.Tensor] | None = None,
 ) -> tuple[list[torch.Tensor], DecodeBatch]:
-    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward: each row's logits, and
-    the batch to pass back as ``last`` next step."""
-    batch = last if last is not None and last.covers(states) else gather(model, states)
+    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward (every layer plain full
+    attention): each row's logits, and the batch to pass back as ``last`` next step. ``step``:
+    a compiled forward (static shapes), None for the model itself. ``positions``: the rows'
+    ``position_ids`` from their real lengths (a 3-D RoPE model's, ``torch.mrope``); default the
+    lengths."""
+    grown = tuple(range(len(states[0].layers)))
+    batch = last if last is not None and last.covers(states) else gather(model, states, grown)
     lengths, rows = batch.lengths, len(states)
     width = batch.cache.get_seq_length()
     device = batch.cache.layers[0].keys.device
-    # the mask covers the cached positions and the new one; padding is the left part of a row
-    mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
-    for i, n in enumerate(lengths):
-        mask[i, width - n :] = 1
-    out = model(
-        input_ids=torch.tensor([[t] for t in tokens], dtype=torch.long, device=device),
-        attention_mask=mask,
-        position_ids=torch.tensor([[n] for n in lengths], dtype=torch.long, device=device),
-        use_cache=True,
-        logits_to_keep=1,
-        **{cache_arg: batch.cache},
+    ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
+    position_ids = (
+        torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+        if positions is None
+        else positions(lengths)
     )
+    if step is None:
+        # the mask covers the cached positions and the new one; padding is the left part of a row
+        mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
+        for i, n in enumerate(lengths):
+            mask[i, width - n :] = 1
+        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
+                    use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
+    else:
+        out = _static_step(step, model, cache_arg, batch, ids, position_ids, width)
     # each request's layers become views of its row (the padding cut off): no copy back
     batch.lengths = [n + 1 for n in lengths]
+    _hand_out_views(batch, width)
+    return [out.logits[i, -1] for i in range(rows)], batch
+
+
+def lone_decode(
+    model: Any,
+    cache_arg: str,
+    state: DynamicCache,
+    token: int,
+    last: DecodeBatch | None,
+    grown: tuple[int, ...],
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, DecodeBatch]:
+    """One request's next token on any layout with full-attention layers (``grown``, not
+    empty): those append in place, every other layer is its own object, updated by the model as in a plain forward
+    (a sliding ring or an SSM state does not grow). No mask: one row has no padding.
+    ``position_ids``: a 3-D RoPE model's (``torch.mrope``), else the model counts them."""
+    batch = last if last is not None and last.covers([state]) else gather(model, [state], grown)
+    width = batch.lengths[0]
+    device = batch.cache.layers[grown[0]].keys.device
+    kwargs: dict[str, Any] = {} if position_ids is None else {"position_ids": position_ids}
+    out = model(input_ids=torch.tensor([[token]], dtype=torch.long, device=device),
+                use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache}, **kwargs)  # fmt: skip
+    batch.lengths = [width + 1]
+    _hand_out_views(batch, width)
+    return out.logits[0, -1], batch
+
+
+def _hand_out_views(batch: DecodeBatch, width: int) -> None:
     batch.views = []
-    for i, state in enumerate(states):
-        start = width - lengths[i]  # the row's first real position; the new token is the last
+    for i, state in enumerate(batch.states):
+        start = width + 1 - batch.lengths[i]  # the row's first real position; new token last
         row = []
-        for j, layer in enumerate(batch.cache.layers):
+        for j in batch.grown:
+            layer = batch.cache.layers[j]
             k = layer.keys[i : i + 1, :, start:]
             v = layer.values[i : i + 1, :, start:]
             state.layers[j].keys, state.layers[j].values = k, v
             row.append((k, v))
         batch.views.append(row)
-    return [out.logits[i, -1] for i in range(rows)], batch
+
+
+def _static_step(
+    step: Callable[..., Any],
+    model: Any,
+    cache_arg: str,
+    batch: DecodeBatch,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    width: int,
+) -> Any:
+    """The forward with static shapes: every layer's whole buffer, the new token at ``width``."""
+    layers = [batch.cache.layers[j] for j in batch.grown]
+    for layer in layers:
+        layer.reserve(width + 1)
+    kbuf = layers[0]._bufs[0]
+    rows, cap = kbuf.shape[0], kbuf.shape[2]
+    visible = torch.zeros((rows, 1, 1, cap), dtype=torch.bool, device=kbuf.device)
+    for i, n in enumerate(batch.lengths):
+        visible[i, 0, 0, width - n : width + 1] = True
+    mask = mask_for(model, visible, kbuf.dtype)
+    at = torch.tensor([width], dtype=torch.long, device=kbuf.device)
+    for layer in layers:
+        layer.at = at
+    try:
+        out = step(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                   logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
+    finally:
+        for layer in layers:
+            layer.at = None
+            kb, vb = layer._bufs
+            layer.keys, layer.values = kb[:, :, : width + 1], vb[:, :, : width + 1]
+    return out
+
+
+def mask_for(model: Any, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A prepared 4-D mask (transformers passes one through as it is): booleans for sdpa, an
+    additive float mask for the eager attention."""
+    if model.config._attn_implementation == "sdpa":
+        return visible
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+        ~visible, torch.finfo(dtype).min
+    )

@@ -20,15 +20,18 @@ class TorchEngine(CachedEngine):
         tokenizer: Any,
         processor: Any = None,
         threads: ThreadTuner | None = None,
+        compile: bool = False,
         **options: Any,
     ) -> None:
         """``options``: the cache and serving options (``EngineOptions``) and the block scheme's
         (``cache_kv_bits``, ``cache_kv_group``, ``cache_kv_min_tokens``, ``cache_dtype``).
         ``processor``: a vision-language model's processor (the engine then takes images).
-        ``threads``: a ``ThreadTuner`` for torch's intra-op threads (None: left alone)."""
+        ``threads``: a ``ThreadTuner`` for torch's intra-op threads (None: left alone).
+        ``compile``: compile the decode step now (``torch.compiled``; ``compile_s`` its time)."""
         scheme = pop_block_scheme(options)
         runner = TorchRunner(model, tokenizer, scheme, processor, threads)
         super().__init__(runner, **options)
+        self.compile_s = runner.enable_compile() if compile else None
 
     load_weights = staticmethod(load_torch_weights)
 

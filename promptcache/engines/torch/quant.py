@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from promptcache.engines.block_scheme import BlockScheme, PackStats
+from promptcache.engines.block_scheme import ArrayPacker, BlockScheme
 
 _F16_SAFE = 60000.0  # below float16's max (65504) with room for the rounding nudges
 
@@ -88,40 +88,36 @@ def _nbytes(x: torch.Tensor) -> int:
     return x.numel() * x.element_size()
 
 
-class TorchPacker:
+class TorchPacker(ArrayPacker):
     """``BlockPacker`` on torch tensors (see ``block_scheme``)."""
 
     def __init__(
         self, scheme: BlockScheme, device: torch.device | str = "cpu", dtype: Any = torch.float32
     ) -> None:
-        self.scheme = scheme
-        self.stats = PackStats()
+        super().__init__(scheme, dtype)
         self.device = torch.device(device)
-        self.dtype = dtype  # the model's: blocks stored narrower come back in it
 
-    def pack(self, block: Any, start: int) -> Any:
-        if isinstance(block, tuple):
-            return tuple(self._pack_one(b, start) for b in block)
-        return self._pack_one(block, start)
+    def nbytes(self, x: torch.Tensor) -> int:
+        return _nbytes(x)
 
-    def _pack_one(self, x: torch.Tensor, start: int) -> Any:
-        s = self.scheme
-        stored: Any = x
-        size = _nbytes(x)
-        if s.quantizes(start) and x.is_floating_point() and x.shape[-1] % 2 == 0:
-            stored = quantize(x, s.bits or 8, s.group)
-            size = sum(_nbytes(v) for v in stored.values() if torch.is_tensor(v))
-        elif s.dtype is not None and x.dtype == torch.float32:
-            stored = x.to(getattr(torch, s.dtype))
-            size = _nbytes(stored)
-        self.stats.add(_nbytes(x), size)
-        return stored
+    def is_array(self, x: Any) -> bool:
+        return torch.is_tensor(x)
 
-    def unpack(self, stored: Any) -> Any:
-        if isinstance(stored, tuple):
-            return tuple(self.unpack(s) for s in stored)
-        if isinstance(stored, dict):
-            return dequantize(stored).to(self.device)
+    def is_float32(self, x: torch.Tensor) -> bool:
+        return x.dtype == torch.float32
+
+    def quantize(self, x: torch.Tensor) -> dict[str, Any] | None:
+        if not x.is_floating_point() or x.shape[-1] % 2:
+            return None
+        return quantize(x, self.scheme.bits or 8, self.scheme.group)
+
+    def dequantize(self, stored: dict[str, Any]) -> torch.Tensor:
+        return dequantize(stored).to(self.device)
+
+    def narrow(self, x: torch.Tensor, dtype: str) -> torch.Tensor:
+        return x.to(getattr(torch, dtype))
+
+    def widen(self, stored: torch.Tensor) -> torch.Tensor:
         if stored.is_floating_point() and stored.dtype != self.dtype:  # stored as bfloat16
             return stored.to(self.dtype)
         return stored

@@ -6,6 +6,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,16 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
-from promptcache.engines.torch.batch import DecodeBatch, batched_decode, can_batch
+from promptcache.engines.torch.attention import use_gqa_attention
+from promptcache.engines.torch.batch import (
+    DecodeBatch,
+    batched_decode,
+    can_batch,
+    in_place_layers,
+    lone_decode,
+)
 from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
     crop_positional,
@@ -30,9 +39,14 @@ from promptcache.engines.torch.state import (
     take_checkpoint,
 )
 from promptcache.engines.torch.threads import ThreadTuner
-from promptcache.engines.torch.vision import SUPPORTED as VISION_SUPPORTED
-from promptcache.engines.torch.vision import TorchVision
-from promptcache.engines.torch.weights import check_weights_mode, quantize_linears, weights_mode
+from promptcache.engines.torch.vision import image_families, make_vision
+from promptcache.engines.torch.weights import (
+    check_weights_mode,
+    pack_linears,
+    quantize_linears,
+    unpack_if_read,
+    weights_mode,
+)
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")
@@ -68,7 +82,10 @@ def load_torch_weights(
         raise load_error(path, exc) from None
     model = model.to(device).eval()
     quantize_linears(model, weights)
+    if weights == "model":
+        pack_linears(model)  # float32 on a CPU: oneDNN's packed layout (weights.PackedLinear)
     check_forward(model, path)  # after the swap: the quantized kernels run too
+    unpack_if_read(model)  # a model that reads its linear weights keeps nn.Linear
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
@@ -120,22 +137,58 @@ def check_forward(model: Any, path: str | Path) -> None:
 
 
 def load_torch_processor(path: str | Path) -> Any:
-    """The processor of a vision-language model folder whose image path we support, or None:
-    a text-only model, or a family whose images are not supported (said in the log: text chat
-    is served, image parts get a 400)."""
+    """What a vision-language folder's images need, or None: its ``AutoProcessor``, or its image
+    processor alone where the processor cannot load (Qwen's video processor needs torchvision;
+    images do not). None for a text-only model, or a family whose images are not supported
+    (said in the log: text chat is served, image parts get a 400)."""
     config = AutoConfig.from_pretrained(path)
     if not is_vision_config(config):
         return None
-    if config.model_type not in VISION_SUPPORTED:
+    families = image_families()
+    name = Path(path).name
+    if config.model_type not in families:
         log.warning(
             "%s: images are not supported for %s on the torch engine (supported: %s); serving "
             "text only (image parts get a 400)",
-            Path(path).name, config.model_type, ", ".join(VISION_SUPPORTED),
+            name, config.model_type, ", ".join(sorted(families)),
         )  # fmt: skip
         return None
-    from transformers import AutoProcessor
+    from transformers import AutoImageProcessor, AutoProcessor
 
-    return AutoProcessor.from_pretrained(path)
+    try:
+        processor = AutoProcessor.from_pretrained(path)
+    except Exception as exc:  # e.g. a video processor that needs torchvision: images do not
+        log.info("%s: using the image processor alone (%s)", name, _first_line(exc))
+        try:
+            processor = AutoImageProcessor.from_pretrained(path)
+        except Exception as exc2:  # no preprocessor_config.json: a decoder-only export
+            log.warning(
+                "%s: images are not supported for this checkpoint on the torch engine (its image "
+                "processor cannot load: %s); serving text only (image parts get a 400)",
+                name, _first_line(exc2),
+            )  # fmt: skip
+            return None
+    if not can_serve_images(config.model_type, processor):
+        log.warning(
+            "%s: images for %s need its processor, which cannot load (install torchvision); "
+            "serving text only (image parts get a 400)", name, config.model_type,
+        )  # fmt: skip
+        return None
+    log.info("%s: images on (%s: %s)", name, config.model_type, families[config.model_type])
+    return processor
+
+
+def can_serve_images(kind: str, processor: Any) -> bool:
+    """Whether ``processor`` serves ``kind``'s images (an image processor alone cannot, for a
+    family laid out by its full processor)."""
+    from promptcache.engines.torch.vision_expand import EXPANDED, OWN_LAYOUT
+
+    alone = getattr(processor, "tokenizer", None) is None
+    return not (alone and kind in EXPANDED and kind not in OWN_LAYOUT)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:200]
 
 
 class TorchRunner:
@@ -152,11 +205,15 @@ class TorchRunner:
         processor: Any = None,
         threads: ThreadTuner | None = None,
     ) -> None:
-        """``processor``: a vision-language model's processor (``AutoProcessor``): the runner
-        then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
+        """``processor``: a vision-language model's processor (``AutoProcessor``, or its image
+        processor alone): the runner then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
         each forward (None: left as they are)."""
         self.threads = threads
-        self.model = model.eval()
+        # no autograd, wherever the model is called from: a forward outside inference mode
+        # would keep every step's graph, and with it each decode step's copy of the cache
+        self.model = model.eval().requires_grad_(False)
+        use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
@@ -195,26 +252,16 @@ class TorchRunner:
         self.model_limit = int(getattr(text_config, "max_position_embeddings", None) or 2048)
         # decode steps batch when every layer is plain full attention (see torch_batch)
         self._batches = can_batch(self.layout)
+        self._grown = in_place_layers(self.layout)  # what a lone decode appends to in place
         self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
-        self.vision: TorchVision | None = None
+        self._step: Any = None  # a compiled decode forward (``enable_compile``), else eager
+        self.vision: Any = None
         if processor is not None:
-            self.vision = TorchVision(model, processor, self.device, self.dtype, self._cache_arg)
-
-    @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        *,
-        dtype: str = "float32",
-        device: str = "cpu",
-        max_context: int | None = None,
-        weights: str | None = None,
-    ) -> TorchRunner:
-        return cls(
-            *load_torch_weights(
-                path, dtype=dtype, device=device, max_context=max_context, weights=weights
+            self.vision = make_vision(
+                model, processor, tokenizer, self.device, self.dtype, self._cache_arg
             )
-        )
+        # a 3-D RoPE model's positions (``torch.mrope``): passed explicitly on every forward
+        self._positions = getattr(self.vision, "positions", None)
 
     def new_state(self) -> DynamicCache:
         return DynamicCache(config=self.model.config)
@@ -227,28 +274,58 @@ class TorchRunner:
         # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
         # copies the whole context every token); any other mix one sequence at a time
         # (a one-token prompt's first forward has no keys yet to gather: it runs alone)
-        if (
-            self._batches
-            and all(len(x) == 1 for x in ids)
-            and all(s.get_seq_length() > 0 for s in states)
-        ):
+        is_decode = all(len(x) == 1 for x in ids) and all(self._has_keys(s) for s in states)
+        positions = self._positions
+        if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
-                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch
-            )
+                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
+                self._step if len(states) == 1 else None,
+                None if positions is None else partial(positions.decode_rows, states),
+            )  # fmt: skip
             return logits
+        if is_decode and len(states) == 1:  # sliding / SSM layouts: in place where it can
+            logit, self._last_batch = lone_decode(
+                self.model, self._cache_arg, states[0], ids[0][0], self._last_batch, self._grown,
+                None if positions is None else positions.text(states[0], 1),
+            )  # fmt: skip
+            return [logit]
         # a lone forward on a batch member replaces its layers' tensors: DecodeBatch.covers sees
         # that, so the batch is kept across prefill forwards of other requests
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
 
+    def _has_keys(self, state: DynamicCache) -> bool:
+        """Whether a decode step can append in place: some full-attention layer has keys."""
+        return bool(self._grown) and state.layers[self._grown[0]].get_seq_length() > 0
+
+    def enable_compile(self) -> float:
+        """Compile the decode step now (``compiled.py``; full-attention layouts only, others
+        keep the eager step): the seconds it took, 0.0 when nothing was compiled."""
+        if not self._batches:
+            log.info(
+                "--compile: %s layers decode eagerly", "/".join(sorted(set(self.layout.kinds)))
+            )
+            return 0.0
+        from promptcache.engines.torch.compiled import compile_decode, warm_up
+
+        self._step = compile_decode(self.model)
+        return warm_up(self)
+
+    def reset_decode(self) -> None:
+        """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
+        self._last_batch = None
+
     def batches_decode(self, states: Sequence[Any]) -> bool:
         return self._batches and len(states) > 1
 
+    @torch.inference_mode()
     def _forward_one(self, state: DynamicCache, ids: Sequence[int]) -> torch.Tensor:
         x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         kwargs: dict[str, Any] = {"logits_to_keep": 1} if self._keep_arg else {}
         kwargs[self._cache_arg] = state
+        if self._positions is not None:  # never the model's shared rope_deltas
+            kwargs["position_ids"] = self._positions.text(state, len(ids))
         out = self.model(input_ids=x, use_cache=True, **kwargs)
         return out.logits[0, -1]
 
@@ -265,6 +342,8 @@ class TorchRunner:
 
     def crop(self, state: DynamicCache, length: int) -> None:
         crop_positional(state, self.layout, length)
+        if self._positions is not None:
+            self._positions.crop(state, length)
 
     def to_numpy(self, logits: torch.Tensor) -> np.ndarray:
         return logits.detach().float().cpu().numpy()

@@ -5,16 +5,16 @@ an image's rows, ``get_input_embeddings`` for the text, and ``forward(inputs_emb
 per-request ``DynamicCache``, so restored blocks and chunked prefill work as for text. The
 processor is the model's own (``AutoProcessor``): its chat template places the image
 placeholder, its image processor prepares pixels, and its token count per image
-(``_get_num_multimodal_tokens``, what serving stacks use) expands each placeholder. Architectures
-whose image tokens are plain positions (LLaVA-style: causal attention, 1-D RoPE) qualify; those
-with 3-D RoPE positions (Qwen2-VL) or bidirectional image attention (Gemma 3) would need their
-positions computed here and are refused.
+(``_get_num_multimodal_tokens``, what serving stacks use) expands each placeholder. This is the
+LLaVA kind (causal attention, 1-D RoPE: image tokens are plain positions); ``make_vision`` picks
+the class for a model, ``vision_families`` has the Qwen-VL (3-D RoPE) and Gemma 3 (bidirectional
+image attention) kinds, ``vision_expand`` the causal families whose processor lays an image out
+as more than one token repeated (Mistral 3, LLaVA-NeXT anyres, Idefics3, ...).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,9 +22,9 @@ import torch
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput
 from promptcache.engines.errors import ConfigError, RequestError
-from promptcache.engines.vision import PlaceholderVision
+from promptcache.engines.vision import PlaceholderVision, VisionChunk
 
-SUPPORTED = ("llava",)  # model_type values whose image tokens are plain causal positions
+LLAVA = ("llava",)  # model_type values whose image tokens are plain causal positions
 
 
 class TorchVision(PlaceholderVision):
@@ -34,10 +34,8 @@ class TorchVision(PlaceholderVision):
         self, model: Any, processor: Any, device: torch.device, dtype: Any, cache_arg: str
     ) -> None:
         kind = getattr(model.config, "model_type", "")
-        if kind not in SUPPORTED or not hasattr(model, "get_image_features"):
-            raise ConfigError(
-                f"image input is supported for {', '.join(SUPPORTED)} models, not {kind!r}"
-            )
+        if kind not in LLAVA or not hasattr(model, "get_image_features"):
+            raise ConfigError(f"image input is supported for {', '.join(LLAVA)} here, not {kind!r}")
         self.model = model
         self.processor = processor
         self.device = device
@@ -85,14 +83,49 @@ class TorchVision(PlaceholderVision):
         first = rows[0] if isinstance(rows, list | tuple) else rows[0]
         return first.to(self.dtype).contiguous().clone()
 
-    @torch.inference_mode()
-    def forward(
-        self, state: Any, ids: Sequence[int], pieces: Sequence[tuple[int, Any]]
-    ) -> torch.Tensor:
-        x = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
-        embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in pieces:
-            embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
-        kwargs = {self.cache_arg: state}
-        out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]
+    def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
+        return spliced_forward(self.model, self.cache_arg, self.device, state, chunk)
+
+
+@torch.inference_mode()
+def spliced_forward(
+    model: Any, cache_arg: str, device: torch.device, state: Any, chunk: VisionChunk
+) -> torch.Tensor:
+    """A chunk on plain causal positions (LLaVA-style models): its token embeddings with each
+    piece's feature rows in place, through the model on ``state``; the last position's logits."""
+    x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=device)
+    embeds = model.get_input_embeddings()(x)
+    for offset, rows in chunk.pieces:
+        embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
+    out = model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **{cache_arg: state})
+    return out.logits[0, -1]
+
+
+def image_families() -> dict[str, str]:
+    """model_type -> how its images are placed, for every family with images on torch."""
+    from promptcache.engines.torch.vision_expand import EXPANDED
+    from promptcache.engines.torch.vision_families import GEMMA, MROPE
+
+    out = dict.fromkeys(LLAVA, "causal positions")
+    out.update(dict.fromkeys(EXPANDED, "causal positions, the processor's image layout"))
+    out.update(dict.fromkeys(MROPE, "3-D RoPE positions"))
+    out.update(dict.fromkeys(GEMMA, "bidirectional image attention"))
+    return out
+
+
+def make_vision(
+    model: Any, processor: Any, tokenizer: Any, device: torch.device, dtype: Any, cache_arg: str
+) -> Any:
+    """The ``VisionModel`` for ``model``: ``processor`` is its ``AutoProcessor`` or, where that
+    cannot load (a video processor needing torchvision), its image processor alone."""
+    from promptcache.engines.torch.vision_expand import EXPANDED, ExpandedVision
+    from promptcache.engines.torch.vision_families import GEMMA, MROPE, GemmaVision, QwenVision
+
+    kind = getattr(model.config, "model_type", "")
+    if kind in EXPANDED:
+        return ExpandedVision(model, processor, tokenizer, device, dtype, cache_arg)
+    if kind in MROPE:
+        return QwenVision(model, processor, tokenizer, device, dtype, cache_arg)
+    if kind in GEMMA:
+        return GemmaVision(model, processor, tokenizer, device, dtype, cache_arg)
+    return TorchVision(model, processor, device, dtype, cache_arg)
