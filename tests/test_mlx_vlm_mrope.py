@@ -209,3 +209,23 @@ def test_a_moe_checkpoint_in_bfloat16_is_cast_to_float32_at_load_on_the_cpu(tmp_
         model, _ = load_mlx_vlm(folder, dtype="bfloat16")
     assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
     assert "casting the model to float32" in caplog.text
+
+
+def test_a_4bit_mlx_vlm_conversion_of_qwen3_5_moe_serves_the_image_chat_as_no_cache(tmp_path):
+    """The layout of mlx-community's Qwen3.6-35B-A3B-4bit: mlx_vlm.convert -q (experts 4-bit,
+    bfloat16 scales) of the MoE checkpoint, images through mlx-vlm."""
+    from promptcache.engines.mlx.vlm_load import processor_class, transformers_as_is
+
+    source = save_mrope("qwen3_5_moe", tmp_path / "source", seed=1)
+    with transformers_as_is():  # mlx-vlm's own processor hook while it converts, undone after
+        from mlx_vlm.convert import convert
+        from mlx_vlm.models.base import install_auto_processor_patch
+
+        install_auto_processor_patch("qwen3_5_moe", processor_class("qwen3_5_moe"))
+        convert(str(source), mlx_path=str(tmp_path / "q4"), quantize=True, q_group_size=32,
+                q_bits=4, dtype="bfloat16")  # fmt: skip
+    model, processor = load_mlx_vlm(tmp_path / "q4")
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert "QuantizedSwitchLinear" in kinds, kinds  # the experts are 4-bit
+    tiny = ("qwen3_5_moe", model, processor)
+    check_conversation(make_engine(tiny), make_engine(tiny, cache_enabled=False))
