@@ -1,7 +1,7 @@
 """Tiny random-weight vision-language models whose image tokens are plain causal positions and
 whose processor expands an image into more than one token repeated, built offline from
 transformers' config classes with the processor their checkpoints name (PIL image processors:
-no torchvision): Mistral 3 (Pixtral tower, row breaks and an end token), LLaVA-NeXT and
+no torchvision): Mistral 3 and Pixtral 12B's LLaVA (Pixtral tower, row breaks and an end token), LLaVA-NeXT and
 LLaVA-OneVision (anyres tiles: the count depends on the image's size), Idefics3 (tiles with
 row/column markers), Aya Vision and InternVL (tiles), VipLLaVA (several tower layers) and
 DeepSeek-VL (a fixed count; the encoder only on the inner model). 2 text layers, hidden 64,
@@ -17,7 +17,7 @@ from promptcache.engines.tiny_models import train_tiny_tokenizer
 from promptcache.engines.tiny_vlm_families import _template
 
 EXPANDED_FAMILIES = ("mistral3", "llava_next", "llava_onevision", "idefics3", "aya_vision",
-                     "internvl", "vipllava", "deepseek_vl")  # fmt: skip
+                     "internvl", "vipllava", "deepseek_vl", "llava_pixtral")  # fmt: skip
 PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # anyres grids, in multiples of the 32-pixel tile
 TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
              initializer_range=0.2)  # fmt: skip
@@ -29,6 +29,7 @@ INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
 # family -> (the tokens its processor expands an image into, the model's image token)
 TOKENS: dict[str, tuple[tuple[str, ...], str]] = {
     "mistral3": (("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]"),
+    "llava_pixtral": (("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]"),
     "llava_next": (("<image>",), "<image>"),
     "llava_onevision": (("<image>", "<video>"), "<image>"),
     "idefics3": (IDEFICS_TOKENS, "<image>"),
@@ -37,7 +38,7 @@ TOKENS: dict[str, tuple[tuple[str, ...], str]] = {
     "vipllava": (("<image>",), "<image>"),
     "deepseek_vl": (("<image_placeholder>",), "<image_placeholder>"),
 }
-PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]",
+PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]", "llava_pixtral": "[IMG]",
                "deepseek_vl": "<image_placeholder>"}  # fmt: skip  # what the template emits
 
 
@@ -60,7 +61,7 @@ def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
     if name == "aya_vision":  # Cohere 2: a sliding layer and a full one
         text.update(layer_types=["sliding_attention", "full_attention"], sliding_window=32)
     config = AutoConfig.for_model(
-        name, text_config=text, vision_config=vision, image_token_id=image_id,
+        "llava" if name == "llava_pixtral" else name, text_config=text, vision_config=vision, image_token_id=image_id,
         tie_word_embeddings=False, **extra,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -70,9 +71,17 @@ def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
 
 def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(vision config, the outer config's image settings) of a family."""
-    if name == "mistral3":
-        return {**TOWER, "model_type": "pixtral", "image_size": 64, "patch_size": 8,
-                "head_dim": 16}, {"spatial_merge_size": 2, "vision_feature_layer": -1}  # fmt: skip
+    if name in ("mistral3", "llava_pixtral"):  # Pixtral 12B: a llava with the tower, no merge
+        tower = {
+            **TOWER,
+            "model_type": "pixtral",
+            "image_size": 64,
+            "patch_size": 8,
+            "head_dim": 16,
+        }
+        if name == "llava_pixtral":
+            return tower, {"vision_feature_layer": -1, "vision_feature_select_strategy": "full"}
+        return tower, {"spatial_merge_size": 2, "vision_feature_layer": -1}
     if name in ("llava_next", "llava_onevision"):
         kind = "clip_vision_model" if name == "llava_next" else "siglip_vision_model"
         select = "default" if name == "llava_next" else "full"
@@ -99,7 +108,7 @@ def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def _processor(name: str, tokenizer: Any) -> Any:
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    if name == "mistral3":
+    if name in ("mistral3", "llava_pixtral"):
         from transformers.models.pixtral.image_processing_pil_pixtral import (
             PixtralImageProcessorPil,
         )
