@@ -25,6 +25,7 @@ from promptcache.engines.torch.weights import (  # noqa: E402
     PackedLinear,
     pack_linears,
     quantize_linears,
+    unpack_linears,
     weights_bytes,
     weights_mode,
 )
@@ -75,6 +76,13 @@ def test_packed_float32_layers_compute_the_same_numbers(models):
     assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
     assert (one[0, 0] - want[0, 0]).abs().max().item() < 1e-4
     assert weights_mode(model) == "model"
+    dense = tiny_model("llama")  # packed, then back to nn.Linear (what --compile runs)
+    pack_linears(dense)
+    assert unpack_linears(dense) == 15 and not any(
+        isinstance(m, PackedLinear) for m in dense.modules()
+    )
+    with torch.inference_mode():
+        assert torch.equal(dense(input_ids=ids).logits, want)
     other = tiny_model("llama", seed=1)
     pack_linears(other)
     prints = {TorchRunner(m, ByteTokenizer()).fingerprint for m in (model, other)}

@@ -304,7 +304,10 @@ class TorchRunner:
             )
             return 0.0
         from promptcache.engines.torch.compiled import compile_decode, warm_up
+        from promptcache.engines.torch.weights import unpack_linears
 
+        if unpack_linears(self.model):  # inductor cannot take oneDNN's opaque packed tensors
+            log.info("--compile: float32 linear layers run dense (inductor's own kernels)")
         self._step = compile_decode(self.model)
         return warm_up(self)
 

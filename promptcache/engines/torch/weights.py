@@ -159,13 +159,18 @@ def pack_linears(model: nn.Module) -> int:
 def unpack_if_read(model: nn.Module) -> int:
     """Back to ``nn.Linear`` everywhere when the model read some packed layer's ``weight`` (in
     the start-up check's forward: it reads it in every forward); the number unpacked."""
-    packed = [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
-    if not any(m.num_weight_reads for _, m in packed):
+    if not any(isinstance(m, PackedLinear) and m.num_weight_reads for m in model.modules()):
         return 0
+    log.info("float32 linear layers stay dense: %s reads their weights", type(model).__name__)
+    return unpack_linears(model)
+
+
+def unpack_linears(model: nn.Module) -> int:
+    """Every ``PackedLinear`` back to ``nn.Linear`` (in place); the number unpacked."""
+    packed = [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
     with torch.no_grad():
         for name, module in packed:
             model.set_submodule(name, module.unpack())
-    log.info("float32 linear layers stay dense: %s reads their weights", type(model).__name__)
     return len(packed)
 
 
@@ -235,4 +240,5 @@ def weights_mode(model: nn.Module) -> str:
 def weights_bytes(model: nn.Module) -> int:
     """Bytes of every parameter and buffer (what one decode step may stream)."""
     tensors: list[Any] = [*model.parameters(), *model.buffers()]
+    tensors += [m.packed for m in model.modules() if isinstance(m, PackedLinear)]
     return sum(t.numel() * t.element_size() for t in tensors)
