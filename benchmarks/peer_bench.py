@@ -25,6 +25,12 @@ that is not installed is skipped with the command that installs it.
 
 The MLX comparison is ``--servers promptcache-mlx,mlx_lm,vllm_mlx`` (promptcache ``--engine mlx``
 on the bundled model's MLX-ready folder; on Linux, OpenBLAS is preloaded for every MLX server).
+
+promptcache's rows also carry the server's own account of each TTFT (``/v1/cache/requests``:
+the engine's TTFT and its phases), printed as a table by phase. Before/after a change, on a
+noisy machine: ``git worktree add /tmp/base <commit>``, then ``--baseline /tmp/base
+--servers promptcache --interleave --decode 0`` (paired after/before ratios per turn);
+``--variant NAME=FLAGS`` adds promptcache servers with other serve flags.
 """
 
 from __future__ import annotations
@@ -32,8 +38,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -42,7 +48,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import httpx  # noqa: E402
 from peer_server import PeerServer, free_port  # noqa: E402
+from peer_tables import summarize  # noqa: E402
 
 from promptcache.bench import tau_conversation  # noqa: E402
 from promptcache.models import bundled_gguf, mlx_ready, resolve_model  # noqa: E402
@@ -69,12 +77,14 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
     """How to start server ``name`` with its default flags (+ what this bench needs: port, model,
     a context that fits the conversation, cached-token reporting); None when not installed."""
     folder, gguf, ctx = args.folder, args.gguf, str(args.context)
-    if name.startswith("promptcache"):
+    if name.startswith("promptcache") or name in args.variants:  # -base: from --baseline
         extra = ["--weights", "int4"] if name == "promptcache-int4" else []
+        extra += args.variants.get(name, [])
         engine, model = (
             ("mlx", mlx_ready(folder)) if name == "promptcache-mlx" else ("torch", folder)
         )
-        return [sys.executable, "-m", "promptcache.cli", "serve", "--model", str(model), "--engine",
+        # -P: promptcache from PYTHONPATH or the install, never from the current directory
+        return [sys.executable, "-P", "-m", "promptcache.cli", "serve", "--model", str(model), "--engine",
                 engine, "--port", str(port), "--cache-dir", str(work / "blocks"), *extra]  # fmt: skip
     py = peer_python(name, args.peers_home)
     if py is None:
@@ -96,8 +106,11 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
     raise ValueError(name)
 
 
-def server_env(name: str) -> dict[str, str]:
-    """MLX on Linux: its bundled BLAS is slow; OpenBLAS preloaded where Debian has it."""
+def server_env(name: str, args: argparse.Namespace) -> dict[str, str]:
+    """MLX on Linux: its bundled BLAS is slow; OpenBLAS preloaded where Debian has it. The
+    baseline runs the promptcache of another checkout (``--baseline``)."""
+    if name == "promptcache-base":
+        return {"PYTHONPATH": str(args.baseline)}
     blas = Path("/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
     if "mlx" in name and sys.platform == "linux" and blas.exists():
         return {"LD_PRELOAD": str(blas)}
@@ -140,13 +153,16 @@ def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str,
     port = free_port()
     # mlx_lm.server's /v1/models lists the HF cache, not what it serves: name the folder
     model = str(mlx_ready(args.folder)) if name in ("mlx_lm", "vllm_mlx") else None
-    server = PeerServer(name, cmd_of(port, work), port, work, server_env(name), model)
+    server = PeerServer(name, cmd_of(port, work), port, work, server_env(name, args), model)
+    is_ours = name.startswith("promptcache") or name in args.variants
     rows: list[dict[str, Any]] = []
 
     def turn(session: Session, tag: str = "") -> bool:
         got = session.next_turn(server, args.max_tokens)
         if got is None:
             return False  # the conversation has no more assistant turns
+        if is_ours:  # the server's own account of the TTFT: where it went, per phase
+            got.update(server_phases(server))
         rows.append({**got, "tag": tag})
         cached = got["cached_tokens"]
         print(f"  {got['turn']:>4} {tag:<8} TTFT {got['ttft_s'] * 1e3:6.0f} ms  prompt "
@@ -170,47 +186,27 @@ def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str,
         turn(a, "restart")
         while a.turn < args.turns and turn(a):
             pass
-        got = server.chat([{"role": "user", "content": DECODE_PROMPT}], args.decode)
-        got.pop("text")
-        rows.append({"turn": "decode", "tag": "decode", **got, "load": os.getloadavg()[0]})
-        print(f"  decode: {got['decode_tok_s']:.1f} tok/s over {got['completion_tokens']} "
-              f"tokens, load {rows[-1]['load']:.2f}", flush=True)  # fmt: skip
+        if args.decode:
+            got = server.chat([{"role": "user", "content": DECODE_PROMPT}], args.decode)
+            got.pop("text")
+            rows.append({"turn": "decode", "tag": "decode", **got, "load": os.getloadavg()[0]})
+            print(f"  decode: {got['decode_tok_s']:.1f} tok/s over {got['completion_tokens']} "
+                  f"tokens, load {rows[-1]['load']:.2f}", flush=True)  # fmt: skip
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return rows
 
 
-def med(rows: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return statistics.median(vals) if vals else None
-
-
-def summarize(results: dict[str, list[list[dict[str, Any]]]], args: argparse.Namespace) -> None:
-    names = list(results)
-    labels = [r["turn"] for r in results[names[0]][0] if r["turn"] != "decode"]
-    runs = ", ".join(f"{n} {len(results[n])}" for n in names)
-    print(f"\nmedians of the runs ({runs}); TTFT ms (cached tokens) [load average]\n")
-    print("| turn | " + " | ".join(names) + " |")
-    print("|---|" + "---:|" * len(names))
-    for label in labels:
-        cells = []
-        for n in names:
-            rows = [r for run in results[n] for r in run if r["turn"] == label]
-            if not rows:
-                cells.append("-")
-                continue
-            ttft, cached, load = med(rows, "ttft_s"), med(rows, "cached_tokens"), med(rows, "load")
-            tag = rows[0]["tag"]
-            cells.append(f"{ttft * 1e3:.0f} ({'n/a' if cached is None else int(cached)}) [{load:.1f}]"
-                         + (f" {tag}" if tag else ""))  # fmt: skip
-        print(f"| {label} | " + " | ".join(cells) + " |")
-    cells = []
-    for n in names:
-        rows = [r for run in results[n] for r in run if r["turn"] == "decode"]
-        rate, load = med(rows, "decode_tok_s"), med(rows, "load")
-        cells.append(f"{rate:.1f} tok/s [{load:.1f}]" if rate else "-")
-    print(f"| decode {args.decode} | " + " | ".join(cells) + " |")
+def server_phases(server: PeerServer) -> dict[str, Any]:
+    """The last request's record on a promptcache server: its TTFT at the engine (from its
+    arrival there, after rendering and tokenizing) and that time by phase (ms)."""
+    url = f"http://127.0.0.1:{server.port}/v1/cache/requests"
+    try:
+        rec = httpx.get(url, params={"limit": 1}, timeout=30).json()["requests"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError):
+        return {}
+    return {"engine_ttft_s": rec.get("ttft_s"), "phases": rec.get("phases") or {}}
 
 
 def main() -> int:
@@ -224,17 +220,29 @@ def main() -> int:
     p.add_argument("--split", type=int, default=4, help="A's turns before B's (default 4)")
     p.add_argument("--restart-at", type=int, default=7, help="A's first turn after the restart")
     p.add_argument("--max-tokens", type=int, default=32, help="reply tokens per turn")
-    p.add_argument("--decode", type=int, default=256, help="tokens of the decode request")
+    p.add_argument("--decode", type=int, default=256,
+                   help="tokens of the decode request (0: none)")  # fmt: skip
     p.add_argument("--context", type=int, default=8192, help="context the peers are started with")
     p.add_argument("--restart", choices=("term", "kill"), default="term",
                    help="how the server is stopped before the restart: SIGTERM or SIGKILL (a crash)")  # fmt: skip
     p.add_argument("--repeats", type=int, default=3, help="runs per server (medians)")
-    p.add_argument("--servers", default=",".join(SERVERS[:5]), help=f"from {', '.join(SERVERS)}")
+    p.add_argument("--servers", default=",".join(SERVERS[:5]),
+                   help=f"from {', '.join(SERVERS)}, promptcache-base and --variant names")  # fmt: skip
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="a promptcache server NAME started with extra serve FLAGS, e.g. "
+                   "'t2=--threads 2' (repeatable; list NAME in --servers)")  # fmt: skip
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another promptcache checkout (e.g. a git worktree of an older commit), "
+                   "served as promptcache-base: tables add after/before ratios per turn")  # fmt: skip
+    p.add_argument("--interleave", action="store_true",
+                   help="run 1 of every server, then run 2 of every server, ...: a noisy "
+                   "machine hits them alike (default: every run of one server, then the next)")  # fmt: skip
     p.add_argument("--peers-home", type=Path, default=PEERS_HOME, help="the peers' venvs")
     p.add_argument("--out", default="bench-out/peers.json", help="every run's rows (JSON)")
     p.add_argument("--table-from", default=None,
                    help="only print the table of earlier --out files (comma-separated), merged")  # fmt: skip
     args = p.parse_args()
+    args.variants = parse_variants(args.variant)
     if args.table_from:
         merged: dict[str, Any] = {}
         for name in args.table_from.split(","):
@@ -245,30 +253,50 @@ def main() -> int:
     if not Path(args.conversation).exists():
         raise SystemExit(f"--conversation {args.conversation}: no such file")
     args.folder, args.gguf = resolve_model(None), bundled_gguf()
-    results: dict[str, list[list[dict[str, Any]]]] = {}
+    names = []
     for name in args.servers.split(","):
-        if name not in SERVERS:
-            raise SystemExit(f"unknown server {name!r}: {', '.join(SERVERS)}")
+        if name == "promptcache-base" and args.baseline is None:
+            raise SystemExit("promptcache-base needs --baseline DIR")
+        if name not in SERVERS and name not in args.variants and name != "promptcache-base":
+            raise SystemExit(f"unknown server {name!r}: {', '.join(SERVERS)} or a --variant")
         if command(name, 0, Path("."), args) is None:
             print(f"{name}: not installed, skipped (benchmarks/peers/install.sh {name})")
             continue
-        runs: list[list[dict[str, Any]]] = []
-        for run in range(args.repeats):
-            print(f"run {run + 1}/{args.repeats}", end=" ")
-            try:
-                runs.append(
-                    run_once(name, lambda port, work, n=name: command(n, port, work, args), args)
-                )
-            except (RuntimeError, OSError) as exc:  # one server failing ends its runs only
-                print(f"{name}: failed: {exc}")
-                break
-            results[name] = runs
-            write_results(results, args)  # after every run: an interrupted bench keeps them
+        names.append(name)
+    if args.baseline is not None and "promptcache-base" not in names:
+        names.insert(0, "promptcache-base")
+    results: dict[str, list[list[dict[str, Any]]]] = {}
+    failed: set[str] = set()
+    order = [(r, n) for r in range(args.repeats) for n in names] if args.interleave else [
+        (r, n) for n in names for r in range(args.repeats)
+    ]  # fmt: skip
+    for run, name in order:
+        if name in failed:
+            continue
+        print(f"run {run + 1}/{args.repeats}", end=" ")
+        try:
+            rows = run_once(name, lambda port, work, n=name: command(n, port, work, args), args)
+        except (RuntimeError, OSError) as exc:  # one server failing ends its runs only
+            print(f"{name}: failed: {exc}")
+            failed.add(name)
+            continue
+        results.setdefault(name, []).append(rows)
+        write_results(results, args)  # after every run: an interrupted bench keeps them
     if not results:
         return 1
     summarize(results, args)
     print(f"\nwrote {args.out}")
     return 0
+
+
+def parse_variants(specs: list[str]) -> dict[str, list[str]]:
+    out = {}
+    for spec in specs:
+        name, sep, flags = spec.partition("=")
+        if not sep or not name or name in SERVERS:
+            raise SystemExit(f"--variant {spec!r}: NAME=FLAGS, NAME not one of {SERVERS}")
+        out[name] = shlex.split(flags)
+    return out
 
 
 def write_results(results: dict[str, Any], args: argparse.Namespace) -> None:

@@ -9,12 +9,12 @@ text stream: all but HTTP) after a short chat prompt (peer_bench's decode reques
 interleaved round by round (medians of ``--repeats``), the load average and the RSS growth per
 token beside each; ``--compile MODES`` adds those modes with the compiled decode step (its
 compile time reported: minutes per mode on a small CPU); ``--peers`` prints the peers' decode
-figures of a peer_bench JSON beside; ``dense`` is float32 on plain ``nn.Linear`` (the layers
-before oneDNN packing); ``--with-concat`` adds float32 on a concatenating ``DynamicCache``.
+figures of a peer_bench JSON beside; ``--with-concat`` adds float32 on a concatenating
+``DynamicCache`` (the old lone path).
 
     .venv/bin/python benchmarks/weights_bench.py \
         --conversation ../shared/data/tau_bench/gpt-4o-airline.json --indices 0,1 --turns 6
-    .venv/bin/python benchmarks/weights_bench.py --speed-only --modes model,dense,int8,int4 \
+    .venv/bin/python benchmarks/weights_bench.py --speed-only --modes model,int8,int4 \
         --compile model,int4 --peers /work/notes/peers/quiet1.json
 """
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quant_bench import agreement, chat_messages, run_conversation, turns_of  # noqa: E402
 
 MODES = ("model", "int8", "int4")
-LABEL = {"model": "float32", "dense": "float32 dense", "int8": "int8", "int4": "int4"}
+LABEL = {"model": "float32", "int8": "int8", "int4": "int4"}
 DECODE_PROMPT = "Write a long, detailed story about a day in the life of an airline agent."
 
 

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import pytest
 
-from promptcache.engines.base import Finished, SamplingParams, TextDelta
+from promptcache.engines.base import Finished, PrefillDone, SamplingParams, TextDelta
 from promptcache.engines.tiny_models import ByteTokenizer
 
 CHUNK, BLOCK = 16, 8
@@ -237,6 +237,24 @@ def test_budget_pieces_keep_outputs_and_chunk_aligned_saves():
     again = reply(pieces, long_prompt + [42], params)
     assert again.cached_tokens >= len(long_prompt) - 1  # the prompt's end was saved
     check_clean(pieces)
+
+
+def test_a_request_alone_prefills_whole_chunks_and_reports_its_phases():
+    """Alone in the engine, a prompt runs in whole chunks whatever the budget (nobody waits
+    behind it); its PrefillDone says where the TTFT went (the phases the records show)."""
+    engine = torch_engine("llama", step_tokens=5)
+    prompt = list(range(3, 3 + 3 * CHUNK + 7))
+    events = list(engine.generate(prompt, SamplingParams(max_tokens=3)))
+    done = next(ev for ev in events if isinstance(ev, PrefillDone))
+    phases = done.phases.to_dict()
+    assert phases["num_forwards"] == 4  # 3 chunks and the rest, not 5-token pieces
+    assert done.ttft_s * 1e3 >= phases["prefill_ms"] > 0
+    assert all(phases[k] >= 0 for k in ("queued_ms", "lookup_ms", "restore_ms", "save_ms"))
+    assert phases["first_token_ms"] > 0
+    again = list(engine.generate(prompt + [9, 9], SamplingParams(max_tokens=3)))
+    hit = next(ev for ev in again if isinstance(ev, PrefillDone))
+    assert hit.cached_tokens >= len(prompt) and hit.phases.num_forwards == 1
+    check_clean(engine)
 
 
 def test_torch_kept_batch_notices_a_member_changed_outside_it():

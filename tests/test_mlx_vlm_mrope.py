@@ -100,10 +100,7 @@ def test_batched_decode_equals_one_by_one(tiny):
     ]
     states = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
     twins = [engine.prefill(ids, images=spans)[0] for ids, spans in prompts]
-    if runner.layout.snapshot:  # linear-attention state: one sequence per forward
-        assert not runner.batches_decode(states)
-        return
-    assert runner.batches_decode(states)
+    assert runner.batches_decode(states)  # linear-attention state merges too
     together = runner.forward(states, [[5], [6]])
     alone = [runner.forward([s], [[t]])[0] for s, t in zip(twins, [5, 6], strict=True)]
     for a, b in zip(together, alone, strict=True):
@@ -195,7 +192,40 @@ def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny)
         t.join(120)
     assert got == want  # each row decodes at its own rope-shifted position
     stats = together.cache_stats()
-    if not together.runner.layout.snapshot:  # linear-attention state steps one by one
-        assert stats["max_batch_rows"] >= 2
+    assert stats["max_batch_rows"] >= 2
     assert stats["num_pinned_blocks"] == 0
     together.cache.check_integrity()
+
+
+def test_a_moe_checkpoint_in_bfloat16_is_cast_to_float32_at_load_on_the_cpu(tmp_path, caplog):
+    """mlx's CPU backend has GatherMM for float32 only: the one-token forward at load finds it
+    (instead of a 500 on every request) and the model is cast, said in the log."""
+    from mlx.utils import tree_flatten
+
+    if mx.default_device() != mx.cpu:
+        pytest.skip("GatherMM is float32-only on mlx's CPU backend")
+    folder = save_mrope("qwen3_5_moe", tmp_path / "moe", seed=4)
+    with caplog.at_level("WARNING", logger="promptcache"):
+        model, _ = load_mlx_vlm(folder, dtype="bfloat16")
+    assert {v.dtype for _, v in tree_flatten(model.parameters())} == {mx.float32}
+    assert "casting the model to float32" in caplog.text
+
+
+def test_a_4bit_mlx_vlm_conversion_of_qwen3_5_moe_serves_the_image_chat_as_no_cache(tmp_path):
+    """The layout of mlx-community's Qwen3.6-35B-A3B-4bit: mlx_vlm.convert -q (experts 4-bit,
+    bfloat16 scales) of the MoE checkpoint, images through mlx-vlm."""
+    from promptcache.engines.mlx.vlm_load import processor_class, transformers_as_is
+
+    source = save_mrope("qwen3_5_moe", tmp_path / "source", seed=1)
+    with transformers_as_is():  # mlx-vlm's own processor hook while it converts, undone after
+        from mlx_vlm.convert import convert
+        from mlx_vlm.models.base import install_auto_processor_patch
+
+        install_auto_processor_patch("qwen3_5_moe", processor_class("qwen3_5_moe"))
+        convert(str(source), mlx_path=str(tmp_path / "q4"), quantize=True, q_group_size=32,
+                q_bits=4, dtype="bfloat16")  # fmt: skip
+    model, processor = load_mlx_vlm(tmp_path / "q4")
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert "QuantizedSwitchLinear" in kinds, kinds  # the experts are 4-bit
+    tiny = ("qwen3_5_moe", model, processor)
+    check_conversation(make_engine(tiny), make_engine(tiny, cache_enabled=False))

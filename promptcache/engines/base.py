@@ -73,6 +73,7 @@ class PrefillDone:
     ttft_s: float
     hit_kind: str
     lookup: LookupReport | None = None  # what the cache lookup found (None: cache off)
+    phases: Any = None  # the request's PhaseTimes (its first_token_s is set just after)
 
 
 @dataclass(slots=True)

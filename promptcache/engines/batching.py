@@ -17,7 +17,9 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    out a step sooner); a request that did not get its share goes first next step (a long prompt
    is not starved either). On attention-only models a chunk runs in budget-sized pieces, so the
    budget bounds a step's length (how long a newcomer waits); with snapshot layers (sliding
-   window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. At least
+   window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. A request
+   alone in the engine runs whole chunks too (fewer forwards: each one streams every weight and
+   copies the whole KV cache once); one arriving meanwhile waits at most that chunk. At least
    one piece runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at
    multiples of ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land
    where they would for a request alone. A prompt completed here has its first token sampled
@@ -98,6 +100,8 @@ class Batcher:
             elif req.phase is Phase.PREFILL:
                 prefill.append(req)
         budget = self.step_tokens - len(one)
+        if len(reqs) == 1 and not one:  # alone: nobody waits behind it, whole chunks
+            budget = max(budget, self.steps.prefill_chunk)
         saves = [r for r in one if r.phase is Phase.SAVE]
         if new and saves:  # saved before any lookup: a new turn hits the reply it follows
             self._one_token_steps(saves, moved)

@@ -36,6 +36,26 @@ class Phase(enum.Enum):
     DONE = "done"  # nothing left; the lease is released
 
 
+@dataclass(slots=True)
+class PhaseTimes:
+    """Where a request's time to first token went, in seconds (``/v1/cache/requests`` shows
+    it): waiting for its first step, the prompt lookup, restoring the hit into the model's
+    cache, the prefill forwards and the saves between them, and sampling the first token."""
+
+    queued_s: float = 0.0
+    lookup_s: float = 0.0
+    restore_s: float = 0.0
+    prefill_s: float = 0.0
+    save_s: float = 0.0
+    first_token_s: float = 0.0
+    num_forwards: int = 0  # prefill forwards (pieces of chunks)
+
+    def to_dict(self) -> dict[str, float]:
+        names = ("queued", "lookup", "restore", "prefill", "save", "first_token")
+        out = {n: round(getattr(self, n + "_s") * 1e3, 2) for n in names}
+        return {**{n + "_ms": v for n, v in out.items()}, "num_forwards": self.num_forwards}
+
+
 # what one request's part of a step came to: its next phase, or the error that ends it
 Outcome = Phase | BaseException
 
@@ -79,6 +99,7 @@ class Request:
     # delivery: events for the consumer (an exception ends the request); the scheduler's alone
     outbox: deque[Event | BaseException] = field(default_factory=deque)
     in_flight: bool = False  # a step (or a settle) is working on it right now
+    phases: PhaseTimes = field(default_factory=PhaseTimes)
 
     @property
     def num_prompt(self) -> int:

@@ -122,12 +122,15 @@ class Steps:
         if req.pos < req.num_prompt:
             return Moved(Phase.PREFILL)
         report = req.lease.report if req.lease is not None else None
+        t = time.perf_counter()
         events: list[Event] = [
-            PrefillDone(req.num_prompt, req.cached, _ttft(req), req.hit_kind, report)
+            PrefillDone(req.num_prompt, req.cached, t - req.t0, req.hit_kind, report, req.phases)
         ]
         scores = self.runner.to_numpy(req.logits)
         start_decoding(req, self.max_context, self.decode_text, scores)
-        return self._token(req, events)  # the first token costs no forward: the prompt's logits
+        moved = self._token(req, events)  # the first token costs no forward: the prompt's logits
+        req.phases.first_token_s = time.perf_counter() - t
+        return moved
 
     def decode_step(self, req: Request, logits: Any) -> Moved:
         """The token after the one the forward just fed (``logits`` are its row)."""
@@ -178,6 +181,8 @@ class Steps:
 
     def begin(self, req: Request) -> None:
         """Look the prompt up and restore the longest cached prefix (pinned until released)."""
+        phases, t = req.phases, time.perf_counter()
+        phases.queued_s = t - req.t0
         if self.cache is not None:
             try:
                 req.seq = self.cache.sequence(
@@ -190,11 +195,14 @@ class Steps:
             except ValueError as exc:  # token ids the cache cannot key: the client's input
                 raise RequestError(f"prompt: {exc}") from None
             req.lease = self.cache.lookup(req.seq)
+            t1 = time.perf_counter()
+            phases.lookup_s = t1 - t
             if req.lease.num_tokens:
                 req.state = self.reuse_live(req.seq, req.lease.num_tokens)
                 if req.state is None:
                     req.state = self.runner.restore(req.lease.segments(), req.lease.checkpoint)
                 req.pos = req.lease.num_tokens
+            phases.restore_s = time.perf_counter() - t1
         self.live = None  # the live state is now this request's (or stale)
         if req.state is None:
             req.state = self.runner.new_state()
@@ -204,6 +212,7 @@ class Steps:
         ``end``), saved at a chunk's end or the prompt's."""
         end = self.chunk_end(req) if end is None else self._image_safe(req, end)
         ids = req.prompt[req.pos : end]
+        t = time.perf_counter()
         if req.images:
             if self.feeder is None:
                 raise RequestError("this server's model takes no image input")
@@ -214,8 +223,12 @@ class Steps:
             logits = self.runner.forward([req.state], [ids])[0]
         req.logits = logits
         req.pos = end
+        t1 = time.perf_counter()
+        req.phases.prefill_s += t1 - t
+        req.phases.num_forwards += 1
         if req.seq is not None and self.is_save_point(req, end):
             self.save(req.seq, req.state, req.pos)
+            req.phases.save_s += time.perf_counter() - t1
 
     def final_save(self, req: Request) -> Moved:
         """Feed the last sampled token so the saved state covers prompt + every generated token:
@@ -277,7 +290,3 @@ class Steps:
             and n + len(gen) < self.max_context
         )
         return Moved(Phase.SAVE if save else Phase.DONE, events)
-
-
-def _ttft(req: Request) -> float:
-    return time.perf_counter() - req.t0

@@ -175,16 +175,10 @@ class PlaceholderVision:
         tools: list[dict[str, Any]] | None,
         images: Sequence[ImageInput],
     ) -> tuple[list[int], list[ImageSpan]]:
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=tools, chat_template=self.template, add_generation_prompt=True,
-                tokenize=False,
-            )  # fmt: skip
-        except Exception as exc:  # template errors are the client's (bad roles, bad parts)
-            raise RequestError(f"cannot apply the chat template: {exc}") from exc
+        text = chat_text(self.tokenizer, self.template, messages, tools)
         if self.marker is not None:
-            return self._expand_markers(str(text), images, self.marker)
-        return self._expand_placeholders(str(text), images)
+            return self._expand_markers(text, images, self.marker)
+        return self._expand_placeholders(text, images)
 
     def _expand_placeholders(
         self, text: str, images: Sequence[ImageInput]
@@ -231,6 +225,22 @@ class PlaceholderVision:
         ):
             raise RequestError("the prompt's image tokens do not match its images")
         return ids, spans
+
+
+def chat_text(
+    tokenizer: Any, template: str | None, messages: list[dict[str, Any]], tools: Any
+) -> str:
+    """The chat's prompt text through ``template`` (generation prompt added), image parts left
+    as the template writes them; RequestError on a template error (the client's messages)."""
+    try:
+        return str(
+            tokenizer.apply_chat_template(
+                messages, tools=tools, chat_template=template, add_generation_prompt=True,
+                tokenize=False,
+            )
+        )  # fmt: skip
+    except Exception as exc:  # template errors are the client's (bad roles, bad parts)
+        raise RequestError(f"cannot apply the chat template: {exc}") from exc
 
 
 def image_safe_end(spans: Sequence[ImageSpan], end: int) -> int:

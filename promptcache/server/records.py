@@ -33,6 +33,7 @@ class CacheRecord:
     reason: str  # one of MISS_REASONS: why the computed part was not reused
     detail: dict[str, Any] = field(default_factory=dict)
     session: str = ""  # not shown; deleting the session removes its records
+    phases: dict[str, float] = field(default_factory=dict)  # where the TTFT went (PhaseTimes)
 
     @property
     def ttft_uncached_s(self) -> float | None:
@@ -55,6 +56,7 @@ class CacheRecord:
             "saved_s": self.saved_s,
             "reason": self.reason,
             "detail": self.detail,
+            "phases": self.phases,
         }
 
 

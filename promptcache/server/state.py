@@ -341,6 +341,7 @@ class ServerState:
             reason=reason,
             detail=detail,
             session=session,
+            phases=prefill.phases.to_dict() if prefill is not None and prefill.phases else {},
         )
         records.add(rec)
         if log.isEnabledFor(logging.DEBUG):

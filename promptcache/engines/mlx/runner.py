@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +99,19 @@ def load_mlx_weights(
     return model, tokenizer
 
 
-def check_forward(model: Any, path: str | Path) -> None:
-    """One token through a fresh cache, so a model that cannot serve is refused at start-up
-    (ConfigError) instead of failing every request. Kernels some backends have only for float32
-    (mlx's CPU ``GatherMM``: MoE layers in bfloat16/float16) get the model cast to float32, said
-    in the log."""
+def _one_token(model: Any) -> Any:
+    cache = make_prompt_cache(model)
+    return model(mx.array([[0]]), cache=cache), [c.state for c in cache]
+
+
+def check_forward(model: Any, path: str | Path, step: Callable[[Any], Any] = _one_token) -> None:
+    """One token through a fresh cache (``step(model)``: the arrays it computes; default
+    mlx-lm's), so a model that cannot serve is refused at start-up (ConfigError) instead of
+    failing every request. Kernels some backends have only for float32 (mlx's CPU ``GatherMM``:
+    MoE layers in bfloat16/float16) get the model cast to float32, said in the log."""
     for attempt in range(2):
         try:
-            cache = make_prompt_cache(model)
-            mx.eval(model(mx.array([[0]]), cache=cache), [c.state for c in cache])
+            mx.eval(step(model))
             return
         except Exception as exc:  # whatever the library raises: it is the reason given
             dtype = next(v for _, v in tree_flatten(model.parameters())).dtype

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from promptcache.engines.tiny_families import ROUTED_MOE
+
 # (vision start, vision end, image, video) as each family's tokenizer names them
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 GLM_TOKENS = ("<|begin_of_image|>", "<|end_of_image|>", "<|image|>", "<|video|>")
@@ -56,6 +58,9 @@ GDN: dict[str, Any] = dict(linear_conv_kernel_dim=4, linear_key_head_dim=16, lin
                            full_attention_interval=2, partial_rotary_factor=1.0)  # fmt: skip
 MOE: dict[str, Any] = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
                            shared_expert_intermediate_size=32, decoder_sparse_step=1)  # fmt: skip
+GLM_TEXT: dict[str, Any] = dict(num_hidden_layers=2, partial_rotary_factor=0.5,
+                                rope_scaling=GLM_ROPE, rope_parameters=GLM_ROPE,
+                                attention_bias=True)  # fmt: skip
 # family -> (text overrides, vision overrides)
 FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen2_vl": (
@@ -83,29 +88,13 @@ FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         dict(num_position_embeddings=16, deepstack_visual_indexes=[0]),
     ),  # fmt: skip
     "glm4v": (
-        dict(
-            num_hidden_layers=2,
-            partial_rotary_factor=0.5,
-            rope_scaling=GLM_ROPE,
-            rope_parameters=GLM_ROPE,
-            attention_bias=True,
-        ),
+        GLM_TEXT,
         dict(image_size=32, window_size=32, rms_norm_eps=1e-5, depth=1),
     ),  # fmt: skip
     "glm4v_moe": (
         dict(
-            num_hidden_layers=2,
-            partial_rotary_factor=0.5,
-            rope_scaling=GLM_ROPE,
-            rope_parameters=GLM_ROPE,
-            attention_bias=True,
-            n_routed_experts=4,
-            n_shared_experts=1,
-            num_experts_per_tok=2,
-            moe_intermediate_size=32,
-            first_k_dense_replace=1,
-            n_group=1,
-            topk_group=1,
+            **GLM_TEXT,
+            **ROUTED_MOE,
             routed_scaling_factor=1.0,
             norm_topk_prob=True,
             use_qk_norm=False,

@@ -108,6 +108,8 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
     import mlx.core as mx
     import mlx.nn as nn
 
+    from promptcache.engines.mlx.runner import check_forward
+
     path = Path(path)
     model_type = json.loads((path / "config.json").read_text()).get("model_type", "")
     cls = processor_class(model_type)
@@ -126,4 +128,15 @@ def load_mlx_vlm(path: str | Path, *, dtype: str = "float32") -> tuple[Any, Any]
     quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding)
     if not any(isinstance(m, quantized) for _, m in model.named_modules()):
         model.set_dtype(getattr(mx, dtype))
+    check_forward(model, path, _one_token)  # refused, or cast to float32, at start-up
     return model, cls.from_pretrained(str(path))
+
+
+def _one_token(model: Any) -> Any:
+    """One token through the language model on a fresh mlx-vlm cache: the arrays it computes."""
+    import mlx.core as mx
+    from mlx_vlm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model.language_model)
+    out = model.language_model(mx.array([[0]]), cache=cache)
+    return out.logits, [c.state for c in cache]

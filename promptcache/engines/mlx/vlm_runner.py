@@ -20,6 +20,7 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
+from mlx_vlm.models.cache import ArraysCache as VlmArraysCache
 from mlx_vlm.models.cache import KVCache as VlmKVCache
 from mlx_vlm.models.cache import make_prompt_cache
 
@@ -39,6 +40,8 @@ from promptcache.engines.mlx.state import (
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
 from promptcache.engines.vision import PlaceholderVision, VisionChunk
+
+BATCHED = (VlmKVCache, VlmArraysCache)  # the cache kinds batched decode merges
 
 
 def _config_of(model: Any) -> dict[str, Any]:
@@ -202,8 +205,9 @@ class MlxVlmRunner(MlxCacheSteps):
         ]
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
-        # mlx-vlm's BatchKVCache merges plain KV layers; linear-attention state steps alone
-        return len(states) > 1 and all(type(c) is VlmKVCache for c in states[0])
+        # mlx-vlm merges KV layers (BatchKVCache, left-padded) and linear-attention state
+        # (ArraysCache rows stacked); sliding-window rings step one sequence per forward
+        return len(states) > 1 and all(type(c) in BATCHED for c in states[0])
 
     def _batch_logits(self, tokens: mx.array, cache: list[Any]) -> mx.array:
         return self.language(tokens, cache=cache).logits

@@ -20,6 +20,7 @@ from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
+from promptcache.engines.torch.attention import use_gqa_attention
 from promptcache.engines.torch.batch import (
     DecodeBatch,
     batched_decode,
@@ -28,6 +29,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
 )
 from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
     crop_positional,
@@ -40,9 +42,7 @@ from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.engines.torch.vision import image_families, make_vision
 from promptcache.engines.torch.weights import (
     check_weights_mode,
-    pack_linears,
     quantize_linears,
-    unpack_if_read,
     weights_mode,
 )
 from promptcache.models import context_extension_note, rope_scaling_for
@@ -80,10 +80,7 @@ def load_torch_weights(
         raise load_error(path, exc) from None
     model = model.to(device).eval()
     quantize_linears(model, weights)
-    if weights == "model":
-        pack_linears(model)  # float32 on a CPU: oneDNN's packed layout (weights.PackedLinear)
     check_forward(model, path)  # after the swap: the quantized kernels run too
-    unpack_if_read(model)  # a model that reads its linear weights keeps nn.Linear
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:
@@ -166,7 +163,7 @@ def load_torch_processor(path: str | Path) -> Any:
                 name, _first_line(exc2),
             )  # fmt: skip
             return None
-    if not can_serve_images(config.model_type, processor):
+    if not can_serve_images(config, processor):
         log.warning(
             "%s: images for %s need its processor, which cannot load (install torchvision); "
             "serving text only (image parts get a 400)", name, config.model_type,
@@ -176,11 +173,12 @@ def load_torch_processor(path: str | Path) -> Any:
     return processor
 
 
-def can_serve_images(kind: str, processor: Any) -> bool:
-    """Whether ``processor`` serves ``kind``'s images (an image processor alone cannot, for a
+def can_serve_images(config: Any, processor: Any) -> bool:
+    """Whether ``processor`` serves ``config``'s images (an image processor alone cannot, for a
     family laid out by its full processor)."""
-    from promptcache.engines.torch.vision_expand import EXPANDED, OWN_LAYOUT
+    from promptcache.engines.torch.vision_expand import EXPANDED, OWN_LAYOUT, layout_kind
 
+    kind = layout_kind(config)
     alone = getattr(processor, "tokenizer", None) is None
     return not (alone and kind in EXPANDED and kind not in OWN_LAYOUT)
 
@@ -210,6 +208,8 @@ class TorchRunner:
         # no autograd, wherever the model is called from: a forward outside inference mode
         # would keep every step's graph, and with it each decode step's copy of the cache
         self.model = model.eval().requires_grad_(False)
+        use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
         self.rope_scaling: dict[str, Any] | None = getattr(model, "promptcache_rope_scaling", None)
@@ -304,10 +304,7 @@ class TorchRunner:
             )
             return 0.0
         from promptcache.engines.torch.compiled import compile_decode, warm_up
-        from promptcache.engines.torch.weights import unpack_linears
 
-        if unpack_linears(self.model):  # inductor cannot take oneDNN's opaque packed tensors
-            log.info("--compile: float32 linear layers run dense (inductor's own kernels)")
         self._step = compile_decode(self.model)
         return warm_up(self)
 

@@ -83,15 +83,22 @@ class TorchVision(PlaceholderVision):
         first = rows[0] if isinstance(rows, list | tuple) else rows[0]
         return first.to(self.dtype).contiguous().clone()
 
-    @torch.inference_mode()
     def forward(self, state: Any, chunk: VisionChunk) -> torch.Tensor:
-        x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=self.device)
-        embeds = self.model.get_input_embeddings()(x)
-        for offset, rows in chunk.pieces:
-            embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
-        kwargs = {self.cache_arg: state}
-        out = self.model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **kwargs)
-        return out.logits[0, -1]
+        return spliced_forward(self.model, self.cache_arg, self.device, state, chunk)
+
+
+@torch.inference_mode()
+def spliced_forward(
+    model: Any, cache_arg: str, device: torch.device, state: Any, chunk: VisionChunk
+) -> torch.Tensor:
+    """A chunk on plain causal positions (LLaVA-style models): its token embeddings with each
+    piece's feature rows in place, through the model on ``state``; the last position's logits."""
+    x = torch.tensor([list(chunk.ids)], dtype=torch.long, device=device)
+    embeds = model.get_input_embeddings()(x)
+    for offset, rows in chunk.pieces:
+        embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
+    out = model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **{cache_arg: state})
+    return out.logits[0, -1]
 
 
 def image_families() -> dict[str, str]:
@@ -100,7 +107,8 @@ def image_families() -> dict[str, str]:
     from promptcache.engines.torch.vision_families import GEMMA, MROPE
 
     out = dict.fromkeys(LLAVA, "causal positions")
-    out.update(dict.fromkeys(EXPANDED, "causal positions, the processor's image layout"))
+    layout = "causal positions, the processor's image layout"
+    out.update({k: layout for k in EXPANDED if k != "pixtral"})  # pixtral: a kind of llava
     out.update(dict.fromkeys(MROPE, "3-D RoPE positions"))
     out.update(dict.fromkeys(GEMMA, "bidirectional image attention"))
     return out
@@ -111,11 +119,11 @@ def make_vision(
 ) -> Any:
     """The ``VisionModel`` for ``model``: ``processor`` is its ``AutoProcessor`` or, where that
     cannot load (a video processor needing torchvision), its image processor alone."""
-    from promptcache.engines.torch.vision_expand import EXPANDED, ExpandedVision
+    from promptcache.engines.torch.vision_expand import ExpandedVision, is_expanded
     from promptcache.engines.torch.vision_families import GEMMA, MROPE, GemmaVision, QwenVision
 
     kind = getattr(model.config, "model_type", "")
-    if kind in EXPANDED:
+    if is_expanded(model.config):
         return ExpandedVision(model, processor, tokenizer, device, dtype, cache_arg)
     if kind in MROPE:
         return QwenVision(model, processor, tokenizer, device, dtype, cache_arg)

@@ -1,0 +1,73 @@
+"""float32 CPU linears through oneDNN: the same parameters, the same numbers as F.linear up to
+summation order, and a cached prefill still equal to an uncached one."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from promptcache.engines.base import SamplingParams  # noqa: E402
+from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.onednn import (  # noqa: E402
+    OneDnnLinear,
+    can_use_onednn,
+    use_onednn_linears,
+)
+
+pytestmark = pytest.mark.torch
+needs_onednn = pytest.mark.skipif(
+    not can_use_onednn(tiny_model("llama")), reason="no oneDNN linear in this torch build"
+)
+
+
+@pytest.fixture(scope="module")
+def models():
+    plain = tiny_model("llama")
+    return plain, copy.deepcopy(plain)
+
+
+@needs_onednn
+def test_swap_keeps_the_parameters_and_the_logits(models):
+    plain, model = models
+    before = {k: v.data_ptr() for k, v in model.state_dict().items()}
+    n = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert use_onednn_linears(model) == n > 0
+    assert use_onednn_linears(model) == 0  # idempotent: nothing plain is left
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    assert all(
+        isinstance(m, OneDnnLinear) for m in model.modules() if isinstance(m, torch.nn.Linear)
+    )
+    # the same tensors under the same keys: state_dict, tied embeddings and fingerprint unchanged
+    assert {k: v.data_ptr() for k, v in model.state_dict().items()} == before
+    ids = torch.randint(3, 256, (1, 37), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    assert (want - got).abs().max().item() < 1e-4
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+
+
+def test_other_dtypes_and_quantized_layers_are_left_alone():
+    model = tiny_model("llama", dtype="bfloat16")
+    assert not can_use_onednn(model)
+    assert use_onednn_linears(model) == 0
+    assert any(type(m) is torch.nn.Linear for m in model.modules())
+
+
+@needs_onednn
+def test_cached_turns_equal_uncached_on_onednn(models):
+    """The engine swaps on its own; a hit in the middle of a chunk then a new turn give the
+    uncached engine's greedy tokens."""
+    _, model = models
+    cached = TorchEngine(model, ByteTokenizer(), block_size=8, ram_budget=10**8, prefill_chunk=16)
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=16)
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    params = SamplingParams(max_tokens=8)
+    prompt = list(range(3, 44))
+    for turn in range(3):
+        a, b = list(cached.generate(prompt, params)), list(plain.generate(prompt, params))
+        assert a[-1].completion_ids == b[-1].completion_ids, turn
+        if turn:
+            assert a[-1].cached_tokens >= len(prompt) - 11, turn
+        prompt = prompt + a[-1].completion_ids + list(range(50 + turn, 61 + turn))
