@@ -37,6 +37,7 @@ from promptcache.core.policy import DEFAULT_POLICY, policy_names  # noqa: E402
 from promptcache.replay import TraceRequest, read_trace, replay  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+RULE = "session"  # the cache-aware rule: its fraction of the optimum gets a column too
 
 
 class Shape(NamedTuple):
@@ -69,10 +70,10 @@ def mooncake_half(path: Path, half: str) -> Callable[[], list[TraceRequest]]:
     return load
 
 
-def tau_trace() -> list[TraceRequest]:
+def tau_trace(path: Path) -> list[TraceRequest]:
     from make_agent_trace import build
 
-    with open(SHARED / "tau_bench" / "gpt-4o-airline.json") as f:
+    with open(path) as f:
         trajs = [d["traj"] for d in json.load(f)] * 3
     rows = build(trajs, 0, 6.0, 30.0)
     return [
@@ -98,8 +99,10 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
         out.append(Shape("mooncake_a", mooncake_half(mooncake, "a"), 512, chat))
         out.append(Shape("mooncake_b", mooncake_half(mooncake, "b"), 512, chat))
-    if (SHARED / "tau_bench" / "gpt-4o-airline.json").exists():
-        out.append(Shape("tau_agent", tau_trace, 512, (100_000, 250_000, 500_000, 1_000_000)))
+    tau = Path(args.tau)
+    if tau.exists():
+        out.append(Shape("tau_agent", lambda: tau_trace(tau), 512,
+                         (100_000, 250_000, 500_000, 1_000_000)))  # fmt: skip
     if args.trace:  # any other Mooncake-format trace, at the Mooncake capacities
         out.append(Shape(Path(args.trace).stem, lambda: list(read_trace(args.trace)), args.block,
                          (500_000, 1_000_000, 3_100_000, 10_000_000)))  # fmt: skip
@@ -117,12 +120,16 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=512, help="block tokens for --trace")
     ap.add_argument("--mooncake", default=str(SHARED / "mooncake" / "conversation_trace.jsonl"),
                     help="the Mooncake conversation trace (whole, and each half by time)")  # fmt: skip
+    ap.add_argument("--tau", default=str(SHARED / "tau_bench" / "gpt-4o-airline.json"),
+                    help="tau-bench trajectories (the tau_agent shape)")  # fmt: skip
     ap.add_argument("--no-belady", action="store_true")
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
     fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
     cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
     cols.append("default / belady")
+    if RULE in fixed:
+        cols.append(f"{RULE} / belady")
     cols.append("cpu vs lru")
     print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
     print("|---|---:|" + "---:|" * len(cols))
@@ -166,7 +173,13 @@ def main() -> None:
                       f"{row['cpu_vs_lru']:.2f}" if row["cpu_vs_lru"] else "-"]  # fmt: skip
             if row.get("belady"):
                 row["of_optimum"] = row[DEFAULT_POLICY] / row["belady"]
+                row["of_optimum_by_policy"] = {
+                    p: row[p] / row["belady"] for p in [*fixed, DEFAULT_POLICY]
+                }
             cells.insert(-1, f"{row['of_optimum']:.3f}" if "of_optimum" in row else "-")
+            if RULE in fixed:
+                of = row.get("of_optimum_by_policy", {}).get(RULE)
+                cells.insert(-1, f"{of:.3f}" if of is not None else "-")
             print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
     print("\nReplay seconds (median over capacities) and speed relative to LRU:")
     print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")

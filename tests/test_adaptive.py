@@ -11,7 +11,7 @@ import pytest
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.minisim import MiniCache, sampled_indices
-from promptcache.core.policies.adaptive import AdaptivePolicy
+from promptcache.core.policies.adaptive import CANDIDATES, AdaptivePolicy
 from promptcache.core.policy import DEFAULT_POLICY, make_policy, policy_names
 from promptcache.replay import TraceRequest, null_slicer, prompt_tokens, replay
 
@@ -114,7 +114,7 @@ def test_miniature_ranking_matches_full_size_on_a_long_trace():
     trace = shape_trace("scan_hot", 1.0, 8)
     kw = dict(block_size=8, trace_block_tokens=8)
     cap = 1024 * 8  # 1024 blocks: sampled at 1/8 (128 blocks)
-    fixed = {p: replay(trace, cap, policy=p, **kw)["hit_rate"] for p in FIXED}
+    fixed = {p: replay(trace, cap, policy=p, **kw)["hit_rate"] for p in CANDIDATES}
     got = replay(trace, cap, policy=DEFAULT_POLICY, **kw)
     assert got["whatif_sample_rate"] < 1
     est = got["whatif_sampled_hit_rate_by_policy"]
@@ -164,7 +164,7 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
     stats = cache.stats().to_dict()
     curve = stats["whatif_hit_rate_by_budget"]
     assert curve["2x"] > curve["1x"] + 0.3 and curve["0.5x"] <= curve["1x"]
-    assert stats["policy"] == "adaptive" and stats["policy_leader"] in FIXED
+    assert stats["policy"] == "adaptive" and stats["policy_leader"] in CANDIDATES
     assert any("2x" in r.getMessage() for r in caplog.records)
 
     from promptcache.server.metrics import render_cache_stats
@@ -188,7 +188,7 @@ def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
         cache.save(seq, None, null_slicer)
     whatif = cache.whatif
     assert whatif.rates == (4, 4)
-    assert len(whatif.live.sims) == len(FIXED) and len(whatif.curve.sims) == 2
+    assert len(whatif.live.sims) == len(CANDIDATES) and len(whatif.curve.sims) == 2
     assert whatif._curve_rate(1) == whatif.live.rate(whatif.leader)
     for sim in [*whatif.live.sims, *whatif.curve.sims]:
         sim.check_integrity()

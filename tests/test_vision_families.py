@@ -77,9 +77,13 @@ def model_inputs(name, parts, ids, images):
         pils = [im.to_pil() for im in images]
         if hasattr(proc, "tokenizer"):
             out = proc(text=[proc.image_token * len(images)], images=pils, return_tensors="pt")
-        else:  # an image processor alone: Mistral 3's at the merged patch size, InternVL's tiles
-            merged = {"patch_size": {"height": 16, "width": 16}}
-            kw = merged if name == "mistral3" else {"crop_to_patches": True}
+        else:  # an image processor alone (Mistral 3's at the merged patch size, InternVL's tiles)
+            merged = model.config.vision_config.patch_size * getattr(
+                model.config, "spatial_merge_size", 1
+            )
+            kw = {"mistral3": {"patch_size": {"height": merged, "width": merged}},
+                  "llava_pixtral": {"patch_size": {"height": merged, "width": merged}},
+                  "internvl": {"crop_to_patches": True}}.get(name, {})  # fmt: skip
             out = proc(images=pils, return_tensors="pt", **kw)
         takes = inspect.signature(model.forward).parameters
         pixels = {k: v for k, v in out.items() if k in takes and k != "input_ids"}
@@ -270,7 +274,8 @@ def test_the_family_table_covers_the_qwen_class():
     families = image_families()
     assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")
     assert families["qwen3_5_moe"] == "3-D RoPE positions" and "llava" in families
-    assert set(EXPANDED_FAMILIES) <= set(families) and families["mistral3"].startswith("causal")
+    expanded = {"llava" if n == "llava_pixtral" else n for n in EXPANDED_FAMILIES}
+    assert expanded <= set(families) and families["mistral3"].startswith("causal")
 
 
 def test_concurrent_image_requests_batch_decode_with_their_own_offsets(families):

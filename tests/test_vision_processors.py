@@ -17,30 +17,28 @@ pytestmark = pytest.mark.torch
 
 
 def test_a_family_laid_out_by_its_processor_needs_it(tmp_path, caplog):
-    """LLaVA-OneVision's layout comes from its processor: with its image processor alone (the
-    processor cannot load, e.g. without torchvision) it serves text, said at start-up; Mistral 3
-    with its image processor alone gets images (its layout is built from the image sizes)."""
+    """SmolVLM's layout comes from its processor: with its image processor alone (the processor
+    cannot load without torchvision) it serves text, said at start-up; Mistral 3 with its image
+    processor alone gets images (its layout is built from the image sizes)."""
     import importlib.util
     import logging
 
     from transformers import AutoConfig
-    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
-        LlavaOnevisionImageProcessorPil,
-    )
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
     from promptcache.engines.torch.runner import load_torch_processor
 
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("with torchvision the processor may load")
-    AutoConfig.for_model("llava_onevision").save_pretrained(tmp_path / "ov")
-    LlavaOnevisionImageProcessorPil().save_pretrained(tmp_path / "ov")
+    AutoConfig.for_model("smolvlm").save_pretrained(tmp_path / "smolvlm")
+    SmolVLMImageProcessorPil().save_pretrained(tmp_path / "smolvlm")
     model, images, tokenizer = tiny_expanded_family("mistral3")
     for part in (model.config, images, tokenizer):
         part.save_pretrained(tmp_path / "m3")
     with caplog.at_level(logging.INFO, logger="promptcache"):
-        assert load_torch_processor(tmp_path / "ov") is None
+        assert load_torch_processor(tmp_path / "smolvlm") is None
         assert load_torch_processor(tmp_path / "m3") is not None
-    assert "images for llava_onevision need its processor, which cannot load" in caplog.text
+    assert "images for smolvlm need its processor, which cannot load" in caplog.text
     assert "images on (mistral3: causal positions" in caplog.text
 
 

@@ -1,7 +1,7 @@
 """Tiny random-weight vision-language models whose image tokens are plain causal positions and
 whose processor expands an image into more than one token repeated, built offline from
 transformers' config classes with the processor their checkpoints name (PIL image processors:
-no torchvision): Mistral 3 (Pixtral tower, row breaks and an end token), LLaVA-NeXT and
+no torchvision): Mistral 3 and Pixtral 12B's LLaVA (Pixtral tower, row breaks and an end token), LLaVA-NeXT and
 LLaVA-OneVision (anyres tiles: the count depends on the image's size), Idefics3 (tiles with
 row/column markers), Aya Vision and InternVL (tiles), VipLLaVA (several tower layers) and
 DeepSeek-VL (a fixed count; the encoder only on the inner model). 2 text layers, hidden 64,
@@ -17,7 +17,7 @@ from promptcache.engines.tiny_models import train_tiny_tokenizer
 from promptcache.engines.tiny_vlm_families import _template
 
 EXPANDED_FAMILIES = ("mistral3", "llava_next", "llava_onevision", "idefics3", "aya_vision",
-                     "internvl", "vipllava", "deepseek_vl")  # fmt: skip
+                     "internvl", "vipllava", "deepseek_vl", "llava_pixtral")  # fmt: skip
 PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # anyres grids, in multiples of the 32-pixel tile
 TOWER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
              initializer_range=0.2)  # fmt: skip
@@ -29,6 +29,7 @@ INTERNVL_TOKENS = ("<img>", "</img>", "<IMG_CONTEXT>", "<video>")
 # family -> (the tokens its processor expands an image into, the model's image token)
 TOKENS: dict[str, tuple[tuple[str, ...], str]] = {
     "mistral3": (("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]"),
+    "llava_pixtral": (("[IMG]", "[IMG_BREAK]", "[IMG_END]"), "[IMG]"),
     "llava_next": (("<image>",), "<image>"),
     "llava_onevision": (("<image>", "<video>"), "<image>"),
     "idefics3": (IDEFICS_TOKENS, "<image>"),
@@ -37,16 +38,16 @@ TOKENS: dict[str, tuple[tuple[str, ...], str]] = {
     "vipllava": (("<image>",), "<image>"),
     "deepseek_vl": (("<image_placeholder>",), "<image_placeholder>"),
 }
-PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]",
+PLACEHOLDER = {"internvl": "<IMG_CONTEXT>", "mistral3": "[IMG]", "llava_pixtral": "[IMG]",
                "deepseek_vl": "<image_placeholder>"}  # fmt: skip  # what the template emits
 
 
 def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
     """(model, processor, tokenizer) of family ``name`` with random weights, float32; the
     tokenizer's ChatML template places the family's image placeholder. Mistral 3's processor is
-    its image processor alone (``PixtralProcessor`` needs torchvision), and InternVL's without
-    torchvision (its processor needs it for videos); LLaVA-OneVision's processor needs
-    torchvision: ImportError without it."""
+    its image processor alone (``PixtralProcessor`` needs torchvision), and so are InternVL's and
+    LLaVA-OneVision's (their processors need it for videos): the layouts users without
+    torchvision get, the same wherever the tests run."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
@@ -60,7 +61,7 @@ def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
     if name == "aya_vision":  # Cohere 2: a sliding layer and a full one
         text.update(layer_types=["sliding_attention", "full_attention"], sliding_window=32)
     config = AutoConfig.for_model(
-        name, text_config=text, vision_config=vision, image_token_id=image_id,
+        "llava" if name == "llava_pixtral" else name, text_config=text, vision_config=vision, image_token_id=image_id,
         tie_word_embeddings=False, **extra,
     )  # fmt: skip
     torch.manual_seed(seed)
@@ -70,15 +71,25 @@ def tiny_expanded_family(name: str, seed: int = 0) -> tuple[Any, Any, Any]:
 
 def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(vision config, the outer config's image settings) of a family."""
-    if name == "mistral3":
-        return {**TOWER, "model_type": "pixtral", "image_size": 64, "patch_size": 8,
-                "head_dim": 16}, {"spatial_merge_size": 2, "vision_feature_layer": -1}  # fmt: skip
+    if name in ("mistral3", "llava_pixtral"):  # Pixtral 12B: a llava with the tower, no merge
+        tower = {
+            **TOWER,
+            "model_type": "pixtral",
+            "image_size": 64,
+            "patch_size": 8,
+            "head_dim": 16,
+        }
+        if name == "llava_pixtral":
+            return tower, {"vision_feature_layer": -1, "vision_feature_select_strategy": "full"}
+        return tower, {"spatial_merge_size": 2, "vision_feature_layer": -1}
     if name in ("llava_next", "llava_onevision"):
         kind = "clip_vision_model" if name == "llava_next" else "siglip_vision_model"
         select = "default" if name == "llava_next" else "full"
         return {**TOWER, "model_type": kind, "image_size": 32, "patch_size": 8}, {
             "image_grid_pinpoints": PINPOINTS, "vision_feature_select_strategy": select,
             "vision_feature_layer": -1,
+            # OneVision: a 2x2 grid is more than 2 tiles' worth and shrinks, a 1x2 one does not
+            **({"vision_aspect_ratio": "anyres_max_2"} if name == "llava_onevision" else {}),
         }  # fmt: skip
     if name == "idefics3":
         return {**TOWER, "image_size": 32, "patch_size": 8}, {"scale_factor": 2}
@@ -97,7 +108,7 @@ def _vision(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def _processor(name: str, tokenizer: Any) -> Any:
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import GotOcr2ImageProcessorPil
 
-    if name == "mistral3":
+    if name in ("mistral3", "llava_pixtral"):
         from transformers.models.pixtral.image_processing_pil_pixtral import (
             PixtralImageProcessorPil,
         )
@@ -117,26 +128,14 @@ def _processor(name: str, tokenizer: Any) -> Any:
             images, tokenizer, patch_size=8, vision_feature_select_strategy="default",
             num_additional_image_tokens=1, chat_template=tokenizer.chat_template,
         )  # fmt: skip
-    if name in ("llava_onevision", "internvl"):
-        import importlib.util
-
-        if importlib.util.find_spec("torchvision") is None:
-            if name == "internvl":  # its image processor alone (what loads without torchvision)
-                return GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=4)
-            raise ImportError(f"{name}'s processor needs torchvision (its video processor)")
-    if name == "llava_onevision":
-        from transformers import LlavaOnevisionProcessor
+    if name == "llava_onevision":  # its image processor alone: its processor needs torchvision
         from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
             LlavaOnevisionImageProcessorPil,
         )
 
-        images = LlavaOnevisionImageProcessorPil(
+        return LlavaOnevisionImageProcessorPil(
             size={"height": 32, "width": 32}, image_grid_pinpoints=PINPOINTS
         )
-        return LlavaOnevisionProcessor(
-            images, tokenizer, num_image_tokens=16, vision_feature_select_strategy="full",
-            chat_template=tokenizer.chat_template,
-        )  # fmt: skip
     if name == "idefics3":
         from transformers import Idefics3Processor
         from transformers.models.idefics3.image_processing_pil_idefics3 import (
@@ -172,18 +171,12 @@ def _processor(name: str, tokenizer: Any) -> Any:
         images = DeepseekVLImageProcessorPil(size={"height": 32, "width": 32})
         return DeepseekVLProcessor(images, named, chat_template=tokenizer.chat_template,
                                    num_image_tokens=16)  # fmt: skip
-    tiles = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
-                                     min_patches=1, max_patches=4)  # fmt: skip
     if name == "aya_vision":
         from transformers import AyaVisionProcessor
 
+        tiles = GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, crop_to_patches=True,
+                                         min_patches=1, max_patches=4)  # fmt: skip
         return AyaVisionProcessor(tiles, tokenizer, patch_size=16, img_size=32,
                                   chat_template=tokenizer.chat_template)  # fmt: skip
-    from transformers import InternVLProcessor
-
-    tokenizer.start_image_token, tokenizer.end_image_token = "<img>", "</img>"
-    tokenizer.context_image_token, tokenizer.video_token = "<IMG_CONTEXT>", "<video>"
-    for attr in ("start_image_token", "end_image_token", "context_image_token", "video_token"):
-        setattr(tokenizer, attr + "_id", tokenizer.convert_tokens_to_ids(getattr(tokenizer, attr)))
-    return InternVLProcessor(tiles, tokenizer, image_seq_length=4,
-                             chat_template=tokenizer.chat_template)  # fmt: skip
+    # InternVL: its image processor alone (its processor needs torchvision for videos)
+    return GotOcr2ImageProcessorPil(size={"height": 32, "width": 32}, max_patches=4)

@@ -168,7 +168,7 @@ def load_torch_processor(path: str | Path) -> Any:
                 name, _first_line(exc2),
             )  # fmt: skip
             return None
-    if not can_serve_images(config.model_type, processor):
+    if not can_serve_images(config, processor):
         log.warning(
             "%s: images for %s need its processor, which cannot load (install torchvision); "
             "serving text only (image parts get a 400)", name, config.model_type,
@@ -178,11 +178,12 @@ def load_torch_processor(path: str | Path) -> Any:
     return processor
 
 
-def can_serve_images(kind: str, processor: Any) -> bool:
-    """Whether ``processor`` serves ``kind``'s images (an image processor alone cannot, for a
+def can_serve_images(config: Any, processor: Any) -> bool:
+    """Whether ``processor`` serves ``config``'s images (an image processor alone cannot, for a
     family laid out by its full processor)."""
-    from promptcache.engines.torch.vision_expand import EXPANDED, OWN_LAYOUT
+    from promptcache.engines.torch.vision_expand import EXPANDED, OWN_LAYOUT, layout_kind
 
+    kind = layout_kind(config)
     alone = getattr(processor, "tokenizer", None) is None
     return not (alone and kind in EXPANDED and kind not in OWN_LAYOUT)
 

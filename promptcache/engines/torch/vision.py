@@ -107,7 +107,8 @@ def image_families() -> dict[str, str]:
     from promptcache.engines.torch.vision_families import GEMMA, MROPE
 
     out = dict.fromkeys(LLAVA, "causal positions")
-    out.update(dict.fromkeys(EXPANDED, "causal positions, the processor's image layout"))
+    layout = "causal positions, the processor's image layout"
+    out.update({k: layout for k in EXPANDED if k != "pixtral"})  # pixtral: a kind of llava
     out.update(dict.fromkeys(MROPE, "3-D RoPE positions"))
     out.update(dict.fromkeys(GEMMA, "bidirectional image attention"))
     return out
@@ -118,11 +119,11 @@ def make_vision(
 ) -> Any:
     """The ``VisionModel`` for ``model``: ``processor`` is its ``AutoProcessor`` or, where that
     cannot load (a video processor needing torchvision), its image processor alone."""
-    from promptcache.engines.torch.vision_expand import EXPANDED, ExpandedVision
+    from promptcache.engines.torch.vision_expand import ExpandedVision, is_expanded
     from promptcache.engines.torch.vision_families import GEMMA, MROPE, GemmaVision, QwenVision
 
     kind = getattr(model.config, "model_type", "")
-    if kind in EXPANDED:
+    if is_expanded(model.config):
         return ExpandedVision(model, processor, tokenizer, device, dtype, cache_arg)
     if kind in MROPE:
         return QwenVision(model, processor, tokenizer, device, dtype, cache_arg)

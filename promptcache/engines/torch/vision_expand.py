@@ -1,8 +1,8 @@
 """Images for transformers families whose image tokens are plain causal positions but whose
-expansion is more than one token repeated (``VisionModel`` on torch): Mistral 3 / Pixtral rows
-with break and end tokens, LLaVA-NeXT / OneVision anyres tiles (the count depends on the size),
-Idefics3 / SmolVLM tile markers, Aya Vision, InternVL, and VipLLaVA / DeepSeek-VL (one token
-repeated, a count only their processor knows).
+expansion is more than one token repeated (``VisionModel`` on torch): Mistral 3 and Pixtral 12B
+(a LLaVA) rows with break and end tokens, LLaVA-NeXT / OneVision anyres tiles (the count depends
+on the size), Idefics3 / SmolVLM tile markers, Aya Vision, InternVL, and VipLLaVA / DeepSeek-VL
+(one token repeated, a count only their processor knows).
 
 The processor is the family's own: its ``replace_image_token`` (the transformers 5 hook every
 processor implements) gives an image's text, its image processor the pixels, and
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -28,11 +29,13 @@ from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.torch.vision import spliced_forward
 from promptcache.engines.vision import VisionChunk, chat_text
 
-EXPANDED = ("mistral3", "llava_next", "llava_onevision", "idefics3", "smolvlm", "aya_vision",
-            "internvl", "vipllava", "deepseek_vl")  # fmt: skip
+EXPANDED = ("mistral3", "pixtral", "llava_next", "llava_onevision", "idefics3", "smolvlm",
+            "aya_vision", "internvl", "vipllava", "deepseek_vl")  # fmt: skip
+# ("pixtral": a llava checkpoint with a Pixtral tower, as ``layout_kind`` names it)
 # family -> its template's placeholder, where its layout is ours when the processor cannot load
-# (PixtralProcessor and InternVL's video processor need torchvision)
-OWN_LAYOUT = {"mistral3": "[IMG]", "internvl": "<IMG_CONTEXT>"}
+# (PixtralProcessor and InternVL's and OneVision's video processors need torchvision)
+OWN_LAYOUT = {"mistral3": "[IMG]", "pixtral": "[IMG]", "internvl": "<IMG_CONTEXT>",
+              "llava_onevision": "<image>"}  # fmt: skip
 MAX_LAYOUTS = 4096  # images whose expansion is remembered (render needs it on every turn)
 TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids",
              "text_replacement_offsets")  # fmt: skip
@@ -46,7 +49,7 @@ class ExpandedVision:
     def __init__(
         self, model: Any, processor: Any, tokenizer: Any, device: Any, dtype: Any, cache_arg: str
     ) -> None:
-        self.kind = kind = model.config.model_type
+        self.kind = kind = layout_kind(model.config)
         self.is_full = getattr(processor, "tokenizer", None) is not None
         if not self.is_full and kind not in OWN_LAYOUT:
             raise ConfigError(f"images for {kind} need its processor, which did not load")
@@ -65,7 +68,10 @@ class ExpandedVision:
         self.pixel_args = {n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
         self._layouts: dict[bytes, tuple[str, list[int]]] = {}
         self._lock = threading.Lock()
-        settings = {"image_processor": self.images.to_dict(),
+        # the layout's own settings too (tile size, tokens per tile: the markers in the rows)
+        layout = {k: v for k, v in vars(processor).items()
+                  if isinstance(v, int | float | str) and k != "chat_template"}  # fmt: skip
+        settings = {"image_processor": self.images.to_dict(), "layout": layout,
                     "kind": type(self).__name__, "placeholder": self.placeholder}  # fmt: skip
         raw = json.dumps(settings, sort_keys=True, default=str).encode()
         self.settings_key = digest_bytes(raw).hex()
@@ -79,7 +85,7 @@ class ExpandedVision:
                     add_special_tokens=False, return_text_replacement_offsets=True,
                 )  # fmt: skip
             else:
-                build = pixtral_layout if self.kind == "mistral3" else internvl_layout
+                build = LAYOUTS[self.kind]
                 out = build(self.model, self.images, self.tokenizer, image)
         except Exception as exc:  # the client's image (a size or shape the processor refuses)
             raise RequestError(f"the image processor refused an image: {exc}") from exc
@@ -160,12 +166,23 @@ class ExpandedVision:
         return spliced_forward(self.model, self.cache_arg, self.device, state, chunk)
 
 
+def is_expanded(config: Any) -> bool:
+    """Whether ``config``'s images go through ``ExpandedVision``: an ``EXPANDED`` family, or a
+    LLaVA checkpoint with a Pixtral tower (Pixtral 12B: its processor's row-break layout)."""
+    return layout_kind(config) in EXPANDED
+
+
+def layout_kind(config: Any) -> str:
+    tower = getattr(getattr(config, "vision_config", None), "model_type", "")
+    return "pixtral" if config.model_type == "llava" and tower == "pixtral" else config.model_type
+
+
 def pixtral_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) -> dict[str, Any]:
     """Mistral 3 without its ``PixtralProcessor`` (which needs torchvision): the image processor
     resizes to whole merged patches, then rows of ``[IMG]`` each end in ``[IMG_BREAK]``, the last
     in ``[IMG_END]`` (the processor's layout), as the processor's output dict."""
     cfg = model.config
-    patch = int(cfg.vision_config.patch_size) * int(cfg.spatial_merge_size)
+    patch = int(cfg.vision_config.patch_size) * int(getattr(cfg, "spatial_merge_size", 1))
     out = dict(images(images=[image.to_pil()], return_tensors="pt",
                       patch_size={"height": patch, "width": patch}))  # fmt: skip
     height, width = (int(x) for x in out["image_sizes"][0])
@@ -184,6 +201,35 @@ def internvl_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) 
     out = dict(images(images=[image.to_pil()], return_tensors="pt", crop_to_patches=True))
     tiles = int(out.pop("num_patches")[0])
     return _with_text(out, tokenizer, "<img>" + "<IMG_CONTEXT>" * (per_tile * tiles) + "</img>")
+
+
+def onevision_layout(model: Any, images: Any, tokenizer: Any, image: ImageInput) -> dict[str, Any]:
+    """LLaVA-OneVision without its processor: the base tile's tokens, then the anyres grid cut
+    back to the image's aspect with a newline per row, shrunk to ``anyres_max_N`` tiles' worth
+    (the processor's count; the model checks it against its features)."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    cfg = model.config
+    out = dict(images(images=[image.to_pil()], return_tensors="pt"))
+    height, width = (int(x) for x in out["image_sizes"][0])
+    tile_h, tile_w = (int(x) for x in out["pixel_values"].shape[-2:])
+    best_h, best_w = select_best_resolution([height, width], cfg.image_grid_pinpoints)
+    side = int(cfg.vision_config.image_size) // int(cfg.vision_config.patch_size)
+    rows, cols = side * (best_h // tile_h), side * (best_w // tile_w)
+    if width / height > cols / rows:  # padding above and below, then left and right
+        rows -= 2 * ((rows - int(round(height * (cols / width), 7))) // 2)
+    else:
+        cols -= 2 * ((cols - int(round(width * (rows / height), 7))) // 2)
+    cap = int(str(cfg.vision_aspect_ratio).removeprefix("anyres_max_"))
+    ratio = math.sqrt(rows * cols / (cap * side * side))
+    if ratio > 1.1:
+        rows, cols = int(rows // ratio), int(cols // ratio)
+    count = side * side + rows * cols + rows - (cfg.vision_feature_select_strategy == "default")
+    return _with_text(out, tokenizer, "<image>" * count)
+
+
+LAYOUTS = {"mistral3": pixtral_layout, "pixtral": pixtral_layout, "internvl": internvl_layout,
+           "llava_onevision": onevision_layout}  # fmt: skip
 
 
 def _with_text(out: dict[str, Any], tokenizer: Any, text: str) -> dict[str, Any]:
