@@ -87,6 +87,11 @@ def test_cold_then_full_hit_then_divergence_at_a_header(main_server):
     assert again["cached_tokens"] == again["prompt_tokens"] - 1
     assert again["tokens_by_tier"] == {"ram": again["cached_tokens"]}
     assert again["ttft_uncached_s"] >= again["ttft_s"] and again["saved_s"] > 0
+    # where the TTFT went: a full hit prefills its last token in one forward, from the live state
+    ph, cold = again["phases"], rec["phases"]
+    assert ph["num_forwards"] == 1 and cold["num_forwards"] >= 1 and cold["restore_ms"] == 0
+    assert 0 < ph["prefill_ms"] <= again["ttft_s"] * 1e3
+    assert sum(v for k, v in ph.items() if k.endswith("_ms")) <= again["ttft_s"] * 1e3 + 1
     # the header changes, as a per-session billing header does: the prefix breaks inside it
     chat(srv, SYSTEM.replace("travel", "x-billing: cch=bbbb; travel", 1))
     rec = last_record(srv)

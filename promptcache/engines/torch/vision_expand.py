@@ -68,7 +68,10 @@ class ExpandedVision:
         self.pixel_args = {n for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD}
         self._layouts: dict[bytes, tuple[str, list[int]]] = {}
         self._lock = threading.Lock()
-        settings = {"image_processor": self.images.to_dict(),
+        # the layout's own settings too (tile size, tokens per tile: the markers in the rows)
+        layout = {k: v for k, v in vars(processor).items()
+                  if isinstance(v, int | float | str) and k != "chat_template"}  # fmt: skip
+        settings = {"image_processor": self.images.to_dict(), "layout": layout,
                     "kind": type(self).__name__, "placeholder": self.placeholder}  # fmt: skip
         raw = json.dumps(settings, sort_keys=True, default=str).encode()
         self.settings_key = digest_bytes(raw).hex()
