@@ -152,6 +152,12 @@ def figure_bench(work: Path, args: argparse.Namespace) -> Metrics:
         "TTFT s off (median)": (statistics.median(t["ttft_off_s"] for t in turns), LOWER),
         "TTFT s ideal, turns 2+": (statistics.median(t["ttft_ideal_s"] for t in later), LOWER),
         "cached tokens, all turns": (sum(t["cached_tokens"] for t in turns), EXACT),
+        # same-run ratios: the load drifts between runs far more than between a run's modes
+        "on/ideal, turns 2+ (same run)": (
+            statistics.median(t["on_vs_ideal"] for t in later),
+            LOWER,
+        ),
+        "on/off, turns 2+ (same run)": (statistics.median(t["on_vs_off"] for t in later), LOWER),
     }
 
 

@@ -7,14 +7,15 @@ greedy agreement with float32 (turns identical, tokens before the first divergen
 tok/s of one request generating ``--decode`` tokens through the engine (scheduler, sampling,
 text stream: all but HTTP) after a short chat prompt (peer_bench's decode request), the modes
 interleaved round by round (medians of ``--repeats``), the load average and the RSS growth per
-token beside each; ``--compile`` adds each mode with the compiled decode step (its compile time
-reported); ``--peers`` prints the peers' decode figures of a peer_bench JSON beside; with
-``--with-concat`` also float32 on a plain concatenating ``DynamicCache`` (the old lone path).
+token beside each; ``--compile MODES`` adds those modes with the compiled decode step (its
+compile time reported: minutes per mode on a small CPU); ``--peers`` prints the peers' decode
+figures of a peer_bench JSON beside; ``--with-concat`` adds float32 on a concatenating
+``DynamicCache`` (the old lone path).
 
     .venv/bin/python benchmarks/weights_bench.py \
         --conversation ../shared/data/tau_bench/gpt-4o-airline.json --indices 0,1 --turns 6
-    .venv/bin/python benchmarks/weights_bench.py --speed-only --compile \
-        --peers /work/notes/peers/quiet1.json
+    .venv/bin/python benchmarks/weights_bench.py --speed-only --modes model,int8,int4 \
+        --compile model,int4 --peers /work/notes/peers/quiet1.json
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quant_bench import agreement, chat_messages, run_conversation, turns_of  # noqa: E402
 
 MODES = ("model", "int8", "int4")
-LABEL = {"model": "float32", "dense": "float32 dense", "int8": "int8", "int4": "int4"}
+LABEL = {"model": "float32", "int8": "int8", "int4": "int4"}
 DECODE_PROMPT = "Write a long, detailed story about a day in the life of an airline agent."
 
 
@@ -126,7 +127,7 @@ def main() -> int:
     p.add_argument("--gen", type=int, default=16, help="greedy tokens per turn (agreement)")
     p.add_argument("--speed-only", action="store_true", help="skip the quality part")
     p.add_argument("--modes", default=",".join(MODES), help="weights modes to run")
-    p.add_argument("--compile", action="store_true", help="also each mode with --compile")
+    p.add_argument("--compile", default="", help="modes to run with --compile too, e.g. model,int4")
     p.add_argument("--decode", type=int, default=256, help="decode tokens timed per run")
     p.add_argument("--repeats", type=int, default=3, help="interleaved speed rounds")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto)")
@@ -151,7 +152,7 @@ def main() -> int:
     engines: dict[str, Any] = {}
     compile_s: dict[str, float] = {}
     for mode in args.modes.split(","):
-        for compiled in (False, True) if args.compile else (False,):
+        for compiled in (False, True) if mode in args.compile.split(",") else (False,):
             name = LABEL[mode] + (" +compile" if compiled else "")
             model, tokenizer = TorchEngine.load_weights(path, weights=mode)
             engines[name] = engine = TorchEngine(

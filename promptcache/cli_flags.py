@@ -141,9 +141,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "weights",
         None,
         "torch engine, CPU: run the linear layers on int8 or int4 weights (weight-only, "
-        "torch's packed kernels; a separate cache fingerprint), or dense: float32 linear "
-        "layers on torch's default matmul instead of oneDNN-packed weights (default: the "
-        "model's dtype, packed for oneDNN on a CPU in float32)",
+        "torch's packed kernels; a separate cache fingerprint) (default: the model's dtype)",
     )
     add_flag(p, "device", "cpu", "torch device: cpu | cuda")
     add_switch(

@@ -22,8 +22,6 @@ from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, th
 from promptcache.engines.torch.weights import (  # noqa: E402
     Int4Linear,
     Int8Linear,
-    PackedLinear,
-    pack_linears,
     quantize_linears,
     weights_bytes,
     weights_mode,
@@ -41,8 +39,6 @@ def models():
     for mode in ("int8", "int4"):
         out[mode] = copy.deepcopy(base)
         assert quantize_linears(out[mode], mode) == 15  # 2 x (4 attention + 3 MLP) + LM head
-    out["packed"] = copy.deepcopy(base)
-    assert pack_linears(out["packed"]) == 15  # float32, oneDNN's layout (the default on a CPU)
     return out
 
 
@@ -62,26 +58,7 @@ def test_quantized_layers_replace_every_linear_and_stay_close(models, mode):
     assert rel > 0  # the weights really changed
 
 
-def test_packed_float32_layers_compute_the_same_numbers(models):
-    """oneDNN-packed float32 weights: every nn.Linear replaced, the same logits up to float
-    rounding, the mode still "model" but the fingerprint still covering the weights."""
-    model, base = models["packed"], models["model"]
-    assert not any(type(m) is torch.nn.Linear for m in model.modules())
-    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == 15
-    ids = torch.tensor([list(range(3, 60))])
-    with torch.inference_mode():
-        want, got = base(input_ids=ids).logits, model(input_ids=ids).logits
-        one = model(input_ids=ids[:, :1]).logits  # a one-row input (the decode case)
-    assert ((got - want).abs().max() / want.abs().max()).item() < 1e-5
-    assert (one[0, 0] - want[0, 0]).abs().max().item() < 1e-4
-    assert weights_mode(model) == "model"
-    other = tiny_model("llama", seed=1)
-    pack_linears(other)
-    prints = {TorchRunner(m, ByteTokenizer()).fingerprint for m in (model, other)}
-    assert len(prints) == 2
-
-
-@pytest.mark.parametrize("mode", ["int8", "int4", "packed"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_engines_cache_on_equals_cache_off(models, mode):
     model = models[mode]
     cached = TorchEngine(
@@ -110,7 +87,7 @@ def _logits_of(engine, prompt):
 
 def test_fingerprints_differ_per_weights_mode(models):
     prints = {mode: TorchRunner(m, ByteTokenizer()).fingerprint for mode, m in models.items()}
-    assert len(set(prints.values())) == 4
+    assert len(set(prints.values())) == 3
     assert TorchRunner(models["int8"], ByteTokenizer()).fingerprint == prints["int8"]  # stable
 
 
@@ -130,7 +107,7 @@ def test_one_row_decode_in_place_equals_a_full_recompute(monkeypatch):
 
 
 def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
-    with pytest.raises(ConfigError, match="use int8, int4 or dense"):
+    with pytest.raises(ConfigError, match="use int8 or int4"):
         build_engine("torch", None, weights="int3")
     with pytest.raises(ConfigError, match="needs --engine torch"):
         build_engine("mlx", None, weights="int8")
@@ -140,9 +117,7 @@ def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
     env = {**os.environ, "PROMPTCACHE_HOME": str(tmp_path)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert (
-        "--weights 'fp3': use int8, int4 or dense" in proc.stderr and "Traceback" not in proc.stderr
-    )
+    assert "--weights 'fp3': use int8 or int4" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_threads_default_follows_the_other_processes_load():
@@ -198,6 +173,9 @@ def test_compiled_decode_equals_eager(models, monkeypatch):
     eager = TorchRunner(models["model"], ByteTokenizer())
     fast = TorchRunner(copy.deepcopy(models["model"]), ByteTokenizer())
     assert fast.enable_compile() > 0 and fast._step is not None
+    twin, eager_mlp = fast._step._orig_mod, fast.model.model.layers[0].mlp
+    assert twin.model.layers[0].mlp.up_proj.weight is eager_mlp.up_proj.weight  # no copy
+    assert type(twin.model.layers[0].mlp.up_proj) is torch.nn.Linear  # inductor's to lower
     prompts = [list(range(3, 40)), list(range(50, 61))]
     for rows in (1, 2):
         a_states = [fast.new_state() for _ in range(rows)]

@@ -17,11 +17,16 @@ tests' models but logits differ by float noise, hence opt-in. The compile happen
 
 from __future__ import annotations
 
+import copy
+import itertools
 import logging
 import time
 from typing import Any
 
 import torch
+from torch import nn
+
+from promptcache.engines.torch.onednn import OneDnnLinear
 
 log = logging.getLogger("promptcache")
 
@@ -31,7 +36,23 @@ OPTIONS = {"cpp.dynamic_threads": True}
 
 def compile_decode(model: Any) -> Any:
     """The model's forward for one-token steps, compiled lazily (``warm_up`` triggers it)."""
-    return torch.compile(model, dynamic=True, options=OPTIONS)
+    return torch.compile(plain_twin(model), dynamic=True, options=OPTIONS)
+
+
+def plain_twin(model: Any) -> Any:
+    """The model's modules again over the very same tensors (no weight is copied), with every
+    ``OneDnnLinear`` a plain ``nn.Linear``: inductor lowers those itself, and cannot lower
+    oneDNN's op on unpacked weights; the eager model (prefill) keeps oneDNN."""
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    twin = copy.deepcopy(model, memo)
+    for name, module in list(twin.named_modules()):
+        if isinstance(module, OneDnnLinear):
+            linear = nn.Linear.__new__(nn.Linear)
+            nn.Module.__init__(linear)  # not nn.Linear's: it would allocate fresh weights
+            linear.in_features, linear.out_features = module.in_features, module.out_features
+            linear.weight, linear.bias = module.weight, module.bias
+            twin.set_submodule(name, linear)
+    return twin
 
 
 def warm_up(runner: Any, num_tokens: int = 4, rows: tuple[int, ...] = (1,)) -> float:

@@ -42,9 +42,7 @@ from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.engines.torch.vision import image_families, make_vision
 from promptcache.engines.torch.weights import (
     check_weights_mode,
-    pack_linears,
     quantize_linears,
-    unpack_if_read,
     weights_mode,
 )
 from promptcache.models import context_extension_note, rope_scaling_for
@@ -82,10 +80,7 @@ def load_torch_weights(
         raise load_error(path, exc) from None
     model = model.to(device).eval()
     quantize_linears(model, weights)
-    if weights == "model":
-        pack_linears(model)  # float32 on a CPU: oneDNN's packed layout (weights.PackedLinear)
     check_forward(model, path)  # after the swap: the quantized kernels run too
-    unpack_if_read(model)  # a model that reads its linear weights keeps nn.Linear
     # read back by TorchRunner (an engine built on a shared model reports it too)
     object.__setattr__(model, "promptcache_rope_scaling", rope)
     if rope is not None:

@@ -8,12 +8,6 @@ kernels: ``aten._weight_int8pack_mm`` (int8, one scale per output channel) and
 Both kernels take bfloat16 activations (their float32 paths are scalar and slower than a float32
 matmul), so a layer's input is rounded to bfloat16 and its output cast back. A layer whose shape
 a kernel refuses keeps its weights at the model's dtype. Embeddings and norms are not touched.
-
-Float32 on a CPU (the default mode, ``model``) packs each linear layer's weights once for
-oneDNN (``PackedLinear``): torch's default float32 matmul reads the plain row-major weight at
-well under the memory bandwidth for one-row inputs (a decode step), the packed layout at about
-the bandwidth (about 1.5x faster per token on the bundled model, prefill too). Same numbers up
-to float rounding; ``dense`` keeps ``nn.Linear`` as it is.
 """
 
 from __future__ import annotations
@@ -28,8 +22,7 @@ from promptcache.engines.errors import ConfigError
 
 log = logging.getLogger("promptcache")
 
-# "model": the checkpoint's dtype (float32 on a CPU: packed for oneDNN); "dense": plain nn.Linear
-WEIGHT_MODES = ("model", "dense", "int8", "int4")
+WEIGHT_MODES = ("model", "int8", "int4")  # "model": the weights as the checkpoint's dtype
 INT4_GROUP = 32  # inputs per int4 scale/zero (the finest group the CPU kernel takes)
 COMPUTE = torch.bfloat16  # the activations' dtype inside both kernels
 
@@ -87,88 +80,6 @@ class Int4Linear(nn.Module):
         return _finish(y, x, self.out_features, self.bias)
 
 
-class PackedLinear(nn.Module):
-    """y = x W^T + b in float32 with W packed once for oneDNN (``mkldnn._reorder_linear_weight``
-    for one-row inputs, the decode case; other row counts run on it too). ``weight_sample``: a
-    strided sample of W, so the model's fingerprint still covers these weights."""
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        w = linear.weight.detach()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
-        flat = w.reshape(-1)
-        self.register_buffer("weight_sample", flat[:: max(1, flat.numel() // 256)][:256].clone())
-        self.bias = _keep_bias(linear)
-
-        self.num_weight_reads = 0
-
-    @property
-    def weight(self) -> torch.Tensor:
-        """The plain weight, rebuilt from the packed one (a model that reads it, e.g. for its
-        dtype, still works; ``load_torch_weights`` then unpacks: a rebuild per read is slow)."""
-        self.num_weight_reads += 1
-        return self.packed.to_dense()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, self.in_features)
-        y = torch.ops.mkldnn._linear_pointwise(flat, self.packed, self.bias, "none", [], "")
-        return y.reshape(*x.shape[:-1], self.out_features)
-
-    def unpack(self) -> nn.Linear:
-        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None)
-        linear.weight = nn.Parameter(self.packed.to_dense(), requires_grad=False)
-        if self.bias is not None:
-            linear.bias = self.bias
-        return linear
-
-
-def can_pack(model: nn.Module) -> bool:
-    """Float32 on a CPU whose torch has oneDNN (the packed kernels' case)."""
-    p = next(model.parameters())
-    return (
-        p.dtype == torch.float32 and p.device.type == "cpu" and torch.backends.mkldnn.is_available()
-    )
-
-
-MAX_PACKED_HEAD_BYTES = 512 << 20  # a tied LM head is packed (a copy) only below this size
-
-
-def pack_linears(model: nn.Module) -> int:
-    """Replace every float32 ``nn.Linear`` by a ``PackedLinear`` (in place); the number replaced
-    (0 where ``can_pack`` is false). A head tied to the embedding gets its own packed copy
-    unless it is large (the embedding keeps the float weights for the lookup)."""
-    if not can_pack(model):
-        return 0
-    tied = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    names = [
-        name
-        for name, m in model.named_modules()
-        if type(m) is nn.Linear
-        and (id(m.weight) not in tied or m.weight.numel() * 4 <= MAX_PACKED_HEAD_BYTES)
-    ]
-    with torch.no_grad():
-        try:
-            for name in names:
-                model.set_submodule(name, PackedLinear(model.get_submodule(name)))
-        except RuntimeError as exc:  # a oneDNN that refuses a shape: the rest stays dense
-            log.info("float32 linear layers stay dense (oneDNN packing failed: %s)", exc)
-    return sum(isinstance(m, PackedLinear) for m in model.modules())
-
-
-def unpack_if_read(model: nn.Module) -> int:
-    """Back to ``nn.Linear`` everywhere when the model read some packed layer's ``weight`` (in
-    the start-up check's forward: it reads it in every forward); the number unpacked."""
-    packed = [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
-    if not any(m.num_weight_reads for _, m in packed):
-        return 0
-    with torch.no_grad():
-        for name, module in packed:
-            model.set_submodule(name, module.unpack())
-    log.info("float32 linear layers stay dense: %s reads their weights", type(model).__name__)
-    return len(packed)
-
-
 def _keep_bias(linear: nn.Linear) -> nn.Parameter | None:
     return None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
 
@@ -186,9 +97,7 @@ def check_weights_mode(mode: str | None, device: str | torch.device = "cpu") -> 
     kernels do not run on."""
     mode = mode or "model"
     if mode not in WEIGHT_MODES:
-        raise ConfigError(
-            f"--weights {mode!r}: use int8, int4 or dense (default: the model's dtype)"
-        )
+        raise ConfigError(f"--weights {mode!r}: use int8 or int4 (default: the model's dtype)")
     if mode in QUANTIZED and torch.device(device).type != "cpu":
         raise ConfigError(f"--weights {mode} runs on torch's CPU kernels: use --device cpu")
     return mode
