@@ -254,6 +254,16 @@ def test_a_request_alone_prefills_whole_chunks_and_reports_its_phases():
     again = list(engine.generate(prompt + [9, 9], SamplingParams(max_tokens=3)))
     hit = next(ev for ev in again if isinstance(ev, PrefillDone))
     assert hit.cached_tokens >= len(prompt) and hit.phases.num_forwards == 1
+    # a new turn whose few tokens cross a chunk boundary runs them in one forward; the save at
+    # its end still covers the boundary (the next turn reuses past it)
+    turn = prompt + [9, 9] + again[-1].completion_ids + list(range(40, 49))  # 60 + 9: past 64
+    got = list(engine.generate(turn, SamplingParams(max_tokens=3)))
+    done = next(ev for ev in got if isinstance(ev, PrefillDone))
+    assert done.cached_tokens // CHUNK < len(turn) // CHUNK and done.phases.num_forwards == 1
+    want = reply(torch_engine("llama"), turn, SamplingParams(max_tokens=3)).completion_ids
+    assert got[-1].completion_ids == want
+    last = list(engine.generate(turn + [5], SamplingParams(max_tokens=1)))
+    assert last[-1].cached_tokens >= len(turn) // BLOCK * BLOCK
     check_clean(engine)
 
 

@@ -19,7 +19,9 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    budget bounds a step's length (how long a newcomer waits); with snapshot layers (sliding
    window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. A request
    alone in the engine runs whole chunks too (fewer forwards: each one streams every weight and
-   copies the whole KV cache once); one arriving meanwhile waits at most that chunk. At least
+   copies the whole KV cache once); one arriving meanwhile waits at most that chunk. On
+   attention-only layouts a rest that fits the budget runs in one forward, across a chunk
+   boundary if it has to (the save at the prompt's end covers that boundary). At least
    one piece runs per step (``MIN_PIECE`` tokens when decode took the budget). Saves stay at
    multiples of ``prefill_chunk`` and the prompt's end: the cache's blocks and checkpoints land
    where they would for a request alone. A prompt completed here has its first token sampled
@@ -187,7 +189,11 @@ class Batcher:
             if req in moved and moved[req].outcome is not Phase.PREFILL:
                 continue
             end = self.steps.chunk_end(req)
-            if self.splits:  # a piece of the chunk: the budget bounds the step's length
+            if self.splits and req.num_prompt - req.pos <= budget:
+                # the rest fits: one forward across a chunk boundary, not two (the save at the
+                # prompt's end covers that boundary's blocks; attention-only layouts)
+                end = req.num_prompt
+            elif self.splits:  # a piece of the chunk: the budget bounds the step's length
                 end = min(end, req.pos + max(budget, 0 if ran else MIN_PIECE))
             finishes = end == req.num_prompt
             # a step that completes some prompt ends there (its first token reaches the client
