@@ -210,7 +210,7 @@ def test_unusable_folders_are_config_errors(tmp_path):
 
 
 def test_concurrent_image_requests_decode_batched_with_their_lone_tokens(tiny):
-    import threading
+    from vlm_chat import replies_alone_and_together
 
     alone, together = make_engine(tiny), make_engine(tiny)
     asks = [(chat("what is ", None), 9), (chat("Describe ", None, " briefly please"), 10),
@@ -221,22 +221,7 @@ def test_concurrent_image_requests_decode_batched_with_their_lone_tokens(tiny):
         prompts.append(together.encode_chat_images(messages, None, images))
     params = SamplingParams(max_tokens=16)
 
-    def reply(engine, ids, spans):
-        return list(engine.generate(ids, params, images=spans))[-1].completion_ids
-
-    want = [reply(alone, ids, spans) for ids, spans in prompts]
-    got: list = [None] * len(prompts)
-    gate = threading.Barrier(len(prompts))
-
-    def run(i):
-        gate.wait()
-        got[i] = reply(together, *prompts[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    want, got = replies_alone_and_together(alone, together, prompts, params)
     assert got == want
     stats = together.cache_stats()
     assert stats["max_batch_rows"] >= 2 and stats["num_pinned_blocks"] == 0  # shared forwards

@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("mlx_vlm")
 
-from vlm_chat import check_conversation, picture, user  # noqa: E402
+from vlm_chat import check_conversation, picture, replies_alone_and_together, user  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.mlx.tiny_mrope import TINY_MROPE_FAMILIES, save_mrope  # noqa: E402
@@ -162,7 +162,6 @@ def test_a_config_mlx_vlm_cannot_read_is_a_clean_refusal_not_a_traceback(tmp_pat
 
 
 def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny):
-    import threading
 
     if tiny[0] not in ("qwen3_vl", "qwen3_5"):  # the batched step itself: every family above
         pytest.skip("served concurrently: one full-attention and one hybrid family")
@@ -174,22 +173,7 @@ def test_concurrent_image_requests_decode_batched_with_their_own_positions(tiny)
     prompts = [together.encode_chat_images(m, None, ims) for m, ims in asks]
     params = SamplingParams(max_tokens=12)
 
-    def reply(engine, ids, spans):
-        return list(engine.generate(ids, params, images=spans))[-1].completion_ids
-
-    want = [reply(alone, ids, spans) for ids, spans in prompts]
-    got: list = [None] * len(prompts)
-    gate = threading.Barrier(len(prompts))
-
-    def run(i):
-        gate.wait()
-        got[i] = reply(together, *prompts[i])
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
+    want, got = replies_alone_and_together(alone, together, prompts, params)
     assert got == want  # each row decodes at its own rope-shifted position
     stats = together.cache_stats()
     assert stats["max_batch_rows"] >= 2

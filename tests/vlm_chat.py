@@ -80,3 +80,27 @@ def check_conversation(cached, plain):
 
 def spans_before(spans, hit):
     return sum(1 for s in spans if s.end <= hit)
+
+
+def replies_alone_and_together(alone, together, prompts, params):
+    """Each prompt's completion ids run one at a time on ``alone``, and all at once (released
+    together by a barrier) on ``together``: (want, got)."""
+    import threading
+
+    def reply(engine, ids, spans):
+        return list(engine.generate(ids, params, images=spans))[-1].completion_ids
+
+    want = [reply(alone, ids, spans) for ids, spans in prompts]
+    got: list = [None] * len(prompts)
+    gate = threading.Barrier(len(prompts))
+
+    def run(i):
+        gate.wait()
+        got[i] = reply(together, *prompts[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return want, got

@@ -81,13 +81,17 @@ class FrecencyPolicy:
             meta.entry = None
             self._num_listed -= 1
 
-    def on_insert(self, block: Block) -> None:
+    def _seed_uses(self, block: Block) -> int:
+        """Uses a block (re)inserted starts with: 1, plus what the history remembers of it."""
         base = 1
         seen = self._history.pop(block.block_hash, None)
         if seen is not None:
             base += seen[0]
             self._observe(block.last_access - seen[1], 0.001)
-        self._metas[block] = _Meta(base)
+        return base
+
+    def on_insert(self, block: Block) -> None:
+        self._metas[block] = _Meta(self._seed_uses(block))
 
     def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
         # every hit block's reuse interval counts, but in O(1): the blocks after the point where

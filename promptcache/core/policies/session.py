@@ -123,11 +123,7 @@ class SessionPolicy(FrecencyPolicy):
         return pri
 
     def on_insert(self, block: Block) -> None:
-        base = 1
-        seen = self._history.pop(block.block_hash, None)
-        if seen is not None:
-            base += seen[0]
-            self._observe(block.last_access - seen[1], 0.001)
+        base = self._seed_uses(block)
         parent = block.parent
         pm = self._metas.get(parent) if parent is not None else None
         depth = 0
