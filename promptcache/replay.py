@@ -128,6 +128,18 @@ def output_tokens(index: int, length: int) -> np.ndarray:
     return rng.integers(2**31, 2**32 - 1, size=length, dtype=np.uint32)
 
 
+ATTENTION_CONTEXT = 24_576  # 6 x hidden 4096: an 8B-class model (see prefill_cost)
+
+
+def prefill_cost(num_tokens: int, attention_context: int = ATTENTION_CONTEXT) -> float:
+    """Relative compute to prefill tokens 0..n-1 from scratch: the token at position p costs
+    ``1 + p / C``. Per layer a token's linear layers take ~24 d^2 FLOPs (QKV/O 8 d^2, MLP
+    16 d^2) and its attention over the p tokens before it ~4 p d, so ``C = 6 d`` (d: the hidden
+    size); a cached prefix of h tokens saves ``prefill_cost(h)``: deeper blocks save more."""
+    n = num_tokens
+    return n + n * (n - 1) / (2 * attention_context)
+
+
 def replay(
     requests: list[TraceRequest] | Iterator[TraceRequest],
     capacity_tokens: int,
@@ -138,12 +150,15 @@ def replay(
     with_output: bool = False,
     check_every: int = 0,
     before_request: Callable[[int, TraceRequest], None] | None = None,
+    attention_context: int = ATTENTION_CONTEXT,
 ) -> dict[str, Any]:
     """Replay ``requests``; ``before_request(i, req)`` runs before each one is served (the
-    offline reference policies in benchmarks/ use it to see the future)."""
+    offline reference policies in benchmarks/ use it to see the future). ``compute_saved`` in
+    the result: the fraction of the prompts' prefill compute the hits saved (``prefill_cost``)."""
     cache = PromptCache("replay", block_size=block_size, ram_budget=capacity_tokens, policy=policy)
     t0 = time.perf_counter()
     num = prompt_total = cached_total = 0
+    cost_total = cost_saved = 0.0
     for i, req in enumerate(requests):
         if before_request is not None:
             before_request(i, req)
@@ -151,7 +166,9 @@ def replay(
         seq = cache.sequence(tokens)
         with cache.lookup(seq) as hit:
             cached_total += hit.num_tokens
+            cost_saved += prefill_cost(hit.num_tokens, attention_context)
         prompt_total += seq.num_tokens
+        cost_total += prefill_cost(seq.num_tokens, attention_context)
         num += 1
         if with_output and req.output_length:
             seed = req.reply_seed if req.reply_seed >= 0 else i
@@ -163,6 +180,7 @@ def replay(
     return {
         **stats.whatif,
         "hit_rate": cached_total / prompt_total if prompt_total else 0.0,
+        "compute_saved": cost_saved / cost_total if cost_total else 0.0,
         "requests": num,
         "prompt_tokens": prompt_total,
         "cached_tokens": cached_total,

@@ -38,7 +38,14 @@ MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
 MAX_RATE = 64
-SWITCH_MARGIN = 0.005  # of the decayed lookup volume: near-ties are not worth a hand-over
+# A challenger takes over when its lead is SWITCH_MARGIN of the decayed lookup volume since the
+# miniatures filled (near-ties are not worth a hand-over), or a smaller lead (SWITCH_MIN_LEAD)
+# is SWITCH_Z times its noise: the miniatures' gap is a fraction of the full-size one where
+# samples are few, but its sign holds.
+SWITCH_MARGIN = 0.005
+RACE_FULLS = 8.0  # the race's horizon in miniature cache-fulls of sampled lookup blocks
+SWITCH_MIN_LEAD = 0.002
+SWITCH_Z = 3.0
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
 
@@ -50,23 +57,66 @@ def _rate(budget_blocks: float, min_blocks: int, max_rate: int) -> int:
     return rate
 
 
+def _is_clear(lead: float, z: float) -> bool:
+    """Whether a challenger's lead (a fraction of the lookups) at ``z`` times its noise is one
+    to hand the live cache over for."""
+    return lead > SWITCH_MARGIN or z > SWITCH_Z
+
+
+class _Race:
+    """The candidates' recent record, which picks the leader: hits decayed over ``horizon``
+    sampled lookup blocks counted from when the first miniature filled (until one evicts, every
+    candidate holds the same blocks and a lookup says nothing about which evicts better), and
+    the decayed squares of each pair's per-lookup difference: the noise of one's lead."""
+
+    __slots__ = ("hits", "squares", "volume", "horizon")
+
+    def __init__(self, num: int, horizon: float) -> None:
+        self.hits = [0.0] * num
+        self.squares = [[0.0] * num for _ in range(num)]
+        self.volume = 0.0
+        self.horizon = horizon
+
+    def add(self, got: list[int], num_blocks: int) -> None:
+        keep = math.exp(-num_blocks / self.horizon)
+        self.volume = self.volume * keep + num_blocks
+        hits = self.hits
+        for j, row in enumerate(self.squares):
+            hits[j] = hits[j] * keep + got[j]
+            for k in range(j + 1, len(got)):
+                d = got[j] - got[k]
+                row[k] = row[k] * keep + d * d
+
+    def significance(self, j: int, k: int) -> float:
+        """``j``'s lead over ``k`` in units of its noise: the paired differences' sum over the
+        root of their summed squares (a sign test's z; 0 while they never differed)."""
+        sq = self.squares[min(j, k)][max(j, k)]
+        return (self.hits[j] - self.hits[k]) / math.sqrt(sq) if sq > 0 else 0.0
+
+
 class _Decayed:
-    """Decayed hits of some miniatures over a decayed count of sampled lookup blocks."""
+    """Decayed hits of some miniatures over a decayed count of sampled lookup blocks, and with
+    ``race_horizon`` their ``_Race``."""
 
-    __slots__ = ("sims", "hits", "volume", "horizon")
+    __slots__ = ("sims", "hits", "volume", "horizon", "race")
 
-    def __init__(self, sims: list[MiniCache], horizon: float) -> None:
+    def __init__(self, sims: list[MiniCache], horizon: float, race_horizon: float = 0.0) -> None:
         self.sims = sims
         self.hits = [0.0] * len(sims)
         self.volume = 0.0
         self.horizon = horizon
+        self.race = _Race(len(sims), race_horizon) if race_horizon else None
 
     def lookup(self, chain: list[BlockHash]) -> None:
         keep = math.exp(-len(chain) / self.horizon)
         self.volume = self.volume * keep + len(chain)
         hits = self.hits
-        for j, sim in enumerate(self.sims):
-            hits[j] = hits[j] * keep + sim.lookup(chain)
+        got = [sim.lookup(chain) for sim in self.sims]
+        for j, h in enumerate(got):
+            hits[j] = hits[j] * keep + h
+        race = self.race
+        if race is not None and (race.volume or any(s.used + s.unit > s.budget for s in self.sims)):
+            race.add(got, len(chain))
 
     def save(self, root: BlockHash, chain: list[BlockHash]) -> None:
         for sim in self.sims:
@@ -96,7 +146,9 @@ class WhatIf:
         self._block_bytes = 0
         self._chain_seq: TokenSeq | None = None
         self._chains: list[list[int]] = []
-        self._since_switch = math.inf  # the first switch needs no settling
+        # sampled lookup blocks since the last hand-over or, before the first, since the
+        # miniatures filled: a switch waits for two miniature cache-fulls of them
+        self._since_switch = 0.0
         self._lookups_since_log = 0
         self._logged_gain = 0.0
 
@@ -154,7 +206,7 @@ class WhatIf:
         self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
         cap = self._capacity(1.0, live)
         sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
-        self.live = _Decayed(sims, max(32.0 * cap, 4096.0))
+        self.live = _Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0))
         self.curve = self._new_curve()
 
     # -- the live request stream --------------------------------------------------------------
@@ -181,12 +233,18 @@ class WhatIf:
             return
         live = self.live
         live.lookup(live_chain)
-        self._since_switch += len(live_chain)
-        best = max(range(len(live.hits)), key=live.hits.__getitem__)
+        race = live.race
+        assert race is not None
+        if race.volume:
+            self._since_switch += len(live_chain)
+        best = max(range(len(race.hits)), key=race.hits.__getitem__)
+        lead = race.hits[best] - race.hits[self.leader]
         if (
             best != self.leader
-            and live.hits[best] > live.hits[self.leader] + SWITCH_MARGIN * live.volume
-            # let the last hand-over settle: two miniature cache-fulls of lookups
+            and race.volume
+            and lead > SWITCH_MIN_LEAD * race.volume
+            and _is_clear(lead / race.volume, race.significance(best, self.leader))
+            # evidence from two miniature cache-fulls of lookups since the last hand-over
             and self._since_switch >= 2 * live.sims[0].budget / live.sims[0].unit
         ):
             self.leader = best
