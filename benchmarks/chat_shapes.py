@@ -91,9 +91,11 @@ def _chat_sessions(
     return out
 
 
-def chat_bursts(seed: int = 0, scale: float = 1.0, block: int = 512) -> list[Record]:
+def chat_bursts(
+    seed: int = 0, scale: float = 1.0, block: int = 512, num_systems: int = 6
+) -> list[Record]:
     rng, ids = random.Random(seed), Ids()
-    systems = _system_prompts(rng, ids, block, 6)
+    systems = _system_prompts(rng, ids, block, num_systems)
     return play(rng, ids, block, _chat_sessions(rng, systems, block, round(150 * scale)))
 
 

@@ -103,12 +103,14 @@ def loop(seed: int = 0, scale: float = 1.0, block: int = 64) -> list[Record]:
     return out
 
 
-def zipf(seed: int = 0, scale: float = 1.0, block: int = 64) -> list[Record]:
-    """Documents (8-40 blocks) of Zipf(1.0) popularity after one system prompt, one-off tails."""
+def zipf(
+    seed: int = 0, scale: float = 1.0, block: int = 64, skew: float = 1.0, num_docs: int = 400
+) -> list[Record]:
+    """Documents (8-40 blocks) of Zipf(skew) popularity after one system prompt, one-off tails."""
     rng, ids = random.Random(seed), Ids()
     system = list(range(16))
-    docs = [[*system, *ids.run(rng.randrange(8, 40))] for _ in range(400)]
-    weights = [1 / (r + 1) for r in range(len(docs))]
+    docs = [[*system, *ids.run(rng.randrange(8, 40))] for _ in range(num_docs)]
+    weights = [1 / (r + 1) ** skew for r in range(len(docs))]
     out: list[Record] = []
     for i in range(round(3000 * scale)):
         chain = rng.choices(docs, weights)[0] + ids.run(rng.randrange(1, 4))

@@ -5,7 +5,9 @@ Run: .venv/bin/python benchmarks/replay_bench.py            # every shape below 
      .venv/bin/python benchmarks/replay_bench.py --shapes loop zipf --json out.json
      .venv/bin/python benchmarks/replay_bench.py --shapes none --trace other.jsonl --block 512
 
-Shapes: the generated ones of benchmarks/make_traces.py (block 64); the Mooncake conversation
+Shapes: the generated ones of benchmarks/make_traces.py (block 64), three of them held out
+(``*_held``: a seed, skew, number of system prompts and budgets the default was never tuned
+on); the Mooncake conversation
 trace (block 512, ../shared/data/mooncake); tau-bench agent conversations made by
 benchmarks/make_agent_trace.py (../shared/data/tau_bench); an ``aiperf synthesize agentic-code``
 dataset given with ``--aiperf FILE`` (multi-turn sessions, replies saved as the server does).
@@ -48,11 +50,14 @@ class Shape(NamedTuple):
     with_output: bool = False
 
 
-def generated(name: str, scale: float) -> Callable[[], list[TraceRequest]]:
+def generated(
+    name: str, scale: float, seed: int = 0, **options: Any
+) -> Callable[[], list[TraceRequest]]:
     def load() -> list[TraceRequest]:
+        block = [] if name in CHAT_SHAPES else [64]
         return [
             TraceRequest(int(d["timestamp"]), d["input_length"], d["output_length"], d["hash_ids"])
-            for d in SHAPES[name](0, scale, *([] if name in CHAT_SHAPES else [64]))
+            for d in SHAPES[name](seed, scale, *block, **options)
         ]
 
     return load
@@ -93,6 +98,15 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
     ]  # fmt: skip
     chat = (1_000_000, 3_100_000, 10_000_000)  # the chat shapes are at the Mooncake block size
     out += [Shape(name, generated(name, 1.0), 512, chat) for name in CHAT_SHAPES]
+    # held out: never tuned on (another seed, skew, number of system prompts, budgets)
+    out += [
+        Shape("zipf_0.8_held", generated("zipf", 1.5, 1, skew=0.8, num_docs=600), 64,
+              (750 * k, 1500 * k, 3000 * k, 6000 * k)),
+        Shape("chat_bursts_3sys_held", generated("chat_bursts", 1.0, 1, num_systems=3), 512,
+              (700_000, 2_000_000, 6_000_000)),
+        Shape("chat_bursts_16sys_held", generated("chat_bursts", 1.5, 2, num_systems=16), 512,
+              (1_500_000, 4_500_000, 12_000_000)),
+    ]  # fmt: skip
     mooncake = Path(args.mooncake)
     if mooncake.exists():
         out.append(Shape("mooncake", lambda: list(read_trace(mooncake)), 512,

@@ -13,9 +13,8 @@ full size would cost each candidate the live cache's whole upkeep, while a quart
 miniature still ranks the candidates (replay_bench.py, tests/test_adaptive.py). The curve's 1x
 miniature is the leader's candidate miniature when both have one rate, so the what-if work
 costs about (K + 2)/R of the live cache's upkeep, (K + 3)/R when the curve is sparser. Hits
-are counted with an exponential decay over ``horizon`` sampled lookups, so the leader and the
-curve follow the recent workload; a challenger must lead by ``SWITCH_MARGIN`` of the hit rate
-to take over.
+are counted with an exponential decay over ``horizon`` sampled lookups, so the curve follows
+the recent workload; the leader is picked by the candidates' ``Race`` (``core/race.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from promptcache.core.budget import format_size
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import MiniCache, sampled_indices
 from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.race import RACE_FULLS, Decayed
 from promptcache.core.sequence import TokenSeq
 
 log = logging.getLogger("promptcache.whatif")
@@ -38,14 +38,6 @@ MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
 MAX_RATE = 64
-# A challenger takes over when its lead is SWITCH_MARGIN of the decayed lookup volume since the
-# miniatures filled (near-ties are not worth a hand-over), or a smaller lead (SWITCH_MIN_LEAD)
-# is SWITCH_Z times its noise: the miniatures' gap is a fraction of the full-size one where
-# samples are few, but its sign holds.
-SWITCH_MARGIN = 0.005
-RACE_FULLS = 8.0  # the race's horizon in miniature cache-fulls of sampled lookup blocks
-SWITCH_MIN_LEAD = 0.002
-SWITCH_Z = 3.0
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
 
@@ -55,75 +47,6 @@ def _rate(budget_blocks: float, min_blocks: int, max_rate: int) -> int:
     while rate * 2 <= max_rate and budget_blocks / (rate * 2) >= min_blocks:
         rate *= 2
     return rate
-
-
-def _is_clear(lead: float, z: float) -> bool:
-    """Whether a challenger's lead (a fraction of the lookups) at ``z`` times its noise is one
-    to hand the live cache over for."""
-    return lead > SWITCH_MARGIN or z > SWITCH_Z
-
-
-class _Race:
-    """The candidates' recent record, which picks the leader: hits decayed over ``horizon``
-    sampled lookup blocks counted from when the first miniature filled (until one evicts, every
-    candidate holds the same blocks and a lookup says nothing about which evicts better), and
-    the decayed squares of each pair's per-lookup difference: the noise of one's lead."""
-
-    __slots__ = ("hits", "squares", "volume", "horizon")
-
-    def __init__(self, num: int, horizon: float) -> None:
-        self.hits = [0.0] * num
-        self.squares = [[0.0] * num for _ in range(num)]
-        self.volume = 0.0
-        self.horizon = horizon
-
-    def add(self, got: list[int], num_blocks: int) -> None:
-        keep = math.exp(-num_blocks / self.horizon)
-        self.volume = self.volume * keep + num_blocks
-        hits = self.hits
-        for j, row in enumerate(self.squares):
-            hits[j] = hits[j] * keep + got[j]
-            for k in range(j + 1, len(got)):
-                d = got[j] - got[k]
-                row[k] = row[k] * keep + d * d
-
-    def significance(self, j: int, k: int) -> float:
-        """``j``'s lead over ``k`` in units of its noise: the paired differences' sum over the
-        root of their summed squares (a sign test's z; 0 while they never differed)."""
-        sq = self.squares[min(j, k)][max(j, k)]
-        return (self.hits[j] - self.hits[k]) / math.sqrt(sq) if sq > 0 else 0.0
-
-
-class _Decayed:
-    """Decayed hits of some miniatures over a decayed count of sampled lookup blocks, and with
-    ``race_horizon`` their ``_Race``."""
-
-    __slots__ = ("sims", "hits", "volume", "horizon", "race")
-
-    def __init__(self, sims: list[MiniCache], horizon: float, race_horizon: float = 0.0) -> None:
-        self.sims = sims
-        self.hits = [0.0] * len(sims)
-        self.volume = 0.0
-        self.horizon = horizon
-        self.race = _Race(len(sims), race_horizon) if race_horizon else None
-
-    def lookup(self, chain: list[BlockHash]) -> None:
-        keep = math.exp(-len(chain) / self.horizon)
-        self.volume = self.volume * keep + len(chain)
-        hits = self.hits
-        got = [sim.lookup(chain) for sim in self.sims]
-        for j, h in enumerate(got):
-            hits[j] = hits[j] * keep + h
-        race = self.race
-        if race is not None and (race.volume or any(s.used + s.unit > s.budget for s in self.sims)):
-            race.add(got, len(chain))
-
-    def save(self, root: BlockHash, chain: list[BlockHash]) -> None:
-        for sim in self.sims:
-            sim.save(root, chain)
-
-    def rate(self, j: int) -> float:
-        return self.hits[j] / self.volume if self.volume > 0 else 0.0
 
 
 class WhatIf:
@@ -137,8 +60,8 @@ class WhatIf:
         self.on_switch: Callable[[int], None] | None = None  # told the new leader's index
         self.num_switches = 0
         self.rates: tuple[int, int] = (0, 0)  # (live, curve) R; 0 until a save tells block bytes
-        self.live: _Decayed | None = None  # every candidate at 1x
-        self.curve: _Decayed | None = None  # the leader at 0.5x, 1x and 2x (1x: see _curve_at)
+        self.live: Decayed | None = None  # every candidate at 1x
+        self.curve: Decayed | None = None  # the leader at 0.5x, 1x and 2x (1x: see _curve_at)
         self._curve_at: list[int] = []  # per factor, its sim in curve, or -1: the live leader's
         self._actual = [0.0, 0.0]  # the live cache's decayed hit tokens, lookup tokens
         self._bytes = 0  # new bytes / new tokens saved: the live bytes per token
@@ -146,9 +69,7 @@ class WhatIf:
         self._block_bytes = 0
         self._chain_seq: TokenSeq | None = None
         self._chains: list[list[int]] = []
-        # sampled lookup blocks since the last hand-over or, before the first, since the
-        # miniatures filled: a switch waits for two miniature cache-fulls of them
-        self._since_switch = 0.0
+        self._since_switch = math.inf  # the first switch needs no settling
         self._lookups_since_log = 0
         self._logged_gain = 0.0
 
@@ -157,7 +78,7 @@ class WhatIf:
     def _capacity(self, factor: float, rate: int) -> int:
         return max(1, round(self.budget_bytes * factor / (self._block_bytes * rate)))
 
-    def _new_curve(self) -> _Decayed:
+    def _new_curve(self) -> Decayed:
         """The leader's miniatures at each factor; at 1x its candidate miniature (simulated
         already) when the curve and the candidates share a sampling rate."""
         rate = self.rates[1]
@@ -173,7 +94,7 @@ class WhatIf:
             sims.append(
                 MiniCache(make_policy(self.policy_names[self.leader]), capacity, self.block_size)
             )
-        return _Decayed(sims, max(32.0 * self._capacity(1.0, rate), 4096.0))
+        return Decayed(sims, max(32.0 * self._capacity(1.0, rate), 4096.0))
 
     def _curve_rate(self, j: int) -> float:
         """The curve's recent sampled hit rate at ``FACTORS[j]``."""
@@ -206,7 +127,7 @@ class WhatIf:
         self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
         cap = self._capacity(1.0, live)
         sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
-        self.live = _Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0))
+        self.live = Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0))
         self.curve = self._new_curve()
 
     # -- the live request stream --------------------------------------------------------------
@@ -237,13 +158,9 @@ class WhatIf:
         assert race is not None
         if race.volume:
             self._since_switch += len(live_chain)
-        best = max(range(len(race.hits)), key=race.hits.__getitem__)
-        lead = race.hits[best] - race.hits[self.leader]
+        best = race.challenger(self.leader)
         if (
-            best != self.leader
-            and race.volume
-            and lead > SWITCH_MIN_LEAD * race.volume
-            and _is_clear(lead / race.volume, race.significance(best, self.leader))
+            best is not None
             # evidence from two miniature cache-fulls of lookups since the last hand-over
             and self._since_switch >= 2 * live.sims[0].budget / live.sims[0].unit
         ):

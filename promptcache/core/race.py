@@ -1,0 +1,100 @@
+"""The race among the what-if candidates that picks the policy the live cache follows.
+
+Each candidate's miniature (``minisim``) sees the same sampled lookups; the race keeps their
+hits decayed over ``RACE_FULLS`` miniature cache-fulls of sampled lookup blocks, counted from
+when the first miniature filled: until one evicts, every candidate holds the same blocks and a
+lookup says nothing about which evicts better (counting them made a clear winner wait half a
+short trace, replay_bench zipf). The horizon is a few cache-fulls, not the curve's 32: a policy
+that wins the cold start and loses the steady state (S3-FIFO then frecency on Mooncake) would
+otherwise hold on for most of the trace on the strength of its first minutes.
+
+A challenger takes over when its lead is ``SWITCH_MARGIN`` of the race's volume (near-ties
+are not worth a hand-over), or a smaller lead (at least ``SWITCH_MIN_LEAD``) is ``SWITCH_Z``
+times its noise: the root of the summed squares of the per-lookup differences, a paired sign
+test. Where samples are few the miniatures' gap is a fraction of the full-size one (zipf: 0.004
+against 0.02) but its sign holds.
+"""
+
+from __future__ import annotations
+
+import math
+
+from promptcache.core.hashing import BlockHash
+from promptcache.core.minisim import MiniCache
+
+RACE_FULLS = 8.0
+SWITCH_MARGIN = 0.005
+SWITCH_MIN_LEAD = 0.002
+SWITCH_Z = 3.0
+
+
+class Race:
+    """Decayed hits per candidate and decayed squares of each pair's per-lookup difference."""
+
+    __slots__ = ("hits", "squares", "volume", "horizon")
+
+    def __init__(self, num: int, horizon: float) -> None:
+        self.hits = [0.0] * num
+        self.squares = [[0.0] * num for _ in range(num)]
+        self.volume = 0.0  # decayed sampled lookup blocks since the first miniature filled
+        self.horizon = horizon
+
+    def add(self, got: list[int], num_blocks: int) -> None:
+        """One lookup of ``num_blocks`` sampled blocks; ``got[j]``: candidate j's hits."""
+        keep = math.exp(-num_blocks / self.horizon)
+        self.volume = self.volume * keep + num_blocks
+        hits = self.hits
+        for j, row in enumerate(self.squares):
+            hits[j] = hits[j] * keep + got[j]
+            for k in range(j + 1, len(got)):
+                d = got[j] - got[k]
+                row[k] = row[k] * keep + d * d
+
+    def significance(self, j: int, k: int) -> float:
+        """``j``'s lead over ``k`` in units of its noise (0 while they never differed)."""
+        sq = self.squares[min(j, k)][max(j, k)]
+        return (self.hits[j] - self.hits[k]) / math.sqrt(sq) if sq > 0 else 0.0
+
+    def challenger(self, leader: int) -> int | None:
+        """The candidate to hand over to, or None while ``leader`` should stay."""
+        if not self.volume:
+            return None
+        best = max(range(len(self.hits)), key=self.hits.__getitem__)
+        lead = (self.hits[best] - self.hits[leader]) / self.volume
+        if best == leader or lead <= SWITCH_MIN_LEAD:
+            return None
+        if lead > SWITCH_MARGIN or self.significance(best, leader) > SWITCH_Z:
+            return best
+        return None
+
+
+class Decayed:
+    """Decayed hits of some miniatures over a decayed count of sampled lookup blocks, and, with
+    ``race_horizon``, their ``Race``."""
+
+    __slots__ = ("sims", "hits", "volume", "horizon", "race")
+
+    def __init__(self, sims: list[MiniCache], horizon: float, race_horizon: float = 0.0) -> None:
+        self.sims = sims
+        self.hits = [0.0] * len(sims)
+        self.volume = 0.0
+        self.horizon = horizon
+        self.race = Race(len(sims), race_horizon) if race_horizon else None
+
+    def lookup(self, chain: list[BlockHash]) -> None:
+        keep = math.exp(-len(chain) / self.horizon)
+        self.volume = self.volume * keep + len(chain)
+        hits = self.hits
+        got = [sim.lookup(chain) for sim in self.sims]
+        for j, h in enumerate(got):
+            hits[j] = hits[j] * keep + h
+        race = self.race
+        if race is not None and (race.volume or any(s.used + s.unit > s.budget for s in self.sims)):
+            race.add(got, len(chain))
+
+    def save(self, root: BlockHash, chain: list[BlockHash]) -> None:
+        for sim in self.sims:
+            sim.save(root, chain)
+
+    def rate(self, j: int) -> float:
+        return self.hits[j] / self.volume if self.volume > 0 else 0.0
