@@ -36,10 +36,10 @@ from make_traces import SHAPES  # noqa: E402
 from policy_ceiling import HashFuture, OraclePolicy  # noqa: E402
 
 from promptcache.core.policy import DEFAULT_POLICY, policy_names  # noqa: E402
-from promptcache.replay import TraceRequest, read_trace, replay  # noqa: E402
+from promptcache.replay import ATTENTION_CONTEXT, TraceRequest, read_trace, replay  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
-RULE = "session"  # the cache-aware rule: its fraction of the optimum gets a column too
+RULES = ("session", "recompute")  # the cache-aware rules: their fractions of the optimum too
 
 
 class Shape(NamedTuple):
@@ -126,6 +126,28 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
     return [s for s in out if not args.shapes or s.name in args.shapes]
 
 
+def print_compute(rows: list[dict[str, Any]], policies: list[str], context: int) -> None:
+    """Compute saved: each hit weighted by the prefill it skips, a token at position p costing
+    1 + p / C (``replay.prefill_cost``); Belady here is the hit-count optimum, a reference
+    that a cost-aware rule can beat, not this metric's optimum."""
+    print(f"\nCompute saved (a token at position p costs 1 + p/C to prefill, C = {context:,}):")
+    head = " | ".join(policies)
+    print(
+        f"| trace | capacity | {head} | belady (hits) | best fixed | shortfall | default / belady |"
+    )
+    print("|---|---:|" + "---:|" * (len(policies) + 4))
+    for row in rows:
+        cs = row["compute_saved"]
+        best = max((p for p in policies if p != DEFAULT_POLICY), key=cs.__getitem__)
+        row["compute_best_fixed"] = best
+        cells = [f"{cs[p]:.4f}" for p in policies]
+        row["compute_shortfall"] = cs[best] - cs[DEFAULT_POLICY]
+        of = cs[DEFAULT_POLICY] / cs["belady"] if cs.get("belady") else None
+        cells += [f"{cs['belady']:.4f}" if "belady" in cs else "-", best,
+                  f"{row['compute_shortfall']:+.4f}", f"{of:.3f}" if of else "-"]  # fmt: skip
+        print(f"| {row['trace']} | {row['capacity_tokens']:,} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--shapes", nargs="*", help="only these shapes")
@@ -137,13 +159,15 @@ def main() -> None:
     ap.add_argument("--tau", default=str(SHARED / "tau_bench" / "gpt-4o-airline.json"),
                     help="tau-bench trajectories (the tau_agent shape)")  # fmt: skip
     ap.add_argument("--no-belady", action="store_true")
+    ap.add_argument("--attention-context", type=int, default=ATTENTION_CONTEXT,
+                    help="C of the compute-saved metric: a token at position p costs 1 + p/C")  # fmt: skip
     ap.add_argument("--json", help="also write results here")
     args = ap.parse_args()
     fixed = [p for p in policy_names() if p != DEFAULT_POLICY]
     cols = [*fixed, f"{DEFAULT_POLICY} (default)", "belady", "best fixed", "shortfall", "mini"]
     cols.append("default / belady")
-    if RULE in fixed:
-        cols.append(f"{RULE} / belady")
+    rules = [r for r in RULES if r in fixed]
+    cols += [f"{r} / belady" for r in rules]
     cols.append("cpu vs lru")
     print(f"| trace | capacity (tokens) | {' | '.join(cols)} |")
     print("|---|---:|" + "---:|" * len(cols))
@@ -151,7 +175,10 @@ def main() -> None:
     for shape in shapes(args):
         requests = shape.load()
         kw = dict(
-            block_size=shape.block, trace_block_tokens=shape.block, with_output=shape.with_output
+            block_size=shape.block,
+            trace_block_tokens=shape.block,
+            with_output=shape.with_output,
+            attention_context=args.attention_context,
         )
         future = (
             None
@@ -160,13 +187,15 @@ def main() -> None:
         )
         for cap in shape.capacities:
             row: dict[str, Any] = {
-                "trace": shape.name, "capacity_tokens": cap, "seconds": {}, "cpu_seconds": {}
+                "trace": shape.name, "capacity_tokens": cap, "seconds": {}, "cpu_seconds": {},
+                "compute_saved": {},
             }  # fmt: skip
             for p in [*fixed, DEFAULT_POLICY]:
                 cpu = time.process_time()
                 r = replay(requests, cap, policy=p, **kw)
                 row["cpu_seconds"][p] = time.process_time() - cpu
                 row[p] = r["hit_rate"]
+                row["compute_saved"][p] = r["compute_saved"]
                 row["seconds"][p] = r["seconds"]
                 if p == DEFAULT_POLICY:
                     row["mini"] = r.get("policy_leader", "-")
@@ -175,6 +204,7 @@ def main() -> None:
                 r = replay(requests, cap, policy=OraclePolicy(future, "belady"),
                            before_request=future.set_current, **kw)  # fmt: skip
                 row["belady"] = r["hit_rate"]
+                row["compute_saved"]["belady"] = r["compute_saved"]
             best = max(fixed, key=lambda p: row[p])
             row["best_fixed"] = best
             row["shortfall"] = row[best] - row[DEFAULT_POLICY]
@@ -191,10 +221,11 @@ def main() -> None:
                     p: row[p] / row["belady"] for p in [*fixed, DEFAULT_POLICY]
                 }
             cells.insert(-1, f"{row['of_optimum']:.3f}" if "of_optimum" in row else "-")
-            if RULE in fixed:
-                of = row.get("of_optimum_by_policy", {}).get(RULE)
+            for rule in rules:
+                of = row.get("of_optimum_by_policy", {}).get(rule)
                 cells.insert(-1, f"{of:.3f}" if of is not None else "-")
             print(f"| {shape.name} | {cap:,} | {' | '.join(cells)} |", flush=True)
+    print_compute(rows, [*fixed, DEFAULT_POLICY], args.attention_context)
     print("\nReplay seconds (median over capacities) and speed relative to LRU:")
     print(f"| trace | {' | '.join(f'{p} s' for p in [*fixed, DEFAULT_POLICY])} | slowest vs lru |")
     print("|---|" + "---:|" * (len(fixed) + 2))
