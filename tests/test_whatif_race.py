@@ -40,8 +40,14 @@ def feed(race, diffs, num_blocks):
 
 def test_a_big_lead_switches_a_small_one_only_when_consistent():
     race = Race(2, 1e12)
-    feed(race, [1] * 10, 100)  # lead 0.01 of the volume
+    feed(race, [1] * 10, 100)  # lead 0.01 of the volume, z = sqrt(10)
     assert race.challenger(0) == 1 and race.challenger(1) is None
+
+    lucky = Race(2, 1e12)
+    feed(lucky, [1] * 3, 10)  # the same lead, but three blocks of it: luck
+    assert lucky.challenger(0) is None
+    feed(lucky, [1] * 6, 10)  # nine
+    assert lucky.challenger(0) == 1
 
     consistent = Race(2, 1e12)
     feed(consistent, [1] * 30, 333)  # lead 0.003: under the margin, but z = sqrt(30)

@@ -11,8 +11,10 @@ otherwise hold on for most of the trace on the strength of its first minutes.
 A challenger takes over when its lead is ``SWITCH_MARGIN`` of the race's volume (near-ties
 are not worth a hand-over), or a smaller lead (at least ``SWITCH_MIN_LEAD``) is ``SWITCH_Z``
 times its noise: the root of the summed squares of the per-lookup differences, a paired sign
-test. Where samples are few the miniatures' gap is a fraction of the full-size one (zipf: 0.004
-against 0.02) but its sign holds.
+test (where samples are few the miniatures' gap is a fraction of the full-size one, zipf: 0.004
+against 0.02, but its sign holds). Either way the lead must be ``SWITCH_MIN_BLOCKS`` sampled
+blocks: right after the miniatures fill, two or three blocks of luck are half a percent of the
+race's volume (they handed Mooncake and scan_bursts to a worse policy for half the trace).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ RACE_FULLS = 8.0
 SWITCH_MARGIN = 0.005
 SWITCH_MIN_LEAD = 0.002
 SWITCH_Z = 3.0
+SWITCH_MIN_BLOCKS = 8.0
 
 
 class Race:
@@ -60,8 +63,9 @@ class Race:
         if not self.volume:
             return None
         best = max(range(len(self.hits)), key=self.hits.__getitem__)
-        lead = (self.hits[best] - self.hits[leader]) / self.volume
-        if best == leader or lead <= SWITCH_MIN_LEAD:
+        blocks = self.hits[best] - self.hits[leader]
+        lead = blocks / self.volume
+        if best == leader or lead <= SWITCH_MIN_LEAD or blocks < SWITCH_MIN_BLOCKS:
             return None
         if lead > SWITCH_MARGIN or self.significance(best, leader) > SWITCH_Z:
             return best
