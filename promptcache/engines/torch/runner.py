@@ -29,6 +29,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
 )
 from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
@@ -209,6 +210,7 @@ class TorchRunner:
         # would keep every step's graph, and with it each decode step's copy of the cache
         self.model = model.eval().requires_grad_(False)
         use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        fuse_projections(model)  # q/k/v and gate/up in one matmul each (torch.fused)
         use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
