@@ -68,10 +68,9 @@ def fuse_projections(model: Any) -> int:
     num_groups = 0
     for module in model.modules():
         for names in SIBLINGS:
-            members = [getattr(module, n, None) for n in names]
-            if not all(type(m) is OneDnnLinear for m in members):
-                continue
-            if len({m.in_features for m in members}) != 1:
+            found = [getattr(module, n, None) for n in names]
+            members = [m for m in found if type(m) is OneDnnLinear]
+            if len(members) < len(names) or len({m.in_features for m in members}) != 1:
                 continue
             if len({m.bias is None for m in members}) != 1:
                 continue
