@@ -142,12 +142,12 @@ def main() -> int:
         raise SystemExit("--conversation is needed for the quality part (or --speed-only)")
 
     from promptcache.engines.torch.engine import TorchEngine
-    from promptcache.engines.torch.threads import ThreadTuner, hold_loading_thread
+    from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
     from promptcache.engines.torch.weights import weights_bytes
     from promptcache.models import resolve_model
 
     tuner = ThreadTuner(args.threads)
-    hold_loading_thread()  # engine.generate steps on its own thread, at the tuner's count
+    hold_one_thread()  # engine.generate steps on its own thread, at the tuner's count
     path = resolve_model(args.model)
     engines: dict[str, Any] = {}
     compile_s: dict[str, float] = {}

@@ -86,3 +86,30 @@ def test_fixed_threads_are_set_in_every_thread_that_runs_forwards():
     worker.start()
     worker.join()
     assert calls == [(threading.current_thread().name, 2), ("steps", 2)]
+
+
+def test_background_threads_run_torch_on_one_thread():
+    """A torch engine's hook: the threads promptcache starts (writers, readers, the generation
+    executor) run torch ops on one thread, so only the stepping thread keeps an OpenMP team."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from promptcache.core.worker_threads import add_start_hook, start_thread, worker_initializer
+    from promptcache.engines.torch.threads import hold_one_thread
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)  # what the stepping thread sets on a 2-core machine
+        plain: list[int] = []
+        thread = threading.Thread(target=lambda: plain.append(torch.get_num_threads()))
+        thread.start()
+        thread.join()
+        assert plain == [2]  # a new thread starts at the count last set anywhere
+        add_start_hook(hold_one_thread)
+        add_start_hook(hold_one_thread)  # once only
+        got: list[int] = []
+        start_thread(lambda: got.append(torch.get_num_threads()), "promptcache-test").join()
+        with ThreadPoolExecutor(1, initializer=worker_initializer) as pool:
+            got.append(pool.submit(torch.get_num_threads).result())
+        assert got == [1, 1]
+    finally:
+        torch.set_num_threads(before)

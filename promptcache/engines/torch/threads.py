@@ -6,9 +6,11 @@ subtracts what *other* processes keep busy (at start: the load average; then eve
 ``RECHECK_S`` seconds: the machine's busy time from ``/proc/stat`` minus this process's own CPU
 time over the window) and uses the rest, at least one. A fixed ``--threads N`` is set once per thread that runs forwards.
 
-The thread that loads the model runs torch on one thread (``hold_loading_thread``): after the
-loading thread has run torch ops on N threads, the stepping thread's N-thread decode measured
-~30% slower here (26 vs 38 tok/s at 2 threads on the bundled model), whatever it set itself.
+Every other thread runs torch on one (``hold_one_thread``: the loading thread, and each
+background thread through ``core.worker_threads``): a second thread that ran torch ops on N
+threads keeps a second OpenMP team, and with more OpenMP threads than cores libgomp stops
+spinning between parallel regions; the stepping thread's 2-thread decode then measured ~30%
+slower here (26 vs 38 tok/s on the bundled model).
 """
 
 from __future__ import annotations
@@ -123,12 +125,15 @@ class ThreadTuner:
 def _torch_set_threads(n: int) -> None:
     import torch
 
+    # a thread's first parallel op sets its count to the last one any thread set: settle that
+    # first, or it would later overwrite ours
+    torch.get_num_threads()
     torch.set_num_threads(n)
 
 
-def hold_loading_thread() -> None:
-    """One torch thread for the calling (loading) thread; forwards get theirs from ``apply`` on
-    the thread that runs them (the module docstring says why)."""
+def hold_one_thread() -> None:
+    """One torch thread for the calling thread: the loading thread and every background thread
+    (``core.worker_threads``); forwards get theirs from ``apply`` on the thread that runs them."""
     _torch_set_threads(1)
 
 
