@@ -142,12 +142,12 @@ def main() -> int:
         raise SystemExit("--conversation is needed for the quality part (or --speed-only)")
 
     from promptcache.engines.torch.engine import TorchEngine
-    from promptcache.engines.torch.threads import ThreadTuner
+    from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
     from promptcache.engines.torch.weights import weights_bytes
     from promptcache.models import resolve_model
 
     tuner = ThreadTuner(args.threads)
-    tuner.apply()
+    hold_one_thread()  # engine.generate steps on its own thread, at the tuner's count
     path = resolve_model(args.model)
     engines: dict[str, Any] = {}
     compile_s: dict[str, float] = {}
@@ -172,7 +172,6 @@ def main() -> int:
         for name in names:
             concat = name.startswith("float32 concat")
             engine = engines["float32"] if concat else engines[name]
-            tuner.apply()
             runs[name].append(decode_rate(engine, prompt, args.decode, concat=concat))
             loads[name].append(os.getloadavg()[0])
             rate, n, growth = runs[name][-1]

@@ -99,14 +99,14 @@ def build_engine(
     check_engine_reads(kind, found)
     extra: dict[str, Any] = {"kv_bits": kv_bits} if kv_bits else {}
     if kind == "torch":
-        from promptcache.engines.torch.threads import make_thread_tuner
+        from promptcache.engines.torch.threads import hold_one_thread, make_thread_tuner
 
         extra["weights"] = check_weights_engine(kind, weights, device)
         extra["threads"] = tuner = make_thread_tuner(threads)
         if compile:
             extra["compile"] = True
         if tuner is not None:
-            tuner.apply()  # the loading thread too (weights conversion, warm-up)
+            hold_one_thread()  # forwards run on the stepping thread, at the tuner's count
     else:
         check_weights_engine(kind, weights, device)
         if compile:

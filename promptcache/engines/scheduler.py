@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from promptcache.core.worker_threads import start_thread
 from promptcache.engines.base import Event
 from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.turns import FairTurns
@@ -148,7 +149,7 @@ class Scheduler:
         """Start the stepping thread unless it runs (caller holds ``_cond``)."""
         if not self._is_stepping:
             self._is_stepping = True
-            threading.Thread(target=self._run_steps, name="promptcache-steps", daemon=True).start()
+            start_thread(self._run_steps, "promptcache-steps")
 
     def _run_steps(self) -> None:
         """The stepping thread: a step whenever some active request can move; it ends when

@@ -16,12 +16,15 @@ from typing import Any
 
 from starlette.requests import Request
 
+from promptcache.core.worker_threads import worker_initializer
 from promptcache.engines.base import EngineTimeoutError, Event, Finished, RequestError
 
 log = logging.getLogger("promptcache.server")
 
 _DONE = object()
-_executor = ThreadPoolExecutor(max_workers=64, thread_name_prefix="promptcache-gen")
+_executor = ThreadPoolExecutor(
+    max_workers=64, thread_name_prefix="promptcache-gen", initializer=worker_initializer
+)
 _active: set[threading.Event] = set()  # cancel events of generations in flight
 
 

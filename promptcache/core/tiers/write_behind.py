@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from promptcache.core.worker_threads import start_thread
+
 __all__ = ["Backoff", "WriteBehind"]
 
 T = TypeVar("T")
@@ -83,8 +85,7 @@ class WriteBehind(Generic[T]):
         self._idle = idle
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_items)
         self._closed = False
-        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._loop, name)
 
     @property
     def num_queued(self) -> int:

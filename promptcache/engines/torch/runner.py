@@ -16,6 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
+from promptcache.core.worker_threads import add_start_hook
 from promptcache.engines.block_scheme import BlockScheme
 from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
@@ -29,6 +30,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
 )
 from promptcache.engines.torch.codec import TorchCodec
+from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
@@ -38,7 +40,7 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
-from promptcache.engines.torch.threads import ThreadTuner
+from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
 from promptcache.engines.torch.vision import image_families, make_vision
 from promptcache.engines.torch.weights import (
     check_weights_mode,
@@ -205,10 +207,13 @@ class TorchRunner:
         processor alone): the runner then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
         each forward (None: left as they are)."""
         self.threads = threads
+        if threads is not None:  # every background thread on one torch thread (torch.threads)
+            add_start_hook(hold_one_thread)
         # no autograd, wherever the model is called from: a forward outside inference mode
         # would keep every step's graph, and with it each decode step's copy of the cache
         self.model = model.eval().requires_grad_(False)
         use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
+        fuse_projections(model)  # q/k/v and gate/up in one matmul each (torch.fused)
         use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None

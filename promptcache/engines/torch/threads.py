@@ -4,13 +4,20 @@ A thread pool spanning every core stalls at each op's barrier whenever another p
 core; one thread leaves a free core idle. So the default counts the cores this process may use,
 subtracts what *other* processes keep busy (at start: the load average; then every
 ``RECHECK_S`` seconds: the machine's busy time from ``/proc/stat`` minus this process's own CPU
-time over the window) and uses the rest, at least one. A fixed ``--threads N`` is set once.
+time over the window) and uses the rest, at least one. A fixed ``--threads N`` is set once per thread that runs forwards.
+
+Every other thread runs torch on one (``hold_one_thread``: the loading thread, and each
+background thread through ``core.worker_threads``): a second thread that ran torch ops on N
+threads keeps a second OpenMP team, and with more OpenMP threads than cores libgomp stops
+spinning between parallel regions; the stepping thread's 2-thread decode then measured ~30%
+slower here (26 vs 38 tok/s on the bundled model).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections.abc import Callable
 
@@ -67,7 +74,7 @@ class ThreadTuner:
         self._set = set_threads or _torch_set_threads
         self._clock = clock
         self.threads = fixed or self.initial()
-        self._applied: int | None = None
+        self._applied = threading.local()  # the count set in each thread (torch's is per thread)
         self._sample = self._take_sample()
         self.num_changes = 0
 
@@ -84,9 +91,9 @@ class ThreadTuner:
         """The thread count in force for the next forward (set now if it changed)."""
         if self.fixed is None and self._clock() - self._sample[0] >= RECHECK_S:
             self._recheck()
-        if self._applied != self.threads:
+        if getattr(self._applied, "threads", None) != self.threads:
             self._set(self.threads)
-            self._applied = self.threads
+            self._applied.threads = self.threads
         return self.threads
 
     def _take_sample(self) -> tuple[float, tuple[float, float] | None, float]:
@@ -118,7 +125,16 @@ class ThreadTuner:
 def _torch_set_threads(n: int) -> None:
     import torch
 
+    # a thread's first parallel op sets its count to the last one any thread set: settle that
+    # first, or it would later overwrite ours
+    torch.get_num_threads()
     torch.set_num_threads(n)
+
+
+def hold_one_thread() -> None:
+    """One torch thread for the calling thread: the loading thread and every background thread
+    (``core.worker_threads``); forwards get theirs from ``apply`` on the thread that runs them."""
+    _torch_set_threads(1)
 
 
 def make_thread_tuner(threads: int | None) -> ThreadTuner | None:

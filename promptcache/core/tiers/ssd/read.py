@@ -28,8 +28,11 @@ from promptcache.core.sequence import TokenSeq
 from promptcache.core.tiers.base import ReadResult, StoredBlock
 from promptcache.core.tiers.ssd.folder import SsdFolder
 from promptcache.core.tiers.ssd.reconcile import matches_row
+from promptcache.core.worker_threads import worker_initializer
 
-_READERS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="promptcache-ssd-read")
+_READERS = ThreadPoolExecutor(
+    max_workers=2, thread_name_prefix="promptcache-ssd-read", initializer=worker_initializer
+)
 
 
 class BlockEvictedError(CorruptBlockError):
