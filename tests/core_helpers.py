@@ -63,3 +63,20 @@ def churn_conversations(cache, rng, steps, check_every):
     for lease in leases:
         lease.release()
     cache.check_integrity()
+
+
+def serve_schedule(policy, schedule, capacity_blocks, block=8):
+    """Each prompt (a list of trace ids, one block each) looked up, then saved, on a cache of
+    ``capacity_blocks`` blocks under ``policy``; the tokens each one hit."""
+    from promptcache.core.cache import PromptCache
+    from promptcache.replay import TraceRequest, null_slicer, prompt_tokens
+
+    cache = PromptCache("t", block_size=block, ram_budget=capacity_blocks * block, policy=policy)
+    hits = []
+    for i, ids in enumerate(schedule):
+        seq = cache.sequence(prompt_tokens(TraceRequest(i, len(ids) * block, 0, list(ids)), block))
+        with cache.lookup(seq) as hit:
+            hits.append(hit.num_tokens)
+        cache.save(seq, None, null_slicer)
+        cache.check_integrity()
+    return hits

@@ -5,24 +5,16 @@ compute saved weighs a hit by the prefill it skips (deeper tokens cost more)."""
 import math
 
 import pytest
+from core_helpers import serve_schedule
 
-from promptcache.core.cache import PromptCache
 from promptcache.core.policies.recompute import RecomputePolicy
-from promptcache.replay import TraceRequest, null_slicer, prefill_cost, prompt_tokens, replay
+from promptcache.replay import TraceRequest, prefill_cost, replay
 
 B = 8
 
 
 def serve(policy, schedule, capacity_blocks):
-    cache = PromptCache("t", block_size=B, ram_budget=capacity_blocks * B, policy=policy)
-    hits = []
-    for i, ids in enumerate(schedule):
-        seq = cache.sequence(prompt_tokens(TraceRequest(i, len(ids) * B, 0, list(ids)), B))
-        with cache.lookup(seq) as hit:
-            hits.append(hit.num_tokens)
-        cache.save(seq, None, null_slicer)
-        cache.check_integrity()
-    return hits
+    return serve_schedule(policy, schedule, capacity_blocks, B)
 
 
 def schedule():

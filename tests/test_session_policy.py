@@ -5,6 +5,8 @@ import itertools
 import os
 import sys
 
+from core_helpers import serve_schedule
+
 from promptcache.core.cache import PromptCache
 from promptcache.core.policies.session import SessionPolicy
 from promptcache.core.policy import make_policy
@@ -17,16 +19,7 @@ B = 8  # tokens per block and per trace id
 
 
 def serve(policy, schedule, capacity_blocks):
-    """Each prompt (a list of trace ids) looked up, then saved; the tokens each one hit."""
-    cache = PromptCache("t", block_size=B, ram_budget=capacity_blocks * B, policy=policy)
-    hits = []
-    for i, ids in enumerate(schedule):
-        seq = cache.sequence(prompt_tokens(TraceRequest(i, len(ids) * B, 0, list(ids)), B))
-        with cache.lookup(seq) as hit:
-            hits.append(hit.num_tokens)
-        cache.save(seq, None, null_slicer)
-        cache.check_integrity()
-    return hits
+    return serve_schedule(policy, schedule, capacity_blocks, B)
 
 
 def test_a_slow_session_still_due_outlives_a_fast_one_gone_quiet():
