@@ -31,6 +31,8 @@ from promptcache.engines.torch.batch import (
 )
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
+from promptcache.engines.torch.layouts import choose_weight_layouts
+from promptcache.engines.torch.lean import make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
@@ -214,6 +216,7 @@ class TorchRunner:
         self.model = model.eval().requires_grad_(False)
         use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
         fuse_projections(model)  # q/k/v and gate/up in one matmul each (torch.fused)
+        choose_weight_layouts(model)  # each weight in its faster memory order (torch.layouts)
         use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -256,6 +259,10 @@ class TorchRunner:
         self._grown = in_place_layers(self.layout)  # what a lone decode appends to in place
         self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
         self._step: Any = None  # a compiled decode forward (``enable_compile``), else eager
+        # eager decode steps: the lean step where it computes what the model does (torch.lean)
+        self._decoder: Any = self.model
+        if self._batches:
+            self._decoder = make_lean_decoder(model, self._cache_arg, self.layout.kinds) or model
         self.vision: Any = None
         if processor is not None:
             self.vision = make_vision(
@@ -279,7 +286,7 @@ class TorchRunner:
         positions = self._positions
         if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
-                self.model, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
+                self._decoder, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
                 self._step if len(states) == 1 else None,
                 None if positions is None else partial(positions.decode_rows, states),
             )  # fmt: skip

@@ -1,0 +1,229 @@
+"""A decode step for llama-style decoders without transformers' per-module plumbing
+(``make_lean_decoder``).
+
+On a CPU a one-token step of a small model is mostly weight streaming plus a fixed cost per
+op: on the bundled 135M model ~17 ms of matmuls and ~6 ms of everything else (module calls,
+mask and cache bookkeeping, a dozen small ops per norm and RoPE, a copy of every key/value head
+for grouped attention). For decoders whose layers are exactly RMSNorm, attention with RoPE
+(optionally per-head q/k norms), RMSNorm, gated MLP (llama, mistral, qwen2, qwen3 and their
+fine-tunes, dense or mixture-of-experts) this step calls the model's own weights, rotary module and activation directly,
+reads grouped KV heads in place (``enable_gqa``) and writes keys/values through the cache
+layers' public ``update``. Prefill stays the model's forward.
+
+Each decoder is checked at load against the model's forward (``agrees``: a few greedy steps,
+same tokens, logits within float noise); a model that does not match runs its own forward.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from promptcache.engines.torch.fused import StackedLinear
+
+log = logging.getLogger("promptcache")
+
+# dense or mixture-of-experts MLPs (an MLP without gate/up/down is called as the model's module)
+FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+GATED = ("gate_proj", "up_proj", "down_proj", "act_fn")
+TOLERANCE = 1e-3  # of the largest logit: float32 sums in another order, nothing more
+
+
+class Output(NamedTuple):
+    logits: torch.Tensor  # [rows, 1, vocab]
+
+
+class LeanLayer(NamedTuple):
+    norm1: Any
+    project_qkv: Any  # hidden -> [rows, 1, heads + 2 * kv_heads, head_dim]
+    q_norm: Any  # per-head RMSNorms (qwen3) or None
+    k_norm: Any
+    o_proj: Any
+    norm2: Any
+    mlp: Any  # hidden -> hidden: a gated MLP's three matmuls, or the model's MoE block
+    scaling: float
+
+
+class LeanDecoder:
+    """Called like the model for decode steps (``input_ids`` [rows, 1], ``position_ids``, an
+    optional 2-D ``attention_mask`` over cache + new token, the cache): ``Output.logits``."""
+
+    def __init__(self, model: Any, cache_arg: str) -> None:
+        self.config = model.config
+        self.model = model
+        self.cache_arg = cache_arg
+        inner = model.model
+        text = model.config.get_text_config()
+        self.num_heads, self.num_kv_heads = text.num_attention_heads, text.num_key_value_heads
+        self.head_dim = inner.layers[0].self_attn.head_dim
+        self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
+        self.layers = [_lean_layer(layer, self.head_dim) for layer in inner.layers]
+
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> Output:
+        cache = kwargs[self.cache_arg]
+        rows = input_ids.shape[0]
+        h = self.embed(input_ids)
+        if position_ids is None:
+            position_ids = torch.full((rows, 1), cache.get_seq_length(), device=h.device)
+        cos, sin = self.rotary(h, position_ids)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), 1, dim]
+        half = sin.shape[-1] // 2
+        # rotate_half(x) * sin == roll(x, half) * signed_sin: two ops fewer per layer
+        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
+        mask = None
+        if attention_mask is not None and rows > 1:  # one row has no padding to hide
+            mask = attention_mask.bool()[:, None, None, :]
+        heads, kv_heads = self.num_heads, self.num_kv_heads
+        gqa = heads != kv_heads
+        for i, layer in enumerate(self.layers):
+            x = _rms(layer.norm1, h)
+            qkv = layer.project_qkv(x)
+            if layer.q_norm is not None:
+                q = _rms(layer.q_norm, qkv[:, :, :heads])
+                k = _rms(layer.k_norm, qkv[:, :, heads : heads + kv_heads])
+                qk = torch.cat((q, k), 2).transpose(1, 2)
+            else:
+                qk = qkv[:, :, : heads + kv_heads].transpose(1, 2)
+            qk = qk * cos + qk.roll(half, -1) * signed_sin
+            v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+            keys, values = cache.layers[i].update(qk[:, heads:], v)
+            o = F.scaled_dot_product_attention(
+                qk[:, :heads], keys, values, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
+            )
+            h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
+            h = h + layer.mlp(_rms(layer.norm2, h))
+        return Output(self.model.lm_head(self.norm(h)))
+
+
+def _rms(norm: Any, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    return norm(x)  # other dtypes: the model's own (it computes in float32 and casts back)
+
+
+def _lean_layer(layer: Any, head_dim: int) -> LeanLayer:
+    attn, mlp = layer.self_attn, layer.mlp
+    return LeanLayer(
+        layer.input_layernorm,
+        _projector(attn.q_proj, attn.k_proj, attn.v_proj, head_dim=head_dim),
+        getattr(attn, "q_norm", None),
+        getattr(attn, "k_norm", None),
+        _linear_call(attn.o_proj),
+        layer.post_attention_layernorm,
+        _gated_mlp(mlp) if all(hasattr(mlp, a) for a in GATED) else _module_call(mlp),
+        float(attn.scaling),
+    )
+
+
+def _gated_mlp(mlp: Any) -> Any:
+    project, act, down = _projector(mlp.gate_proj, mlp.up_proj), mlp.act_fn, mlp.down_proj
+    down = _linear_call(down)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        gate, up = project(x)
+        return down(act(gate) * up)
+
+    return run
+
+
+def _module_call(module: Any) -> Any:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        out = module(x)
+        return out[0] if isinstance(out, tuple) else out  # some MoE blocks add router logits
+
+    return run
+
+
+def _projector(*members: Any, head_dim: int | None = None) -> Any:
+    """One matmul over the stacked siblings where ``fused`` stacked them, else a call each."""
+    stack = getattr(members[0], "stack", None)
+    stacked = all(isinstance(m, StackedLinear) and m.stack is stack for m in members)
+    sizes = [m.out_features for m in members]
+    if stack is not None and stacked and [m.start for m in members] == [sum(sizes[:i]) for i in range(len(sizes))]:
+        weight, bias = stack.weight, stack.bias
+
+        def project(x: torch.Tensor) -> Any:
+            out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            return out.view(*x.shape[:-1], -1, head_dim) if head_dim else out.split(sizes, -1)
+
+    else:
+
+        def project(x: torch.Tensor) -> Any:
+            outs = [m(x) for m in members]
+            if head_dim:
+                return torch.cat(outs, -1).view(*x.shape[:-1], -1, head_dim)
+            return outs
+
+    return project
+
+
+def _linear_call(module: Any) -> Any:
+    if type(module) is torch.nn.Linear:
+        return lambda x: F.linear(x, module.weight, module.bias)
+    return module  # oneDNN's, a quantized one: its own forward
+
+
+def make_lean_decoder(model: Any, cache_arg: str, kinds: tuple[str, ...]) -> LeanDecoder | None:
+    """A ``LeanDecoder`` for a model of a family it covers whose every layer is plain full
+    attention (``kinds``), that agrees with the model's forward; None otherwise."""
+    config = model.config
+    if getattr(config, "model_type", None) not in FAMILIES or hasattr(config, "vision_config"):
+        return None
+    if any(k != "DynamicLayer" for k in kinds) or not _has_parts(model):
+        return None
+    try:
+        decoder = LeanDecoder(model, cache_arg)
+        ok = agrees(decoder, model, cache_arg)
+    except (AttributeError, RuntimeError, TypeError, ValueError) as exc:
+        log.info("lean decode step unavailable (%s): decode runs the model's forward", exc)
+        return None
+    if not ok:
+        log.info("lean decode step disagrees with the model: decode runs the model's forward")
+        return None
+    return decoder
+
+
+def _has_parts(model: Any) -> bool:
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if not layers or not all(hasattr(inner, a) for a in ("embed_tokens", "rotary_emb", "norm")):
+        return False
+    if len(layers) != model.config.get_text_config().num_hidden_layers:
+        return False
+    parts = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+    return all(hasattr(layer, p) for layer in layers for p in parts)
+
+
+@torch.inference_mode()
+def agrees(decoder: LeanDecoder, model: Any, cache_arg: str, num_steps: int = 3) -> bool:
+    """Whether ``num_steps`` greedy steps after a short dummy prompt give the model's tokens,
+    logits within ``TOLERANCE`` of the largest."""
+    device = next(model.parameters()).device
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    prompt = torch.arange(1, 8, device=device).remainder(vocab).view(1, -1)
+    caches = [DynamicCache(config=model.config) for _ in range(2)]
+    for cache in caches:
+        model(input_ids=prompt, use_cache=True, **{cache_arg: cache})
+    token = prompt[:, -1:]
+    for step in range(num_steps):
+        n = prompt.shape[1] + step
+        want = model(input_ids=token, use_cache=True, **{cache_arg: caches[0]}).logits[:, -1]
+        position_ids = torch.tensor([[n]], device=device)
+        got = decoder(token, position_ids=position_ids, **{cache_arg: caches[1]}).logits[:, -1]
+        scale = float(want.abs().max().clamp(min=1.0))
+        if float((got - want).abs().max()) > TOLERANCE * scale or bool(
+            (got.argmax(-1) != want.argmax(-1)).any()
+        ):
+            return False
+        token = want.argmax(-1, keepdim=True)
+    return True

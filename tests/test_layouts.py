@@ -1,0 +1,76 @@
+"""Weights stored transposed where a one-row matmul streams them faster (torch.layouts): the
+same parameters under the same keys and the same fingerprint digest, the model's logits, stack
+siblings still views of their stack."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from promptcache.engines.fingerprint import digest_weights  # noqa: E402
+from promptcache.engines.tiny_families import build_family  # noqa: E402
+from promptcache.engines.tiny_models import tiny_model  # noqa: E402
+from promptcache.engines.torch.fused import StackedLinear, fuse_projections  # noqa: E402
+from promptcache.engines.torch.layouts import (  # noqa: E402
+    choose_weight_layouts,
+    is_transposed,
+    transpose_weights,
+    weight_owners,
+)
+from promptcache.engines.torch.onednn import can_use_onednn, use_onednn_linears  # noqa: E402
+
+pytestmark = [
+    pytest.mark.torch,
+    pytest.mark.skipif(
+        not can_use_onednn(tiny_model("llama")), reason="no oneDNN linear in this torch build"
+    ),
+]
+
+
+def digest(model):
+    return digest_weights(model.state_dict().items(), lambda t: t.detach().float().numpy())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_transposed_weights_keep_parameters_and_logits(family):
+    plain, _ = build_family(family)
+    use_onednn_linears(plain)
+    fuse_projections(plain)
+    model = copy.deepcopy(plain)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    owners = weight_owners(model)
+    assert owners and not any(is_transposed(o) for o in owners)
+    transpose_weights(model, owners)
+    transpose_weights(model, owners)  # idempotent
+    assert all(is_transposed(o) for o in owners)
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert digest(model) == digest(plain)
+    for m in model.modules():  # siblings are views of the new storage, not copies
+        if isinstance(m, StackedLinear):
+            assert m.weight.data_ptr() == m.stack.weight[m.start].data_ptr()
+    out = model.get_output_embeddings()
+    assert out is None or not is_transposed(out)  # the (often tied) output embedding stays
+    ids = torch.randint(3, 250, (1, 29), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    assert (want - got).abs().max().item() < 1e-4
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+
+
+def test_choosing_layouts_times_each_class_and_keeps_the_logits():
+    plain, _ = build_family("llama")
+    use_onednn_linears(plain)
+    fuse_projections(plain)
+    model = copy.deepcopy(plain)
+    assert choose_weight_layouts(model) == 0  # tiny weights: below the class size worth timing
+    num = choose_weight_layouts(model, min_class_bytes=0)
+    owners = weight_owners(model)
+    assert num == sum(is_transposed(o) for o in owners)
+    assert choose_weight_layouts(model, min_class_bytes=0) == 0  # decided: nothing left to do
+    ids = torch.randint(3, 250, (1, 17), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    assert (want - got).abs().max().item() < 1e-4

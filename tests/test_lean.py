@@ -1,0 +1,129 @@
+"""The lean decode step (torch.lean) computes what the model's own forward computes: the same
+greedy tokens and logits within float noise, one row or a padded batch, per covered family;
+uncovered families and a step that disagrees fall back to the model."""
+
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from transformers import (  # noqa: E402
+    AutoModelForCausalLM,
+    DynamicCache,
+    Gemma2Config,
+    MistralConfig,
+    Qwen2Config,
+)
+
+from promptcache.engines.tiny_families import build_family  # noqa: E402
+from promptcache.engines.tiny_models import tiny_model  # noqa: E402
+from promptcache.engines.torch.fused import fuse_projections  # noqa: E402
+from promptcache.engines.torch.layouts import choose_weight_layouts  # noqa: E402
+from promptcache.engines.torch.lean import LeanDecoder, agrees, make_lean_decoder  # noqa: E402
+from promptcache.engines.torch.onednn import use_onednn_linears  # noqa: E402
+from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
+
+pytestmark = pytest.mark.torch
+COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+              initializer_range=0.2)  # fmt: skip
+
+
+def built(name):
+    """A tiny float32 model of ``name``: a tiny_families family, or one built here."""
+    torch.manual_seed(0)
+    if name == "qwen2":  # biased q/k/v
+        return AutoModelForCausalLM.from_config(Qwen2Config(**COMMON)).eval()
+    if name == "mistral":
+        return AutoModelForCausalLM.from_config(MistralConfig(**COMMON, sliding_window=None)).eval()
+    return build_family(name)[0].eval()
+
+
+def prepared(model):
+    """The model as the runner prepares it on a CPU: oneDNN, stacked siblings, layouts."""
+    use_onednn_linears(model)
+    fuse_projections(model)
+    choose_weight_layouts(model, min_class_bytes=0)
+    return model
+
+
+def greedy(step, model, prompt, num_tokens):
+    """Greedy tokens and logits after ``prompt``: the model prefills, ``step`` decodes."""
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        logits = model(input_ids=torch.tensor([prompt]), cache=cache).logits[0, -1]
+        tokens, seen = [], []
+        for _ in range(num_tokens):
+            token = int(logits.argmax())
+            tokens.append(token)
+            n = cache.get_seq_length()
+            out = step(input_ids=torch.tensor([[token]]), position_ids=torch.tensor([[n]]),
+                       cache=cache)  # fmt: skip
+            logits = out.logits[0, -1]
+            seen.append(logits.clone())
+    return tokens, seen
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "qwen3", "qwen3_moe"])
+def test_lean_steps_equal_the_models_steps(name):
+    model = prepared(built(name))
+    decoder = make_lean_decoder(model, "cache", ("DynamicLayer",) * model.config.num_hidden_layers)
+    assert isinstance(decoder, LeanDecoder)
+    prompt = [5, 17, 99, 3, 42, 7, 120, 64, 11]
+    want_tokens, want_logits = greedy(model, model, prompt, 16)
+    got_tokens, got_logits = greedy(decoder, model, prompt, 16)
+    assert got_tokens == want_tokens
+    assert len(set(want_tokens)) > 3  # a reply, not one token repeated
+    worst = max(float((a - b).abs().max()) for a, b in zip(want_logits, got_logits, strict=True))
+    assert worst < 1e-4
+
+
+def test_a_padded_batch_decodes_as_the_models_forward_does(tmp_path):
+    """Two requests of different lengths decoding together: the lean step's masked batch gives
+    the tokens of the same runner decoding through the model's forward."""
+    from promptcache.engines.tiny_families import save_family
+    from promptcache.engines.torch.engine import TorchEngine
+
+    path = save_family("llama", tmp_path / "llama")
+    model, tokenizer = TorchEngine.load_weights(path)
+    runner = TorchRunner(model, tokenizer)
+    assert isinstance(runner._decoder, LeanDecoder)
+    prompts = [[5, 17, 99, 3, 42, 7, 120, 64, 11], [8, 30, 2]]
+
+    def decode(num_steps):
+        runner.reset_decode()
+        states = [runner.new_state() for _ in prompts]
+        logits = [runner.forward([s], [p])[0] for s, p in zip(states, prompts, strict=True)]
+        rows: list[list[int]] = [[] for _ in prompts]
+        for _ in range(num_steps):
+            tokens = [int(x.argmax()) for x in logits]
+            for row, t in zip(rows, tokens, strict=True):
+                row.append(t)
+            logits = runner.forward(states, [[t] for t in tokens])
+        return rows, logits
+
+    lean_rows, lean_logits = decode(12)
+    runner._decoder = runner.model
+    model_rows, model_logits = decode(12)
+    assert lean_rows == model_rows
+    assert all(
+        float((a - b).abs().max()) < 1e-4 for a, b in zip(lean_logits, model_logits, strict=True)
+    )
+
+
+def test_families_it_does_not_cover_run_the_models_forward():
+    config = Gemma2Config(**COMMON, head_dim=16)  # gemma: (1 + w) norms, scaled embeddings
+    model = AutoModelForCausalLM.from_config(config).eval()
+    assert make_lean_decoder(model, "cache", ("DynamicLayer",) * 2) is None
+    llama = tiny_model("llama")
+    assert make_lean_decoder(llama, "cache", ("DynamicLayer", "DynamicSlidingWindowLayer")) is None
+
+
+def test_a_step_that_disagrees_with_the_model_is_refused():
+    model = prepared(built("llama"))
+    decoder = LeanDecoder(model, "cache")
+    assert agrees(decoder, model, "cache")
+    wrong = copy.copy(decoder)
+    wrong.layers = [layer._replace(scaling=layer.scaling * 1.5) for layer in decoder.layers]
+    assert not agrees(wrong, model, "cache")
