@@ -179,10 +179,13 @@ def batched_decode(
         else positions(lengths)
     )
     if step is None:
-        # the mask covers the cached positions and the new one; padding is the left part of a row
-        mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
-        for i, n in enumerate(lengths):
-            mask[i, width - n :] = 1
+        # the mask covers the cached positions and the new one; padding is the left part of a
+        # row (a lone row has none: no mask)
+        mask = None
+        if rows > 1:
+            mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
+            for i, n in enumerate(lengths):
+                mask[i, width - n :] = 1
         out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
                     use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
     else:
