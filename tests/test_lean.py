@@ -13,7 +13,9 @@ from transformers import (  # noqa: E402
     DynamicCache,
     Gemma2Config,
     MistralConfig,
+    MixtralConfig,
     Qwen2Config,
+    Qwen2MoeConfig,
 )
 
 from promptcache.engines.tiny_families import build_family  # noqa: E402
@@ -37,6 +39,14 @@ def built(name):
         return AutoModelForCausalLM.from_config(Qwen2Config(**COMMON)).eval()
     if name == "mistral":
         return AutoModelForCausalLM.from_config(MistralConfig(**COMMON, sliding_window=None)).eval()
+    if name == "mixtral":  # experts: the model's own MoE block is called
+        config = MixtralConfig(**COMMON, num_local_experts=4, num_experts_per_tok=2)
+        return AutoModelForCausalLM.from_config(config).eval()
+    if name == "qwen2_moe":  # MoE layers with a shared expert beside a dense MLP layer
+        config = Qwen2MoeConfig(**COMMON, num_experts=4, num_experts_per_tok=2,
+                                moe_intermediate_size=64, shared_expert_intermediate_size=64,
+                                mlp_only_layers=[0])  # fmt: skip
+        return AutoModelForCausalLM.from_config(config).eval()
     return build_family(name)[0].eval()
 
 
@@ -65,7 +75,9 @@ def greedy(step, model, prompt, num_tokens):
     return tokens, seen
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen2", "mistral", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize(
+    "name", ["llama", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"]
+)
 def test_lean_steps_equal_the_models_steps(name):
     model = prepared(built(name))
     decoder = make_lean_decoder(model, "cache", ("DynamicLayer",) * model.config.num_hidden_layers)
