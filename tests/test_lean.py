@@ -12,6 +12,7 @@ from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     DynamicCache,
     Gemma2Config,
+    LlamaConfig,
     MistralConfig,
     MixtralConfig,
     Qwen2Config,
@@ -139,3 +140,32 @@ def test_a_step_that_disagrees_with_the_model_is_refused():
     wrong = copy.copy(decoder)
     wrong.layers = [layer._replace(scaling=layer.scaling * 1.5) for layer in decoder.layers]
     assert not agrees(wrong, model, "cache")
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])  # k/v 64 rows: one packing block; 32: not stackable
+def test_int4_siblings_decode_as_one_stack_where_the_packing_allows(kv_heads):
+    from promptcache.engines.torch.fused import Int4Stack
+    from promptcache.engines.torch.weights import quantize_linears
+
+    torch.manual_seed(0)
+    config = LlamaConfig(**{**COMMON, "num_key_value_heads": kv_heads})
+    model = AutoModelForCausalLM.from_config(config).eval()
+    quantize_linears(model, "int4")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fuse_projections(model)
+    after = model.state_dict()
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert isinstance(getattr(mlp.up_proj, "int4_stack", None), Int4Stack)  # 128 rows each
+    assert hasattr(attn.k_proj, "int4_stack") == (kv_heads == 4)
+    stack = mlp.up_proj.int4_stack
+    assert mlp.up_proj.qweight.data_ptr() == stack.qweight[mlp.up_proj.int4_start].data_ptr()
+    decoder = make_lean_decoder(model, "cache", ("DynamicLayer",) * 2)
+    assert isinstance(decoder, LeanDecoder)
+    prompt = [5, 17, 99, 3, 42, 7, 120, 64, 11]
+    want_tokens, want_logits = greedy(model, model, prompt, 12)
+    got_tokens, got_logits = greedy(decoder, model, prompt, 12)
+    assert got_tokens == want_tokens
+    worst = max(float((a - b).abs().max()) for a, b in zip(want_logits, got_logits, strict=True))
+    assert worst < 1e-3

@@ -11,6 +11,9 @@ return their columns when called with the very same input tensor before the grou
 (every sibling served once); a sibling fed another input recomputes the stack for it. The
 models' attention and MLP code never modifies a projection's input in place between siblings
 (inference tensors carry no version counter to check it).
+
+Groups of int4 siblings (``--weights int4``) get an ``Int4Stack`` the lean decode step calls
+once (``torch.lean``): the packed weights concatenated, the siblings' ``qweight`` views of it.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 
 from promptcache.engines.torch.onednn import OneDnnLinear
+from promptcache.engines.torch.weights import Int4Linear
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
@@ -64,23 +68,24 @@ class StackedLinear(OneDnnLinear):
 
 def fuse_projections(model: Any) -> int:
     """Stack every group of sibling ``OneDnnLinear`` projections (same input width, all with or
-    all without bias) in place; idempotent. Returns how many groups were stacked."""
+    all without bias) in place, and give groups of ``Int4Linear`` siblings an ``Int4Stack``;
+    idempotent. Returns how many groups were stacked."""
     num_groups = 0
     for module in model.modules():
         for names in SIBLINGS:
             found = [getattr(module, n, None) for n in names]
-            members = [m for m in found if type(m) is OneDnnLinear]
-            if len(members) < len(names) or len({m.in_features for m in members}) != 1:
-                continue
-            if len({m.bias is None for m in members}) != 1:
-                continue
-            _stack(module, names, members)
-            num_groups += 1
+            for kind, stack in ((OneDnnLinear, _stack), (Int4Linear, _stack_int4)):
+                members = [m for m in found if type(m) is kind]
+                if len(members) < len(names) or len({m.in_features for m in members}) != 1:
+                    continue
+                if len({m.bias is None for m in members}) != 1:
+                    continue
+                num_groups += bool(stack(module, names, members))
     return num_groups
 
 
 @torch.no_grad()
-def _stack(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -> None:
+def _stack(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -> bool:
     weight = torch.cat([m.weight for m in members])
     bias = None if members[0].bias is None else torch.cat([m.bias for m in members])
     stack = StackedWeights(weight, bias)
@@ -92,3 +97,44 @@ def _stack(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -> Non
             member.bias = nn.Parameter(bias[start:stop], requires_grad=False)
         setattr(parent, name, StackedLinear(member, stack, start, len(members)))
         start = stop
+    return True
+
+
+class Int4Stack:
+    """The packed int4 weights of a group of ``Int4Linear`` siblings as one matrix, for the lean
+    decode step (``torch.lean``): each sibling's ``qweight`` is a view of its rows (the packing
+    is in blocks of rows, checked when stacked); the siblings' own forwards are unchanged."""
+
+    __slots__ = ("qweight", "scales_zeros", "bias", "group", "in_features", "out_features")
+
+    def __init__(self, members: list[Int4Linear]) -> None:
+        self.qweight = torch.cat([m.qweight for m in members])
+        self.scales_zeros = torch.cat([m.scales_zeros for m in members], dim=1)
+        biases = [m.bias for m in members]
+        self.bias = None if biases[0] is None else torch.cat(biases)
+        self.group, self.in_features = members[0].group, members[0].in_features
+        self.out_features = sum(m.out_features for m in members)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Int4Stack:
+        return self
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return Int4Linear.forward(self, x)  # type: ignore[arg-type]
+
+
+@torch.no_grad()
+def _stack_int4(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -> bool:
+    if len({m.group for m in members}) != 1 or any(hasattr(m, "int4_stack") for m in members):
+        return False
+    stack = Int4Stack(members)
+    probe = torch.randn(3, stack.in_features, generator=torch.Generator().manual_seed(0))
+    want = torch.cat([m(probe) for m in members], -1)
+    if not torch.equal(stack(probe), want):  # sizes off the packing's row blocks: not exact
+        return False
+    start = 0
+    for member in members:
+        stop = start + member.out_features
+        member.qweight = stack.qweight[start:stop]  # a view: the separate copy is freed
+        member.int4_stack, member.int4_start = stack, start
+        start = stop
+    return True

@@ -149,11 +149,22 @@ def _projector(*members: Any, head_dim: int | None = None) -> Any:
     stack = getattr(members[0], "stack", None)
     stacked = all(isinstance(m, StackedLinear) and m.stack is stack for m in members)
     sizes = [m.out_features for m in members]
-    if stack is not None and stacked and [m.start for m in members] == [sum(sizes[:i]) for i in range(len(sizes))]:
+    if (
+        stack is not None
+        and stacked
+        and [m.start for m in members] == [sum(sizes[:i]) for i in range(len(sizes))]
+    ):
         weight, bias = stack.weight, stack.bias
 
         def project(x: torch.Tensor) -> Any:
             out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+            return out.view(*x.shape[:-1], -1, head_dim) if head_dim else out.split(sizes, -1)
+
+    elif _int4_stack(members) is not None:
+        int4 = _int4_stack(members)
+
+        def project(x: torch.Tensor) -> Any:
+            out = int4(x)
             return out.view(*x.shape[:-1], -1, head_dim) if head_dim else out.split(sizes, -1)
 
     else:
@@ -165,6 +176,16 @@ def _projector(*members: Any, head_dim: int | None = None) -> Any:
             return outs
 
     return project
+
+
+def _int4_stack(members: tuple[Any, ...]) -> Any:
+    """The members' shared ``Int4Stack`` when they are all of it, in order, else None."""
+    stack = getattr(members[0], "int4_stack", None)
+    starts = [getattr(m, "int4_start", None) for m in members]
+    sizes = [m.out_features for m in members]
+    if stack is None or any(getattr(m, "int4_stack", None) is not stack for m in members):
+        return None
+    return stack if starts == [sum(sizes[:i]) for i in range(len(sizes))] else None
 
 
 def _linear_call(module: Any) -> Any:
