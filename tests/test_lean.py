@@ -157,10 +157,10 @@ def test_int4_siblings_decode_as_one_stack_where_the_packing_allows(kv_heads):
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    assert isinstance(getattr(mlp.up_proj, "int4_stack", None), Int4Stack)  # 128 rows each
-    assert hasattr(attn.k_proj, "int4_stack") == (kv_heads == 4)
-    stack = mlp.up_proj.int4_stack
-    assert mlp.up_proj.qweight.data_ptr() == stack.qweight[mlp.up_proj.int4_start].data_ptr()
+    assert isinstance(getattr(mlp.up_proj, "stack", None), Int4Stack)  # 128 rows each
+    assert hasattr(attn.k_proj, "stack") == (kv_heads == 4)
+    stack = mlp.up_proj.stack
+    assert mlp.up_proj.qweight.data_ptr() == stack.qweight[mlp.up_proj.start].data_ptr()
     decoder = make_lean_decoder(model, "cache", ("DynamicLayer",) * 2)
     assert isinstance(decoder, LeanDecoder)
     prompt = [5, 17, 99, 3, 42, 7, 120, 64, 11]

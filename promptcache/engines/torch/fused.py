@@ -12,8 +12,10 @@ return their columns when called with the very same input tensor before the grou
 models' attention and MLP code never modifies a projection's input in place between siblings
 (inference tensors carry no version counter to check it).
 
-Groups of int4 siblings (``--weights int4``) get an ``Int4Stack`` the lean decode step calls
-once (``torch.lean``): the packed weights concatenated, the siblings' ``qweight`` views of it.
+Groups of int4 siblings (``--weights int4``) get an ``Int4Stack``: the packed weights
+concatenated, the siblings' ``qweight`` views of it. Every sibling of either kind has ``stack``
+(called on an input: all the siblings' outputs) and ``start``, which the lean decode step
+(``torch.lean``) calls once per group.
 """
 
 from __future__ import annotations
@@ -43,9 +45,13 @@ class StackedWeights:
     def __deepcopy__(self, memo: dict[int, Any]) -> StackedWeights:
         return self  # the weights are shared, never written (compiled.plain_twin copies modules)
 
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Every sibling's output for ``x``, side by side (nothing kept)."""
+        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+
     def take(self, x: torch.Tensor, start: int, stop: int, size: int) -> torch.Tensor:
         if self.x is not x or self.num_left == 0:
-            self.out = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+            self.out = self(x)
             self.x, self.num_left = x, size
         self.num_left -= 1
         out = self.out
@@ -124,7 +130,7 @@ class Int4Stack:
 
 @torch.no_grad()
 def _stack_int4(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -> bool:
-    if len({m.group for m in members}) != 1 or any(hasattr(m, "int4_stack") for m in members):
+    if len({m.group for m in members}) != 1 or any(hasattr(m, "stack") for m in members):
         return False
     stack = Int4Stack(members)
     probe = torch.randn(3, stack.in_features, generator=torch.Generator().manual_seed(0))
@@ -135,6 +141,6 @@ def _stack_int4(parent: nn.Module, names: tuple[str, ...], members: list[Any]) -
     for member in members:
         stop = start + member.out_features
         member.qweight = stack.qweight[start:stop]  # a view: the separate copy is freed
-        member.int4_stack, member.int4_start = stack, start
+        member.stack, member.start = stack, start
         start = stop
     return True

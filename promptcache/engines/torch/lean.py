@@ -6,9 +6,9 @@ op: on the bundled 135M model ~17 ms of matmuls and ~6 ms of everything else (mo
 mask and cache bookkeeping, a dozen small ops per norm and RoPE, a copy of every key/value head
 for grouped attention). For decoders whose layers are exactly RMSNorm, attention with RoPE
 (optionally per-head q/k norms), RMSNorm, gated MLP (llama, mistral, qwen2, qwen3 and their
-fine-tunes, dense or mixture-of-experts) this step calls the model's own weights, rotary module and activation directly,
-reads grouped KV heads in place (``enable_gqa``) and writes keys/values through the cache
-layers' public ``update``. Prefill stays the model's forward.
+fine-tunes, dense or mixture-of-experts) this step calls the model's own weights, rotary
+module and activation directly, reads grouped KV heads in place (``enable_gqa``) and writes
+keys/values through the cache layers' public ``update``. Prefill stays the model's forward.
 
 Each decoder is checked at load against the model's forward (``agrees``: a few greedy steps,
 same tokens, logits within float noise); a model that does not match runs its own forward.
@@ -23,8 +23,6 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
-
-from promptcache.engines.torch.fused import StackedLinear
 
 log = logging.getLogger("promptcache")
 
@@ -146,26 +144,19 @@ def _module_call(module: Any) -> Any:
 
 
 def _projector(*members: Any, head_dim: int | None = None) -> Any:
-    """One matmul over the stacked siblings where ``fused`` stacked them, else a call each."""
-    stack = getattr(members[0], "stack", None)
-    stacked = all(isinstance(m, StackedLinear) and m.stack is stack for m in members)
+    """One call of the siblings' shared ``stack`` (``fused``) where they are all of it, in
+    order; else a call each."""
     sizes = [m.out_features for m in members]
+    stack = getattr(members[0], "stack", None)
+    starts = [getattr(m, "start", None) for m in members]
     if (
         stack is not None
-        and stacked
-        and [m.start for m in members] == [sum(sizes[:i]) for i in range(len(sizes))]
+        and all(getattr(m, "stack", None) is stack for m in members)
+        and starts == [sum(sizes[:i]) for i in range(len(sizes))]
     ):
-        weight, bias = stack.weight, stack.bias
 
         def project(x: torch.Tensor) -> Any:
-            out = torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
-            return out.view(*x.shape[:-1], -1, head_dim) if head_dim else out.split(sizes, -1)
-
-    elif _int4_stack(members) is not None:
-        int4 = _int4_stack(members)
-
-        def project(x: torch.Tensor) -> Any:
-            out = int4(x)
+            out = stack(x)
             return out.view(*x.shape[:-1], -1, head_dim) if head_dim else out.split(sizes, -1)
 
     else:
@@ -177,16 +168,6 @@ def _projector(*members: Any, head_dim: int | None = None) -> Any:
             return outs
 
     return project
-
-
-def _int4_stack(members: tuple[Any, ...]) -> Any:
-    """The members' shared ``Int4Stack`` when they are all of it, in order, else None."""
-    stack = getattr(members[0], "int4_stack", None)
-    starts = [getattr(m, "int4_start", None) for m in members]
-    sizes = [m.out_features for m in members]
-    if stack is None or any(getattr(m, "int4_stack", None) is not stack for m in members):
-        return None
-    return stack if starts == [sum(sizes[:i]) for i in range(len(sizes))] else None
 
 
 def _linear_call(module: Any) -> Any:
