@@ -109,7 +109,12 @@ class PromptCache:
             match = self.ram.match(seq, rc)
             plan = None
             if match.num_matched < seq.num_tokens - 1:
+                # pinned while a promotion is planned and loaded: making room for it must never
+                # evict the blocks this lookup already found (a served block must be resident)
+                self.ram.pin(match.blocks)
                 plan = self.tiers.plan_promotion(seq, match, rc)
+                if plan is None:
+                    self.ram.unpin(match.blocks)
             if plan is None:
                 return self._serve(seq, match, match.num_tokens)
         try:
@@ -117,9 +122,11 @@ class PromptCache:
         except BaseException:
             with self._lock:
                 self.tiers.finish_promotion(plan, None)
+                self.ram.unpin(match.blocks)
             raise
         with self._lock:
             done = self.tiers.finish_promotion(plan, loaded)
+            self.ram.unpin(match.blocks)
             # matched again: RAM changed while the lock was let go
             return self._serve(
                 seq, self.ram.match(seq, rc), match.num_tokens, plan.tier.name, done.num_damaged
@@ -160,9 +167,13 @@ class PromptCache:
             self.requires_checkpoint, evicted,
         )  # fmt: skip
 
-    def _unpin(self, blocks: tuple[Block, ...]) -> None:
+    def _release(self, lease: Lease) -> None:
+        # the check and the unpin under one lock: the stepping thread and a request's consumer
+        # may both release it, and a second unpin would take another request's pin
         with self._lock:
-            self.ram.unpin(blocks)
+            if not lease.is_released:
+                lease.is_released = True
+                self.ram.unpin(lease.blocks)
 
     def save(
         self,

@@ -8,8 +8,9 @@ from promptcache.core.block import Block
 from promptcache.core.stats import LookupReport
 
 
-class _Unpins(Protocol):
-    def _unpin(self, blocks: tuple[Block, ...]) -> None: ...
+class _Releases(Protocol):
+    def _release(self, lease: Lease) -> None:
+        """Unpin ``lease.blocks`` and set ``is_released``, once, under the cache's lock."""
 
 
 class SaveResult(NamedTuple):
@@ -21,11 +22,11 @@ class SaveResult(NamedTuple):
 class Lease:
     """A lookup result whose blocks stay pinned until ``release()`` (idempotent) or context exit."""
 
-    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "_released")
+    __slots__ = ("num_tokens", "blocks", "kind", "checkpoint", "report", "_cache", "is_released")
 
     def __init__(
         self,
-        cache: _Unpins,
+        cache: _Releases,
         num_tokens: int,
         blocks: tuple[Block, ...],
         kind: str,
@@ -39,7 +40,7 @@ class Lease:
         last = blocks[-1] if blocks else None
         self.checkpoint = last.checkpoint if last is not None and last.end == num_tokens else None
         self._cache = cache
-        self._released = not blocks
+        self.is_released = not blocks  # set by the cache, under its lock
 
     def segments(self) -> list[tuple[Any, int]]:
         """(positional payload, tokens to take from its start) per block, covering [0, num_tokens)."""
@@ -49,9 +50,9 @@ class Lease:
         return out
 
     def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._cache._unpin(self.blocks)
+        """Unpin the blocks; safe to call twice and from several threads at once."""
+        if not self.is_released:
+            self._cache._release(self)
 
     def __enter__(self) -> Lease:
         return self

@@ -90,7 +90,9 @@ class CachedEngine:
         self.batcher = Batcher(
             self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
         )
-        self.scheduler = Scheduler(self.batcher)
+        self.scheduler = Scheduler(
+            self.batcher, self.cache.check_integrity if self.cache is not None else None
+        )
         # a step's first tokens go out before its decode forward
         self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request
@@ -291,7 +293,7 @@ class CachedEngine:
     def cache_stats(self) -> dict[str, Any]:
         if self.cache is None:
             return {}
-        out = {**self.cache.stats().to_dict(), **self.batcher.stats()}
+        out = {**self.cache.stats().to_dict(), **self.batcher.stats(), **self.scheduler.stats()}
         if self.feeder is not None:  # encoder runs and the vision-embedding cache
             out["vision"] = self.feeder.stats()
         # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)

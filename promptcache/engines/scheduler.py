@@ -16,6 +16,7 @@ request without the engine, once no step is working on it (``in_flight``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,11 +24,18 @@ from typing import Protocol
 
 from promptcache.core.worker_threads import start_thread
 from promptcache.engines.base import Event
+from promptcache.engines.errors import EngineFailure, RequestError
 from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.turns import FairTurns
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
 POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by other threads)
+log = logging.getLogger("promptcache")
+
+
+class StepFailure(EngineFailure):
+    """A bug in a step, not in any one request: every request in that step ends with it (a 500
+    in its API's error shape); the cause is in the server's log once, with its traceback."""
 
 
 class Work(Protocol):
@@ -49,10 +57,19 @@ class Work(Protocol):
 
 
 class Scheduler:
-    __slots__ = ("work", "turns", "_cond", "_active", "_is_stepping")
+    __slots__ = (
+        "work", "turns", "_cond", "_active", "_is_stepping", "check_state", "_needs_check",
+        "num_step_failures", "num_integrity_failures",
+    )  # fmt: skip
 
-    def __init__(self, work: Work) -> None:
+    def __init__(self, work: Work, check_state: Callable[[], None] | None = None) -> None:
+        """``check_state``: raises AssertionError when the state the steps share (the cache's
+        books) is inconsistent; run after a step failed, before the next step."""
         self.work = work
+        self.check_state = check_state
+        self._needs_check = False
+        self.num_step_failures = 0  # steps that raised outside any request's own part
+        self.num_integrity_failures = 0  # checks after such a step that found damage
         self.turns = FairTurns()  # the engine: one step at a time, FIFO among waiting consumers
         self._cond = threading.Condition()  # guards _active and every request's in_flight
         self._active: list[Request] = []  # registered and not done, in arrival order
@@ -74,11 +91,14 @@ class Scheduler:
                 req.in_flight = True
         try:
             for req, moved in self.work.advance_batch(batch).items():
+                if _is_bug(moved.outcome):  # one request's part raised something unplanned
+                    moved = Moved(self._failed(moved.outcome), moved.events)
                 _apply(req, moved)
         except Exception as exc:  # a bug outside any one request's part: all of them fail
+            failure = self._failed(exc)
             for req in batch:
                 if req.phase is not Phase.DONE:
-                    _apply(req, Moved(exc))
+                    _apply(req, Moved(failure))
         finally:
             with self._cond:
                 for req in batch:
@@ -86,8 +106,49 @@ class Scheduler:
                 self._cond.notify_all()
             for req in batch:
                 if req.phase is Phase.DONE:
-                    req.release()
+                    self._release(req)
         return True
+
+    def _failed(self, exc: BaseException) -> StepFailure:
+        """Log a step's failure once with its traceback, count it, and have the shared state
+        checked before the next step; what the requests it held end with."""
+        log.error("an engine step failed: %r", exc, exc_info=exc)
+        with self._cond:
+            self.num_step_failures += 1
+            self._needs_check = True
+        failure = StepFailure(
+            f"the engine failed while serving this request ({type(exc).__name__})"
+        )
+        failure.__cause__ = exc
+        return failure
+
+    def _release(self, req: Request) -> None:
+        try:
+            req.release()
+        except Exception as exc:  # the cache's books: never kills the stepping thread
+            self._failed(exc)
+
+    def _check_after_failure(self) -> None:
+        """Before the next step after a failed one: check the shared state, once."""
+        with self._cond:
+            if not self._needs_check:
+                return
+            self._needs_check = False
+        if self.check_state is None:
+            return
+        try:
+            self.check_state()
+        except Exception as exc:
+            log.error("state check after a failed step found damage: %r", exc, exc_info=exc)
+            with self._cond:
+                self.num_integrity_failures += 1
+
+    def stats(self) -> dict[str, int]:
+        with self._cond:
+            return {
+                "num_step_failures": self.num_step_failures,
+                "num_integrity_failures": self.num_integrity_failures,
+            }
 
     def deliver(self, ready: Mapping[Request, Moved]) -> bool:
         """Events a step produced before its end, to their consumers now (their outcomes are
@@ -162,6 +223,7 @@ class Scheduler:
                             self._is_stepping = False
                             return
                         self._cond.wait(POLL_S)
+                self._check_after_failure()
                 with self.turns.step():
                     self.step()
         except BaseException:  # not step()'s (it keeps errors with their requests): restartable
@@ -192,7 +254,7 @@ class Scheduler:
             if req in self._active:
                 self._active.remove(req)
             req.phase = Phase.DONE
-        req.release()
+        self._release(req)
 
     def _run(self, req: Request, action: Callable[[Request], Moved]) -> None:
         try:
@@ -205,7 +267,13 @@ class Scheduler:
                 req.in_flight = False
                 self._cond.notify_all()
             if done:
-                req.release()
+                self._release(req)
+
+
+def _is_bug(outcome: object) -> bool:
+    """An outcome no API maps to a planned answer: not the client's fault (``RequestError``),
+    not a failure the engine already named (``EngineFailure``)."""
+    return isinstance(outcome, Exception) and not isinstance(outcome, RequestError | EngineFailure)
 
 
 def _apply(req: Request, moved: Moved) -> None:

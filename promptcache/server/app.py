@@ -29,7 +29,7 @@ from promptcache.server import (
     sessions,
 )
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
-from promptcache.server.guard import BodyTooLarge, Guard
+from promptcache.server.guard import BodyTooLarge, CatchAll, Guard
 from promptcache.server.schemas import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -110,6 +110,7 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics.count_request(path if path in ENDPOINTS else "other", status)
 
     limits = state.limits
+    app.add_middleware(CatchAll)  # inside Guard: its 500s are counted like any response
     app.add_middleware(
         Guard,
         count=count,

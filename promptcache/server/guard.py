@@ -183,3 +183,33 @@ class Guard:
 class BodyTooLarge(Exception):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the request body is over the limit of {limit} bytes (--max-body-bytes)")
+
+
+class CatchAll:
+    """Any exception no handler answered becomes a 500 in the API's error shape (never
+    Starlette's bare text), logged once with its traceback. A response already started (a
+    stream) cannot change its status: the stream ends, and its own code reports the error."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        is_started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal is_started
+            is_started = is_started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception as exc:
+            path = scope["path"]
+            log.error("%s %s failed: %r", scope.get("method", ""), path, exc, exc_info=exc)
+            if is_started:
+                return
+            message = f"the server failed to serve this request ({type(exc).__name__}); see its log"
+            await error_response(path, 500, message)(scope, receive, send)

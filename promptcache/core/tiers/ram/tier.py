@@ -106,7 +106,11 @@ class RamTier:
         stamp_use(blocks, now, is_hit)
 
     def pin(self, blocks: tuple[Block, ...] | list[Block]) -> None:
+        """Keep resident blocks from eviction until ``unpin``; only resident ones: a block
+        pinned after it left the tree would come back to the policy on its unpin."""
+        index = self.tree.index
         for blk in blocks:
+            assert index.get(blk.block_hash) is blk, "pin of a block that is not resident"
             if blk.ref_count == 0 and blk.num_children == 0:
                 self.policy.remove_evictable(blk)
             blk.ref_count += 1
