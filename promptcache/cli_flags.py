@@ -128,6 +128,15 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     add_flag(
         p,
+        "max-live-bytes",
+        None,
+        "the running requests' KV state at most (e.g. 2GB): a new request whose prompt would "
+        "pass it waits in the queue until running ones finish (one request always runs) "
+        "(default: no cap)",
+        str,
+    )
+    add_flag(
+        p,
         "max-context",
         None,
         "context window in tokens: refuse longer prompts; above the model's native context, "

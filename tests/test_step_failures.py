@@ -46,9 +46,8 @@ def test_a_bug_in_a_step_ends_its_requests_logs_once_and_checks_the_books(monkey
     checks.num_calls = 1  # count the checks only
     engine.scheduler.check_state = checks
     monkeypatch.setattr(engine.cache, "lookup", FailOnce(engine.cache.lookup, KeyError("boom")))
-    with caplog.at_level(logging.ERROR, logger="promptcache"):
-        with pytest.raises(StepFailure) as info:
-            list(engine.generate(PROMPT, SamplingParams(max_tokens=4)))
+    with caplog.at_level(logging.ERROR, logger="promptcache"), pytest.raises(StepFailure) as info:
+        list(engine.generate(PROMPT, SamplingParams(max_tokens=4)))
     assert isinstance(info.value.__cause__, KeyError)
     logged = [r for r in caplog.records if "engine step failed" in r.getMessage()]
     assert len(logged) == 1 and logged[0].exc_info is not None

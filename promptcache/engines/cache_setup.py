@@ -32,6 +32,8 @@ class EngineOptions:
     ram_budget: int | str | None = None
     prefill_chunk: int = 512
     step_tokens: int | None = None  # tokens per engine step (batching.py); None: its default
+    # the running requests' KV state at most (parse_size); a newcomer past it waits (None: no cap)
+    max_live_bytes: int | str | None = None
     max_context: int | None = None
     next_tier: Any = None
     policy: str | None = None

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from promptcache.core.budget import parse_size
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
@@ -35,6 +36,7 @@ from promptcache.engines.context import check_prompt_fits
 from promptcache.engines.forced import ForcedTokens, TokenConstraint
 from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.engines.layers import Layout
+from promptcache.engines.memory import rss_bytes, tune_malloc
 from promptcache.engines.request import Request
 from promptcache.engines.runner import ModelRunner
 from promptcache.engines.scheduler import Scheduler
@@ -90,9 +92,15 @@ class CachedEngine:
         self.batcher = Batcher(
             self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
         )
-        self.scheduler = Scheduler(
-            self.batcher, self.cache.check_integrity if self.cache is not None else None
+        self.max_live_bytes = (
+            parse_size(opts.max_live_bytes) if opts.max_live_bytes is not None else None
         )
+        self.scheduler = Scheduler(
+            self.batcher,
+            self.cache.check_integrity if self.cache is not None else None,
+            self._admits if self.max_live_bytes is not None else None,
+        )
+        tune_malloc()
         # a step's first tokens go out before its decode forward
         self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request
@@ -290,10 +298,30 @@ class CachedEngine:
     def forget_images(self, tenant: str, session: str | None, force: bool = False) -> int:
         return self.feeder.forget(tenant, session, force) if self.feeder is not None else 0
 
+    def _admits(self, req: Request, running: Sequence[Request]) -> bool:
+        """Whether ``req``'s prompt fits beside ``running`` under ``max_live_bytes``, at the
+        running requests' own bytes per token."""
+        assert self.max_live_bytes is not None
+        held = self.runner.held_bytes([r.state for r in running if r.state is not None])
+        tokens = sum(r.pos + len(r.generated) for r in running)
+        return held + (held / tokens if tokens else 0) * req.num_prompt <= self.max_live_bytes
+
+    def memory_stats(self) -> dict[str, int]:
+        """Where the process's memory is: the running requests' model state (with the decode
+        batch), the queued block writes, the resident set."""
+        live = self.scheduler.live_states()
+        return {
+            "live_requests": len(live),
+            "live_state_bytes": self.runner.held_bytes(live),
+            "max_live_bytes": self.max_live_bytes or 0,
+            "rss_bytes": rss_bytes(),
+        }
+
     def cache_stats(self) -> dict[str, Any]:
         if self.cache is None:
             return {}
         out = {**self.cache.stats().to_dict(), **self.batcher.stats(), **self.scheduler.stats()}
+        out["memory"] = self.memory_stats()
         if self.feeder is not None:  # encoder runs and the vision-embedding cache
             out["vision"] = self.feeder.stats()
         # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)

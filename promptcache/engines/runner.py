@@ -62,6 +62,10 @@ class ModelRunner(Protocol):
     def crop(self, state: Any, length: int) -> None:
         """Cut the positional state back to ``length`` (only called without snapshot layers)."""
 
+    def held_bytes(self, states: Sequence[Any]) -> int:
+        """Bytes of model state ``states`` keep alive, with the runner's own decode buffers:
+        each distinct buffer once, whole (a view of a batch buffer holds all of it)."""
+
     def to_numpy(self, logits: Any) -> np.ndarray:
         """One sequence's logits as float32 numpy (for sampling and grammar masks)."""
 

@@ -58,15 +58,24 @@ class Work(Protocol):
 
 class Scheduler:
     __slots__ = (
-        "work", "turns", "_cond", "_active", "_is_stepping", "check_state", "_needs_check",
-        "num_step_failures", "num_integrity_failures",
+        "work", "turns", "_cond", "_active", "_is_stepping", "check_state", "admits",
+        "_needs_check", "num_step_failures", "num_integrity_failures", "num_admission_waits",
     )  # fmt: skip
 
-    def __init__(self, work: Work, check_state: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        work: Work,
+        check_state: Callable[[], None] | None = None,
+        admits: Callable[[Request, Sequence[Request]], bool] | None = None,
+    ) -> None:
         """``check_state``: raises AssertionError when the state the steps share (the cache's
-        books) is inconsistent; run after a step failed, before the next step."""
+        books) is inconsistent; run after a step failed, before the next step. ``admits(new,
+        running)``: whether a request not started yet may start beside the running ones (it
+        waits otherwise; one always runs)."""
         self.work = work
         self.check_state = check_state
+        self.admits = admits
+        self.num_admission_waits = 0  # steps a new request waited for room (``admits``)
         self._needs_check = False
         self.num_step_failures = 0  # steps that raised outside any request's own part
         self.num_integrity_failures = 0  # checks after such a step that found damage
@@ -85,14 +94,17 @@ class Scheduler:
         with self._cond:
             self._active = [r for r in self._active if r.phase is not Phase.DONE]
             batch = [r for r in self._active if not r.in_flight and len(r.outbox) < MAX_BACKLOG]
+            if self.admits is not None:
+                batch = self._admitted(batch)
             if not batch:
                 return False
             for req in batch:
                 req.in_flight = True
         try:
             for req, moved in self.work.advance_batch(batch).items():
-                if _is_bug(moved.outcome):  # one request's part raised something unplanned
-                    moved = Moved(self._failed(moved.outcome), moved.events)
+                outcome = moved.outcome
+                if isinstance(outcome, Exception) and _is_bug(outcome):  # an unplanned raise
+                    moved = Moved(self._failed(outcome), moved.events)
                 _apply(req, moved)
         except Exception as exc:  # a bug outside any one request's part: all of them fail
             failure = self._failed(exc)
@@ -108,6 +120,21 @@ class Scheduler:
                 if req.phase is Phase.DONE:
                     self._release(req)
         return True
+
+    def _admitted(self, batch: list[Request]) -> list[Request]:
+        """``batch`` less the new requests that must wait for room, in arrival order (caller
+        holds ``_cond``)."""
+        assert self.admits is not None
+        running = [r for r in self._active if r.phase not in (Phase.NEW, Phase.DONE)]
+        out = []
+        for req in batch:
+            if req.phase is Phase.NEW:
+                if running and not self.admits(req, running):
+                    self.num_admission_waits += 1
+                    continue
+                running.append(req)
+            out.append(req)
+        return out
 
     def _failed(self, exc: BaseException) -> StepFailure:
         """Log a step's failure once with its traceback, count it, and have the shared state
@@ -143,11 +170,19 @@ class Scheduler:
             with self._cond:
                 self.num_integrity_failures += 1
 
+    def live_states(self) -> list[object]:
+        """The model state of every request started and not done (for memory figures)."""
+        with self._cond:
+            return [
+                r.state for r in self._active if r.phase is not Phase.DONE and r.state is not None
+            ]
+
     def stats(self) -> dict[str, int]:
         with self._cond:
             return {
                 "num_step_failures": self.num_step_failures,
                 "num_integrity_failures": self.num_integrity_failures,
+                "num_admission_waits": self.num_admission_waits,
             }
 
     def deliver(self, ready: Mapping[Request, Moved]) -> bool:
@@ -225,7 +260,10 @@ class Scheduler:
                         self._cond.wait(POLL_S)
                 self._check_after_failure()
                 with self.turns.step():
-                    self.step()
+                    has_moved = self.step()
+                if not has_moved:  # what can move waits for room or for its reader
+                    with self._cond:
+                        self._cond.wait(POLL_S)
         except BaseException:  # not step()'s (it keeps errors with their requests): restartable
             with self._cond:
                 self._is_stepping = False

@@ -120,6 +120,9 @@ def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_"
         if key == "vision":  # encoder runs and the vision-embedding cache
             lines += render_cache_stats(value, "promptcache_vision_")
             continue
+        if key == "memory":  # live request state, the resident set (CachedEngine.memory_stats)
+            lines += render_cache_stats(value, "promptcache_memory_")
+            continue
         if isinstance(value, bool) or key in ("block_size",):
             continue
         if key == "policy_leader":  # a name: exposed as a series labelled with it, value 1

@@ -12,6 +12,7 @@ array kept outside the live cache is a new array object, and state handed back i
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -223,6 +224,16 @@ class MlxCacheSteps:
 
     def crop(self, state: list[Any], length: int) -> None:
         crop_positional(state, self.layout, length)
+
+    def held_bytes(self, states: Sequence[list[Any]]) -> int:
+        arrays = {
+            id(v): v
+            for state in states
+            for layer in state
+            for _, v in tree_flatten(getattr(layer, "state", ()))
+            if isinstance(v, mx.array)
+        }
+        return sum(a.nbytes for a in arrays.values())
 
     def to_numpy(self, logits: mx.array) -> np.ndarray:
         return np.asarray(logits.astype(mx.float32))

@@ -38,6 +38,7 @@ from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
     crop_positional,
     describe_layers,
+    held_bytes,
     restore_cache,
     slice_positional,
     take_checkpoint,
@@ -323,6 +324,10 @@ class TorchRunner:
     def reset_decode(self) -> None:
         """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
         self._last_batch = None
+
+    def held_bytes(self, states: Sequence[Any]) -> int:
+        batch = self._last_batch
+        return held_bytes([*states, batch.cache] if batch is not None else states)
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
         return self._batches and len(states) > 1

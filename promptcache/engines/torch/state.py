@@ -9,6 +9,7 @@ Only the cache objects' public attributes are read and written; transformers is 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,3 +143,17 @@ def crop_positional(cache: DynamicCache, layout: Layout, length: int) -> None:
     Only valid for a layout without snapshot layers, or when nothing is cut."""
     for i in layout.positional:
         LAYERS.lookup(cache.layers[i]).crop(cache.layers[i], length)
+
+
+def held_bytes(caches: Sequence[Any]) -> int:
+    """Bytes of the distinct buffers ``caches`` keep alive: a view of a larger buffer (a decode
+    batch's row) counts that whole buffer, and a buffer several caches share counts once."""
+    seen: dict[int, int] = {}
+    for cache in caches:
+        for layer in getattr(cache, "layers", ()):
+            for value in vars(layer).values() if hasattr(layer, "__dict__") else ():
+                for t in value if isinstance(value, tuple | list) else (value,):
+                    if isinstance(t, torch.Tensor):
+                        storage = t.untyped_storage()
+                        seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())

@@ -1,0 +1,82 @@
+"""Memory the server can account for: the running requests' model state next to the RAM tier
+and the resident set, and ``max_live_bytes`` queueing a newcomer instead of growing past it."""
+
+import threading
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from promptcache.engines.base import SamplingParams  # noqa: E402
+from promptcache.engines.memory import rss_bytes  # noqa: E402
+from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.state import held_bytes  # noqa: E402
+
+PROMPTS = [[3 + (7 * i + j) % 200 for j in range(60 + 9 * i)] for i in range(4)]
+
+
+def reply(engine, prompt):
+    return list(engine.generate(prompt, SamplingParams(max_tokens=12)))[-1].completion_ids
+
+
+def run_concurrently(engine):
+    out = [None] * len(PROMPTS)
+
+    def one(i):
+        out[i] = reply(engine, PROMPTS[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_held_bytes_counts_a_shared_buffer_once_and_a_view_whole():
+    from transformers import DynamicCache
+
+    buf = torch.zeros(2, 2, 10, 4)
+    a, b = DynamicCache(), DynamicCache()
+    a.update(buf[:1], buf[:1], 0)  # a new tensor per update (concatenation): own buffers
+    b.layers = a.layers
+    assert held_bytes([a]) == held_bytes([a, b]) == 2 * buf[:1].nbytes
+    a.layers[0].keys = buf[0:1, :, :3]  # a view: keeps all of buf
+    assert held_bytes([a]) == buf.nbytes + buf[:1].nbytes
+
+
+def test_memory_stats_show_the_live_state_while_requests_run():
+    engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    seen = []
+    real_forward = engine.runner.forward
+
+    def forward(states, ids):
+        seen.append(engine.memory_stats())
+        return real_forward(states, ids)
+
+    engine.runner.forward = forward
+    reply(engine, PROMPTS[0])
+    assert max(s["live_state_bytes"] for s in seen) > 0
+    assert max(s["live_requests"] for s in seen) == 1
+    idle = engine.cache_stats()["memory"]
+    assert idle["live_requests"] == 0 and idle["rss_bytes"] == rss_bytes() > 0
+
+
+def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
+    plain = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, cache_enabled=False)
+    expected = [reply(plain, p) for p in PROMPTS]
+    # room for one running request at a time: every newcomer waits for the one before it
+    engine = TorchEngine(
+        tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB", max_live_bytes=1
+    )
+    assert run_concurrently(engine) == expected
+    stats = engine.cache_stats()
+    assert stats["num_admission_waits"] > 0
+    assert stats["max_batch_rows"] <= 1
+    assert stats["memory"]["max_live_bytes"] == 1
+    roomy = TorchEngine(
+        tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB", max_live_bytes="1GB"
+    )
+    assert run_concurrently(roomy) == expected
+    assert roomy.cache_stats()["num_admission_waits"] == 0
