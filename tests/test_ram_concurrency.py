@@ -141,8 +141,8 @@ class RamTierMachine(RuleBasedStateMachine):
 
     @initialize(
         policy=st.sampled_from(policy_names()),
-        num_blocks=st.integers(3, 5),
-        convs=st.lists(st.lists(st.integers(1, 2), min_size=3, max_size=8), min_size=2,
+        num_blocks=st.integers(3, 4),
+        convs=st.lists(st.lists(st.integers(1, 2), min_size=8, max_size=11), min_size=2,
                        max_size=NUM_CONVS),
     )  # fmt: skip
     def start(self, policy, num_blocks, convs):
@@ -244,8 +244,9 @@ class RamTierMachine(RuleBasedStateMachine):
 
 
 RamTierMachine.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=100,
+    max_examples=300,
+    stateful_step_count=50,
+    derandomize=True,  # the same exploration every run: CI never flakes on a lucky draw
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )

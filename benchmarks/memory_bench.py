@@ -1,0 +1,89 @@
+"""RSS under N concurrent multi-turn sessions, against the live state the requests hold.
+
+A model with the bundled SmolLM2-135M's KV shape (30 layers x 3 KV heads x head 64, float32:
+46 KB a token) and a small MLP, random weights; a 32 MB RAM tier over an SSD tier; N sessions
+of 4 turns (a 350-token first prompt, 30 tokens more a turn, 32-token replies).
+
+    python benchmarks/memory_bench.py --sessions 12 32 [--max-live-bytes 256MB] [--no-malloc-tune]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import tempfile
+import threading
+import time
+
+
+def run(num_sessions: int, max_live: str | None, tune: bool) -> dict[str, float]:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from promptcache.engines import memory
+    from promptcache.engines.base import SamplingParams
+    from promptcache.engines.tiny_models import ByteTokenizer
+    from promptcache.engines.torch.engine import TorchEngine
+
+    if not tune:
+        memory._is_tuned = True  # as if already done: glibc keeps its dynamic threshold
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=256, hidden_size=192, intermediate_size=256,
+                      num_hidden_layers=30, num_attention_heads=3, num_key_value_heads=3,
+                      max_position_embeddings=8192, initializer_range=0.2)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    engine = TorchEngine(model, ByteTokenizer(), block_size=64, ram_budget="32MB",
+                         ssd_dir=tempfile.mkdtemp(), max_live_bytes=max_live)  # fmt: skip
+    base = memory.rss_bytes()
+    peak, live_peak, done = [base], [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], memory.rss_bytes())
+            live_peak[0] = max(live_peak[0], engine.memory_stats()["live_state_bytes"])
+            time.sleep(0.05)
+
+    def session(k: int) -> None:
+        rng = random.Random(k)
+        history = [rng.randrange(3, 250) for _ in range(350)]
+        for _ in range(4):
+            events = list(engine.generate(history, SamplingParams(max_tokens=32)))
+            history += events[-1].completion_ids + [rng.randrange(3, 250) for _ in range(30)]
+
+    threading.Thread(target=sample, daemon=True).start()
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=session, args=(k,)) for k in range(num_sessions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    done.set()
+    return {
+        "sessions": num_sessions,
+        "max_live_bytes": max_live or "none",
+        "malloc_tuned": tune,
+        "rss_base_mb": round(base / 1e6),
+        "rss_peak_over_base_mb": round((peak[0] - base) / 1e6),
+        "rss_end_over_base_mb": round((memory.rss_bytes() - base) / 1e6),
+        "live_state_peak_mb": round(live_peak[0] / 1e6),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[12, 32])
+    ap.add_argument("--max-live-bytes", default=None)
+    ap.add_argument("--no-malloc-tune", action="store_true")
+    args = ap.parse_args()
+    for n in args.sessions:  # one process per run: RSS is a process's high-water mark
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(1) as pool:
+            row = pool.apply(run, (n, args.max_live_bytes, not args.no_malloc_tune))
+        print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
