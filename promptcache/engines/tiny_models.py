@@ -202,16 +202,21 @@ def save_tiny_model(
     return folder
 
 
-def save_mlx_tiny_model(kind: str, folder: str, seed: int = 0) -> str:
-    """Write a tiny random-weight mlx-lm model (weights in MLX layout) with the same tokenizer:
-    a folder that ``mlx_lm.load``, ``mlx_lm.server`` and ``promptcache serve --engine mlx`` read."""
+def save_mlx_tiny_model(kind: str, folder: str, seed: int = 0, tokenizer: Any = None) -> str:
+    """Write a tiny random-weight mlx-lm model (weights in MLX layout) with the same tokenizer
+    (or ``tokenizer``, as for ``save_tiny_model``): a folder that ``mlx_lm.load``,
+    ``mlx_lm.server`` and ``promptcache serve --engine mlx`` read."""
     import json
     from pathlib import Path
 
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    fast = save_tiny_tokenizer(folder)
+    if tokenizer is None:
+        fast = save_tiny_tokenizer(folder)
+    else:
+        fast = tokenizer
+        fast.save_pretrained(folder)
     model = mlx_tiny_model(kind, seed, vocab_size=len(fast))
     mx.save_safetensors(
         str(Path(folder) / "model.safetensors"), dict(tree_flatten(model.parameters()))

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
+from .finite_json import finite_numbers
+
 _DECODER = json.JSONDecoder()
 
 
@@ -63,7 +65,8 @@ class ToolCallParser(Protocol):
     ) -> str:
         """An llguidance Lark grammar accepting exactly render("", calls) for one call (or, with
         parallel, one or more), each call's arguments valid for that tool's JSON schema
-        (`%json {schema}`; a tool without "parameters" takes any object). name: only that tool.
+        (`%json {schema}`, or per value for formats that write values as text:
+        ``text_values``; a tool without "parameters" takes any object). name: only that tool.
         special_tokens: marker text -> token id for the `markers` the tokenizer has as single
         added/special tokens; llguidance never matches such a token against literal text, so
         they are written as <[id]>. Raises ValueError for no tools or an unknown name."""
@@ -189,10 +192,15 @@ def lark_text(s: str, special: Mapping[str, int] | None) -> str:
     return " ".join(parts + ([lark_str(s[pos:])] if pos < len(s) else []))
 
 
+def json_rule(schema: dict) -> str:
+    """The Lark right-hand side for a JSON value under ``schema`` (%json), its numbers held to
+    finite text (``finite_json``)."""
+    return "%json " + json.dumps(finite_numbers(schema))
+
+
 def args_rule(func: dict) -> str:
     """The Lark right-hand side for a tool's arguments: its JSON schema as %json."""
-    schema = func.get("parameters") or {"type": "object"}
-    return "%json " + json.dumps(schema)
+    return json_rule(func.get("parameters") or {"type": "object"})
 
 
 def tools_json_lines(tools: list[dict]) -> str:
@@ -236,147 +244,4 @@ def grammar_of_calls(
     more = f" ({text(sep)} call)*" if sep else " call*"
     calls = "call" + (more if parallel else "")
     start = " ".join(x for x in (text(prefix), calls, text(suffix)) if x)
-    return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *rules]) + "\n"
-
-
-def param_schema(tools: list[dict] | None, name: str, key: str) -> dict | None:
-    """The JSON schema of parameter ``key`` of tool ``name``, or None when not declared."""
-    for t in tools or []:
-        func = t.get("function", t)
-        if func.get("name") == name:
-            props = (func.get("parameters") or {}).get("properties") or {}
-            prop = props.get(key)
-            return prop if isinstance(prop, dict) else None
-    return None
-
-
-def _types(schema: dict | None) -> set[str]:
-    kind = (schema or {}).get("type")
-    if isinstance(kind, str):
-        return {kind}
-    if isinstance(kind, list):
-        return {k for k in kind if isinstance(k, str)}
-    if schema and "enum" in schema and all(isinstance(v, str) for v in schema["enum"]):
-        return {"string"}
-    return set()
-
-
-def typed_value(raw: str, schema: dict | None) -> Any:
-    """A parameter value written as text, typed by its schema: strings verbatim; numbers,
-    booleans, null, objects and arrays parsed (as JSON, else as the text when they do not
-    parse). Without a schema: JSON when the text is a JSON number, boolean, null, object or
-    array, else the string."""
-    types = _types(schema)
-    if types == {"string"}:
-        return raw
-    text = raw.strip()
-    if types & {"boolean"} and text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if types & {"null"} and text.lower() in ("null", "none"):
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return raw
-    if isinstance(value, str) and "string" not in types and types:
-        return raw
-    if isinstance(value, str):  # a JSON-quoted string where a string is allowed: the text
-        return raw
-    if isinstance(value, float) and value.is_integer() and "integer" in types:
-        return int(value)
-    return value
-
-
-def text_value(value: Any) -> str:
-    """How text-argument formats write a value: strings as is, everything else as JSON."""
-    return value if isinstance(value, str) else dump(value)
-
-
-def value_rule(schema: dict | None, string_terminal: str) -> str:
-    """Lark for one text-written value: ``string_terminal`` for a string parameter (verbatim
-    text up to the closing marker), else the value as JSON under its schema."""
-    schema = schema or {}
-    if _types(schema) == {"string"} and "enum" in schema:  # one of them, verbatim
-        return "(" + " | ".join(lark_str(v) for v in schema["enum"]) + ")"
-    if _types(schema) == {"string"} and isinstance(schema.get("pattern"), str):
-        # JSON Schema patterns are searched, not anchored: an anchored one is the whole value
-        pattern = schema["pattern"].removeprefix("^").removesuffix("$").replace("/", "\\/")
-        return f"/{pattern}/"
-    if _types(schema) == {"string"}:
-        return string_terminal
-    return "%json " + json.dumps(schema or {})
-
-
-def until_marker(marker: str) -> str:
-    """A Lark terminal regex: any text that ends with ``marker`` and holds it nowhere else."""
-    m = re.escape(marker).replace("\\\n", "\\n").replace("/", "\\/")
-    return f"/(?s:.*){m}/ & ~/(?s:.*){m}(?s:.+)/"
-
-
-def _without(marker: str) -> str:
-    """A Lark terminal regex: any text that holds ``marker`` nowhere."""
-    m = re.escape(marker).replace("\\\n", "\\n").replace("/", "\\/")
-    return f"/(?s:.*)/ & ~/(?s:.*){m}(?s:.*)/"
-
-
-def grammar_of_values(
-    funcs: list[dict],
-    head: Any,
-    param: Any,
-    tail: str,
-    sep: str,
-    parallel: bool,
-    special: Mapping[str, int] | None = None,
-) -> str:
-    """A Lark grammar for formats that write each parameter as text (Qwen XML, GLM): per call
-    head(name), then per declared parameter (in schema order; optional ones may be left out)
-    open + value + close + after where param(key) = (open, close, after), then tail. String
-    values are verbatim text that cannot hold ``close``; others JSON under their schema. A tool
-    whose schema declares no properties takes any parameter names, as strings."""
-
-    def text(s: str) -> str:
-        return lark_text(s, special) if s else ""
-
-    def seq(*items: str) -> str:
-        return " ".join(x for x in items if x)
-
-    alts, rules = [], []
-    for i, func in enumerate(funcs):
-        schema = func.get("parameters") or {"type": "object"}
-        props = schema.get("properties") or {}
-        required = set(schema.get("required") or [])
-        items = []
-        for j, (key, prop) in enumerate(props.items()):
-            opening, close, after = param(key)
-            prop = prop if isinstance(prop, dict) else {}
-            if "x-guidance" in schema:  # JSON values written as the whole call's JSON is
-                prop = {**prop, "x-guidance": schema["x-guidance"]}
-            value = value_rule(prop, "STRING")
-            if value == "STRING" and special and close.strip() in special:
-                # the closer is one token: text without it, then the token
-                rules.append(f"S_{i}_{j}: {_without(close.strip())}")
-                body = seq(f"S_{i}_{j}", text(close), text(after))
-            elif value == "STRING":
-                rules.append(f"S_{i}_{j}: {until_marker(close)}")
-                body = seq(f"S_{i}_{j}", text(after))
-            elif value.startswith("%json"):
-                rules.append(f"v_{i}_{j}: {value}")
-                body = seq(f"v_{i}_{j}", text(close + after))
-            else:
-                body = seq(value, text(close + after))
-            rules.append(f"p_{i}_{j}: {seq(text(opening), body)}")
-            items.append(f"p_{i}_{j}" + ("" if key in required else "?"))
-        if not props and schema.get("additionalProperties", True) is not False:
-            opening, close, after = param("\x00")
-            before_key, after_key = opening.split("\x00")
-            rules.append(f"K_{i}: /[A-Za-z_][A-Za-z0-9_.\\-]*/")
-            rules.append(f"S_{i}: {until_marker(close)}")
-            rules.append(
-                f"g_{i}: {seq(text(before_key), f'K_{i}', text(after_key), f'S_{i}', text(after))}"
-            )
-            items.append(f"g_{i}*")
-        rules.insert(0, f"call_{i}: {seq(text(head(func['name'])), *items, text(tail))}")
-        alts.append(f"call_{i}")
-    more = f" ({text(sep)} call)*" if sep else " call*"
-    start = "call" + (more if parallel else "")
     return "\n".join([f"start: {start}", "call: " + " | ".join(alts), *rules]) + "\n"

@@ -21,13 +21,12 @@ from .base import (
     ToolCall,
     canonical,
     grammar_of_calls,
-    grammar_of_values,
     join_content,
     parse_blocks,
     skip_ws,
-    text_value,
     tool_functions,
 )
+from .text_values import grammar_of_values, text_value
 
 
 class CallFormat(ABC):

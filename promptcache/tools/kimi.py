@@ -71,9 +71,10 @@ class KimiParser(MarkedFormat):
                       f"args_{i}: {args_rule(func)}"]  # fmt: skip
             alts.append(f"call_{i}")
         calls = "call+" if parallel else "call"
+        # a bounded index: a weak model must not loop on its digits until max_tokens
         return "\n".join(
             [f"start: {text(SECTION)} {calls} {text(SECTION_END)}", "call: " + " | ".join(alts),
-             "INDEX: /[0-9]+/", *rules]
+             "INDEX: /[0-9]{1,6}/", *rules]
         ) + "\n"  # fmt: skip
 
     def system_prompt(self, tools: list[dict]) -> str:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import json
 import re
 
-from .base import ToolCall, param_schema, read_params, skip_ws, tools_json_lines, typed_value
+from .base import ToolCall, read_params, skip_ws, tools_json_lines
 from .framing import TextArgsFormat
+from .text_values import param_schema, typed_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 P_CLOSE = "</parameter>"
