@@ -80,3 +80,17 @@ def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
     )
     assert run_concurrently(roomy) == expected
     assert roomy.cache_stats()["num_admission_waits"] == 0
+
+
+def test_the_state_kept_for_the_next_turn_holds_only_its_own_positions():
+    engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    replies = run_concurrently(engine)  # decoded in one batch: rows are views of its buffer
+    assert engine.cache_stats()["max_batch_rows"] > 1 or pytest.skip("no batch formed")
+    state, seq = engine.steps.live
+    own = sum(t.nbytes for layer in state.layers for t in (layer.keys, layer.values))
+    assert held_bytes([state]) == own  # the batch buffer is not kept alive by it
+    # and the next turn of that conversation still reuses it, with the same reply as uncached
+    i = next(k for k, p in enumerate(PROMPTS) if seq.num_tokens == len(p) + len(replies[k]))
+    follow = PROMPTS[i] + replies[i] + [5, 6, 7]
+    plain = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, cache_enabled=False)
+    assert reply(engine, follow) == reply(plain, follow)

@@ -62,6 +62,10 @@ class ModelRunner(Protocol):
     def crop(self, state: Any, length: int) -> None:
         """Cut the positional state back to ``length`` (only called without snapshot layers)."""
 
+    def compact(self, state: Any) -> Any:
+        """``state`` holding only its own positions (a decode batch's row copied out of the
+        batch buffer), for a state kept after its request ended; may return ``state`` itself."""
+
     def held_bytes(self, states: Sequence[Any]) -> int:
         """Bytes of model state ``states`` keep alive, with the runner's own decode buffers:
         each distinct buffer once, whole (a view of a batch buffer holds all of it)."""

@@ -241,7 +241,8 @@ class Steps:
         assert req.seq is not None
         full = req.seq.extend(req.generated)
         self.save(full, req.state, req.num_prompt + len(req.generated))
-        self.live = (req.state, full)
+        # kept for the next turn: its own copy, not a view holding a whole decode batch alive
+        self.live = (self.runner.compact(req.state), full)
         return Moved(Phase.DONE)
 
     def save(self, seq: TokenSeq, state: Any, num_tokens: int) -> None:

@@ -225,6 +225,9 @@ class MlxCacheSteps:
     def crop(self, state: list[Any], length: int) -> None:
         crop_positional(state, self.layout, length)
 
+    def compact(self, state: list[Any]) -> list[Any]:
+        return state  # a batch's rows come back as their own arrays (``extract``)
+
     def held_bytes(self, states: Sequence[list[Any]]) -> int:
         arrays = {
             id(v): v

@@ -37,6 +37,7 @@ from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
     crop_positional,
+    compact_views,
     describe_layers,
     held_bytes,
     restore_cache,
@@ -324,6 +325,10 @@ class TorchRunner:
     def reset_decode(self) -> None:
         """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
         self._last_batch = None
+
+    def compact(self, state: Any) -> Any:
+        compact_views(state)
+        return state
 
     def held_bytes(self, states: Sequence[Any]) -> int:
         batch = self._last_batch

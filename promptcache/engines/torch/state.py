@@ -157,3 +157,13 @@ def held_bytes(caches: Sequence[Any]) -> int:
                         storage = t.untyped_storage()
                         seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
+
+
+def compact_views(cache: Any) -> None:
+    """Replace each layer's keys/values that view a larger buffer (a decode batch's row) by
+    a copy of just their positions, so the buffer can go."""
+    for layer in getattr(cache, "layers", ()):
+        for name in POSITIONAL_ATTRS:
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
+                setattr(layer, name, t.clone())
