@@ -36,8 +36,8 @@ from promptcache.engines.torch.lean import make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
 from promptcache.engines.torch.state import (
-    crop_positional,
     compact_views,
+    crop_positional,
     describe_layers,
     held_bytes,
     restore_cache,
