@@ -95,6 +95,7 @@ class CachedEngine:
         self.max_live_bytes = (
             parse_size(opts.max_live_bytes) if opts.max_live_bytes is not None else None
         )
+        self._bytes_per_token: float | None = None  # the running requests' state, last seen
         self.scheduler = Scheduler(
             self.batcher,
             self.cache.check_integrity if self.cache is not None else None,
@@ -302,9 +303,16 @@ class CachedEngine:
         """Whether ``req``'s prompt fits beside ``running`` under ``max_live_bytes``, at the
         running requests' own bytes per token."""
         assert self.max_live_bytes is not None
-        held = self.runner.held_bytes([r.state for r in running if r.state is not None])
-        tokens = sum(r.pos + len(r.generated) for r in running)
-        return held + (held / tokens if tokens else 0) * req.num_prompt <= self.max_live_bytes
+        started = [r for r in running if r.state is not None]
+        held = self.runner.held_bytes([r.state for r in started])
+        tokens = sum(r.pos + len(r.generated) for r in started)
+        if tokens:
+            self._bytes_per_token = held / tokens
+        if self._bytes_per_token is None:
+            return False  # no size known yet: wait until the running request shows one
+        # admitted but not started yet: their prompts, at the same rate
+        pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
+        return held + self._bytes_per_token * pending <= self.max_live_bytes
 
     def memory_stats(self) -> dict[str, int]:
         """Where the process's memory is: the running requests' model state (with the decode
