@@ -184,8 +184,12 @@ def test_hosted_and_unknown_tools_are_set_aside_and_said(servers):
     body = {"model": "m", "input": "hi", "max_output_tokens": 2, "temperature": 0}
     plain = raw(on, {**body, "tools": TOOLS})
     assert "x-promptcache-ignored-tools" not in plain.headers
-    odd = [{"type": "web_search"}, {"type": "local_shell"}, {"type": "teleport", "x": 1},
-           {"type": "namespace", "name": "ops", "tools": [{"type": "mcp", "server_label": "s"}]}]
+    odd = [
+        {"type": "web_search"},
+        {"type": "local_shell"},
+        {"type": "teleport", "x": 1},
+        {"type": "namespace", "name": "ops", "tools": [{"type": "mcp", "server_label": "s"}]},
+    ]
     r = raw(on, {**body, "tools": [*odd, *TOOLS]})
     assert r.status_code == 200, r.text
     assert r.headers["x-promptcache-ignored-tools"] == "local_shell,mcp,teleport,web_search"
@@ -256,8 +260,12 @@ def test_additional_tools_items_as_codex_sends_them(servers):
     from promptcache.server.responses_tools import call_item, read_tools
 
     on, _ = servers
-    exec_tool = {"type": "custom", "name": "exec", "description": "Run JavaScript",
-                 "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}}
+    exec_tool = {
+        "type": "custom",
+        "name": "exec",
+        "description": "Run JavaScript",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+    }
     extra = {"type": "additional_tools", "id": "at_1", "role": "developer",
              "tools": [{"type": "namespace", "name": "functions", "description": "",
                         "tools": [exec_tool]}, {"type": "image_generation"}]}  # fmt: skip
