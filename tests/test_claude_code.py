@@ -94,8 +94,11 @@ def test_claude_code_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_pa
         {"name": "Read", "arguments": {"file_path": str(ws.note)}},
     )
     srv = start_scripted_server(server_factory, scripted_model_dir, script)
-    # only the provider: Claude Code's default tools, its side requests (titles, topics...)
-    env = base_env(ws, ANTHROPIC_BASE_URL=srv.url, ANTHROPIC_API_KEY="sk-any")
+    # only the provider: Claude Code's default tools and side requests (no self-update of the
+    # pinned CLI, which changes nothing it sends)
+    env = base_env(
+        ws, ANTHROPIC_BASE_URL=srv.url, ANTHROPIC_API_KEY="sk-any", DISABLE_AUTOUPDATER="1"
+    )
     prompt = "List the files here, then tell me what notes.txt says."
     cmd = [str(CLAUDE), "-p", prompt]
     records = assert_tool_loop(srv.url, run_cli(cmd, ws, env))
