@@ -44,6 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the room left in the context)",
         int,
     )
+    add_flag(
+        serve,
+        "default-max-tokens",
+        None,
+        "generated tokens per request that names no limit (max_tokens, max_output_tokens, "
+        "num_predict) (default: until the context is full, as llama.cpp and Ollama do)",
+        int,
+    )
     add_switch(
         serve,
         "strict-max-tokens",

@@ -77,6 +77,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_format_flags(args)
     if args.responses_max < 0 or args.responses_ttl <= 0:
         raise ConfigError("--responses-max must be >= 0 and --responses-ttl > 0")
+    if any(n is not None and n < 1 for n in (args.default_max_tokens, args.max_output_tokens)):
+        raise ConfigError("--default-max-tokens and --max-output-tokens must be >= 1")
     try:
         engine = engine_from_args(args)
     except CacheDirLockedError as exc:  # another server uses this cache folder
@@ -86,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         script=script,
         tool_parser=args.tool_parser,
         reasoning_parser=args.reasoning_parser,
+        default_max_tokens=args.default_max_tokens,
         max_output_tokens=args.max_output_tokens,
         strict_max_tokens=args.strict_max_tokens,
         responses=ResponseStore(args.responses_max, args.responses_ttl),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -98,18 +99,36 @@ def cache_records(url: str) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: r["id"])
 
 
+def error_statuses(url: str) -> dict[str, int]:
+    """Requests the server answered with a 4xx/5xx, by endpoint and status (its own counters)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    found = re.findall(r'^promptcache_requests_total\{endpoint="([^"]*)",status="(\d+)"\} (\d+)',
+                       text, re.M)  # fmt: skip
+    return {f"{e} {s}": int(n) for e, s, n in found if int(s) >= 400 and int(n)}
+
+
 def assert_tool_loop(
     url: str, proc: subprocess.CompletedProcess, min_requests: int = 3
 ) -> list[dict[str, Any]]:
-    """The CLI exited 0 with the answer, its requests ran the loop, and every request after the
-    first reused at least MIN_REUSE of the prompt before it. Returns the loop's records."""
+    """The CLI exited 0 with the answer, the server answered no request with a 4xx/5xx, its
+    requests ran the loop, and every request of the agent's conversation after the first reused
+    at least MIN_REUSE of the prompt before it. Side requests (a title, far shorter than the
+    agent's prompt with its tools) are left out of that chain. Returns the conversation's
+    records."""
     assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
     assert SECRET in proc.stdout, (proc.stdout[-3000:], proc.stderr[-3000:])
+    assert not error_statuses(url), error_statuses(url)
     records = cache_records(url)
+    for r in records:  # shown with -s: the measured loop
+        print(
+            r["endpoint"], r["finish"], "prompt", r["prompt_tokens"], "cached", r["cached_tokens"]
+        )
     failed = [r for r in records if r["finish"] not in ("stop", "tool_calls", "length")]
     assert not failed, failed
-    assert len(records) >= min_requests, records
-    for before, after in zip(records, records[1:], strict=False):
+    longest = max(r["prompt_tokens"] for r in records)
+    chain = [r for r in records if r["prompt_tokens"] >= longest / 2]
+    assert len(chain) >= min_requests, records
+    for before, after in zip(chain, chain[1:], strict=False):
         reuse = after["cached_tokens"] / before["prompt_tokens"]
         assert reuse >= MIN_REUSE, (before, after)
-    return records
+    return chain

@@ -8,6 +8,7 @@ of the prompt before it (the server's own records). Claude Code's loop is in tes
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from agent_helpers import (
@@ -46,14 +47,10 @@ def test_opencode_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path)
                 "npm": "@ai-sdk/openai-compatible",  # bundled in the opencode binary
                 "name": "promptcache",
                 "options": {"baseURL": srv.url + "/v1", "apiKey": "sk-local"},
-                "models": {"tiny": {"name": "tiny", "limit": {"context": 65536, "output": 512}}},
+                "models": {"tiny": {}},
             }
         },
         "model": "promptcache/tiny",
-        "small_model": "promptcache/tiny",
-        "agent": {"title": {"disable": True}},  # no side request: one conversation to check
-        "autoupdate": False,
-        "share": "disabled",
     }
     (tmp_path / "opencode.json").write_text(json.dumps(config))
     env = base_env(
@@ -101,44 +98,43 @@ def test_qwen_code_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path
     assert records[0]["prompt_tokens"] > 10_000  # Qwen Code's whole system prompt and tools
 
 
+# only the provider, as a user first sets it up: Codex then asks for its own default model, in
+# code mode (its tools in an additional_tools item, run through one freeform `exec` tool in the
+# `functions` namespace); with `model` named too, its tools come in `tools` (sub-agent tools as a
+# `namespace` tool) and the shell tool is called directly
 CODEX_CONFIG = """
-model = "tiny"
-model_provider = "promptcache"
-model_context_window = 65536
-web_search = "disabled"
-check_for_update_on_startup = false
+{model}model_provider = "promptcache"
 
 [model_providers.promptcache]
 name = "promptcache"
 base_url = "{url}/v1"
-wire_api = "responses"
 env_key = "PROMPTCACHE_API_KEY"
-request_max_retries = 0
-stream_max_retries = 0
-
-[agents]
-enabled = false
-
-[features]
-goals = false
-
-[analytics]
-enabled = false
 """
 
 
+def codex_shell(cmd: str, code_mode: bool) -> dict[str, Any]:
+    """A call running ``cmd`` with Codex's shell tool: in code mode through JavaScript that
+    returns the command's output."""
+    if not code_mode:
+        return {"name": "exec_command", "arguments": {"cmd": cmd}}
+    code = f"text((await tools.exec_command({{cmd: {json.dumps(cmd)}}})).output)"
+    return {"name": "exec", "arguments": {"input": code}}
+
+
 @pytest.mark.skipif(CODEX is None, reason=skip_reason("Codex CLI", "agent-clis"))
-def test_codex_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path):
+@pytest.mark.parametrize("model", ["", 'model = "tiny"\n'], ids=["provider-only", "model-named"])
+def test_codex_runs_a_tool_loop(server_factory, scripted_model_dir, tmp_path, model):
     ws = make_workspace(tmp_path)
+    code_mode = not model
     script = write_loop_script(
         tmp_path / "script.json",
-        {"name": "exec_command", "arguments": {"cmd": "ls"}},
-        {"name": "exec_command", "arguments": {"cmd": f"cat {ws.note.name}"}},
+        codex_shell("ls", code_mode),
+        codex_shell(f"cat {ws.note.name}", code_mode),
     )
     srv = start_scripted_server(server_factory, scripted_model_dir, script)
     codex_home = tmp_path / "codex-home"
     codex_home.mkdir()
-    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=srv.url))
+    (codex_home / "config.toml").write_text(CODEX_CONFIG.format(url=srv.url, model=model))
     env = base_env(ws, CODEX_HOME=str(codex_home), PROMPTCACHE_API_KEY="sk-local")
     cmd = [str(CODEX), "exec", "--skip-git-repo-check",
            "--dangerously-bypass-approvals-and-sandbox", PROMPT]  # fmt: skip

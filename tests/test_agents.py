@@ -401,10 +401,77 @@ def test_strict_max_tokens_keeps_the_400(tiny_llama_dir, server_factory):
     r = httpx.post(srv.url + "/v1/responses", timeout=60, json={
         "model": "m", "input": long, "max_output_tokens": MAX_CONTEXT})  # fmt: skip
     assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
-    # without an explicit max_tokens the server's default is fitted to the room, said so
+    # without an explicit max_tokens the reply may fill the context: nothing to refuse
     ok = post(srv, "/v1/chat/completions",
               {"model": "m", "messages": [{"role": "user", "content": "ab " * 900}]})  # fmt: skip
-    assert ok.status_code == 200 and "x-promptcache-max-tokens-clamped" in ok.headers
+    assert ok.status_code == 200 and "x-promptcache-max-tokens-clamped" not in ok.headers
+
+
+def test_no_output_limit_generates_until_the_context_is_full(servers):
+    """A request naming no limit may generate until the context is full (as llama.cpp, Ollama
+    and OpenAI's API do), ending as each API ends a reply cut short; no clamp is reported."""
+    on, _, _ = servers
+    long = "ab " * 600
+    count = post(on, "/v1/messages/count_tokens",
+                 {"model": "m", "messages": [{"role": "user", "content": long}]}).json()  # fmt: skip
+    room = MAX_CONTEXT - count["input_tokens"]
+    assert room > 512  # past the old 512-token default
+    msgs = [{"role": "user", "content": long}]
+    r = post(on, "/v1/chat/completions", {"model": "m", "temperature": 0, "messages": msgs})
+    assert "x-promptcache-max-tokens-clamped" not in r.headers
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == room, body["usage"]  # a random model: no EOS
+    assert body["choices"][0]["finish_reason"] == "length"
+    r = httpx.post(on.url + "/v1/responses", timeout=120,
+                   json={"model": "m", "input": msgs, "temperature": 0}).json()  # fmt: skip
+    assert r["usage"]["output_tokens"] == room
+    assert (r["status"], r["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
+    r = httpx.post(on.url + "/api/chat", timeout=120, json={
+        "model": "m", "messages": msgs, "stream": False, "options": {"temperature": 0}}).json()  # fmt: skip
+    assert r["eval_count"] == room and r["done_reason"] == "length"
+
+
+def test_default_max_tokens_caps_a_request_naming_none(tiny_llama_dir, server_factory):
+    srv = server_factory(*_args(tiny_llama_dir, "--default-max-tokens", "5"))
+    msgs = [{"role": "user", "content": "Weather in Lima?"}]
+    r = oa(srv).chat.completions.create(model="m", messages=msgs, temperature=0)
+    assert (r.usage.completion_tokens, r.choices[0].finish_reason) == (5, "length")
+    r = oa(srv).chat.completions.create(model="m", messages=msgs, temperature=0, max_tokens=7)
+    assert r.usage.completion_tokens == 7  # the client's own limit wins
+    r = oa(srv).responses.create(model="m", input="Weather in Lima?", temperature=0)
+    assert (r.usage.output_tokens, r.status) == (5, "incomplete")
+    assert r.incomplete_details.reason == "max_output_tokens"
+
+
+def test_tools_the_server_cannot_run_are_set_aside(servers):
+    """Chat completions tools of other kinds (custom, hosted) and Anthropic's server tools
+    (web search, code execution, MCP toolsets) are left out of the prompt, named in a header;
+    the request is served as without them."""
+    on, _, _ = servers
+    msgs = [{"role": "user", "content": "Weather in Lima?"}]
+    base = {"model": "m", "max_tokens": 2, "temperature": 0, "messages": msgs}
+    odd = [{"type": "custom", "custom": {"name": "patch"}}, {"type": "web_search_preview"}]
+    plain = post(on, "/v1/chat/completions", {**base, "tools": TOOLS})
+    r = post(on, "/v1/chat/completions", {**base, "tools": [*odd, *TOOLS]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-promptcache-ignored-tools"] == "custom,web_search_preview"
+    assert r.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
+    assert "x-promptcache-ignored-tools" not in plain.headers
+    server = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
+              {"type": "code_execution_20250522", "name": "code_execution"},
+              {"type": "mcp_toolset", "mcp_server_name": "docs"}]  # fmt: skip
+    plain = post(on, "/v1/messages", {**base, "tools": A_TOOLS})
+    r = post(on, "/v1/messages", {**base, "tools": [*server, *A_TOOLS]})
+    assert r.status_code == 200, r.text
+    said = "code_execution_20250522,mcp_toolset,web_search_20250305"
+    assert r.headers["x-promptcache-ignored-tools"] == said
+    assert r.json()["usage"]["input_tokens"] == plain.json()["usage"]["input_tokens"]
+    kw = {"model": "m", "max_tokens": 2, "messages": msgs, "tools": [*server, *A_TOOLS]}
+    with an(on).messages.stream(**kw) as s:
+        assert s.response.headers["x-promptcache-ignored-tools"] == said
+        assert s.get_final_message().stop_reason
+    bad = post(on, "/v1/messages", {**base, "tools": [{"input_schema": {"type": "object"}}]})
+    assert bad.status_code == 400 and "name" in bad.json()["error"]["message"]
 
 
 def test_bad_tool_requests_get_4xx(servers):

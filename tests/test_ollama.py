@@ -168,4 +168,8 @@ def test_options_tenants_and_errors(servers):
     assert exc.value.status_code == 400 and "context" in str(exc.value)
     long = {"model": "tiny", "prompt": "ab " * 900, "stream": False, "options": {"num_predict": -1}}
     r = httpx.post(on.url + "/api/generate", json=long, timeout=120)
-    assert r.status_code == 200 and "x-promptcache-max-tokens-clamped" in r.headers
+    # -1: until the context is full, as asked; nothing clamped to report
+    assert r.status_code == 200 and "x-promptcache-max-tokens-clamped" not in r.headers
+    out = r.json()
+    prompt = out["prompt_eval_count"] + out["cached_tokens"]  # evaluated + served by the cache
+    assert prompt + out["eval_count"] == 2048 and out["done_reason"] == "length"

@@ -177,14 +177,26 @@ def test_session_deletion_removes_stored_responses(servers):
     assert httpx.get(f"{on.url}/v1/responses/{r['id']}").status_code == 404
 
 
-def test_hosted_tools_are_ignored_and_said(servers):
+def test_hosted_and_unknown_tools_are_set_aside_and_said(servers):
+    """Tools the server cannot run (hosted ones, a kind nobody has seen) are left out of the
+    prompt, named in a header; the prompt is the one without them."""
     on, _ = servers
-    body = {"model": "m", "input": "hi", "max_output_tokens": 2, "temperature": 0,
-            "tools": [{"type": "web_search"}, {"type": "local_shell"}, *TOOLS]}  # fmt: skip
-    r = raw(on, body)
+    body = {"model": "m", "input": "hi", "max_output_tokens": 2, "temperature": 0}
+    plain = raw(on, {**body, "tools": TOOLS})
+    assert "x-promptcache-ignored-tools" not in plain.headers
+    odd = [
+        {"type": "web_search"},
+        {"type": "local_shell"},
+        {"type": "teleport", "x": 1},
+        {"type": "namespace", "name": "ops", "tools": [{"type": "mcp", "server_label": "s"}]},
+    ]
+    r = raw(on, {**body, "tools": [*odd, *TOOLS]})
     assert r.status_code == 200, r.text
-    assert r.headers["x-promptcache-ignored-tools"] == "local_shell,web_search"
-    Response.model_validate(r.json())
+    assert r.headers["x-promptcache-ignored-tools"] == "local_shell,mcp,teleport,web_search"
+    Response.model_validate({**r.json(), "tools": TOOLS})  # the echo holds the odd ones as sent
+    usage = r.json()["usage"]
+    assert usage["input_tokens"] == plain.json()["usage"]["input_tokens"]
+    assert usage["input_tokens_details"]["cached_tokens"] > 0
 
 
 def test_custom_tools_map_to_a_string_function_and_back(servers):
@@ -192,7 +204,7 @@ def test_custom_tools_map_to_a_string_function_and_back(servers):
     one string ``input``; its calls come back as custom_tool_call items and are sent back so."""
     from openai.types.responses import ResponseCustomToolCall
 
-    from promptcache.server.responses_items import call_item, read_tools
+    from promptcache.server.responses_tools import call_item, read_tools
 
     on, _ = servers
     tool = {"type": "custom", "name": "apply_patch", "description": "Apply a patch"}
@@ -215,7 +227,7 @@ def test_namespace_tools_are_their_member_functions(servers):
     call to one names its namespace."""
     from openai.types.responses import ResponseFunctionToolCall
 
-    from promptcache.server.responses_items import call_item, read_tools
+    from promptcache.server.responses_tools import call_item, read_tools
 
     on, _ = servers
     group = {"type": "namespace", "name": "agents", "description": "Sub-agents",
@@ -228,12 +240,56 @@ def test_namespace_tools_are_their_member_functions(servers):
     r = raw(on, {"model": "m", "input": "hi", "tools": [group], "max_output_tokens": 2})
     assert r.status_code == 200, r.text
     Response.model_validate(r.json())
+    # a member named like another tool is offered qualified, and still routes to its own name
+    clash = {"type": "namespace", "name": "ops",
+             "tools": [{"type": "function", "name": "get_weather", "parameters": WEATHER}]}  # fmt: skip
+    tools = read_tools([*TOOLS, clash])
+    assert [t["function"]["name"] for t in tools.functions] == ["get_weather", "ops.get_weather"]
+    item = call_item("fc_3", "call_3", "ops.get_weather", "{}", tools)
+    assert (item["namespace"], item["name"]) == ("ops", "get_weather")
+    assert tools.offered("get_weather", "ops") == "ops.get_weather"
+
+
+def test_additional_tools_items_as_codex_sends_them(servers):
+    """Codex's default request for its own models (code mode) carries its tools in an
+    ``additional_tools`` input item: a namespace ``functions`` holding the freeform ``exec``.
+    Offered as tools; a call comes back as a custom_tool_call naming the namespace, and the
+    history holding it renders the prompt before it again (the cache holds it)."""
+    from openai.types.responses import ResponseCustomToolCall
+
+    from promptcache.server.responses_tools import call_item, read_tools
+
+    on, _ = servers
+    exec_tool = {
+        "type": "custom",
+        "name": "exec",
+        "description": "Run JavaScript",
+        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"},
+    }
+    extra = {"type": "additional_tools", "id": "at_1", "role": "developer",
+             "tools": [{"type": "namespace", "name": "functions", "description": "",
+                        "tools": [exec_tool]}, {"type": "image_generation"}]}  # fmt: skip
+    tools = read_tools(extra["tools"])
+    item = call_item("ctc_1", "call_1", "exec", json.dumps({"input": "text(1)"}), tools)
+    assert ResponseCustomToolCall.model_validate(item).namespace == "functions"
+    user = {"role": "user", "content": [{"type": "input_text", "text": "List the files"}]}
+    body = {"model": "m", "input": [extra, user], "max_output_tokens": 2, "temperature": 0}
+    first = raw(on, body)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-promptcache-ignored-tools"] == "image_generation"
+    bare = raw(on, {**body, "input": [user]}).json()["usage"]["input_tokens"]
+    assert first.json()["usage"]["input_tokens"] > bare + 5  # exec reached the prompt
+    result = {"type": "custom_tool_call_output", "call_id": "call_1", "output": "notes.txt"}
+    again = raw(on, {**body, "input": [extra, user, item, result]})
+    assert again.status_code == 200, again.text
+    prompt = first.json()["usage"]["input_tokens"]
+    assert again.json()["usage"]["input_tokens_details"]["cached_tokens"] >= 0.9 * prompt
 
 
 @pytest.mark.parametrize(
     "extra",
     [
-        {"tools": [{"type": "teleport"}]},
+        {"tools": [{"type": "custom"}]},
         {"tools": [{"type": "function"}]},
         {"tools": [{"type": "namespace", "name": "x"}]},
         {"input": [{"type": "computer_call_output", "call_id": "c", "output": {}}]},

@@ -26,6 +26,7 @@ from promptcache.server.streaming import (
     keep_alive,
     start_first,
 )
+from promptcache.server.tool_kinds import set_aside
 from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
@@ -128,13 +129,17 @@ def to_chat(
         ):
             messages.append(msg)
     chat = Chat(messages)
-    if req.tools:
-        chat.tools = [
+    for i, t in enumerate(req.tools or []):
+        if t.type not in (None, "custom"):  # a server tool: Anthropic's to run, not ours
+            set_aside("messages", t.type, chat.ignored_tools)
+            continue
+        if not t.name:
+            raise RequestError(f"tools[{i}]: a tool needs a name")
+        chat.tools.append(
             {"type": "function", "function": {
                 "name": t.name, "description": t.description or "",
                 "parameters": t.input_schema or {"type": "object"}}}
-            for t in req.tools
-        ]  # fmt: skip
+        )  # fmt: skip
     choice = req.tool_choice or {}
     kind = choice.get("type", "auto")
     if kind not in ("auto", "any", "tool", "none"):

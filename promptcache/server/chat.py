@@ -57,6 +57,7 @@ class Chat:
     # Anthropic thinking: {type: disabled}) and the client's other chat_template_kwargs
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     reasoning_open: bool = False  # set by the formatter: the prompt ends inside a think block
+    ignored_tools: list[str] = field(default_factory=list)  # tool kinds set aside (tool_kinds)
 
     @property
     def can_call_tools(self) -> bool:

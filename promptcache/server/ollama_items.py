@@ -18,6 +18,7 @@ from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
 from promptcache.server.schemas import OllamaBase, OllamaChatRequest, OllamaMessage
 from promptcache.server.state import ServerState
+from promptcache.server.tool_kinds import function_tools
 
 log = logging.getLogger("promptcache.server")
 
@@ -49,7 +50,7 @@ def read_options(req: OllamaBase, state: ServerState) -> Options:
     elif num_predict in (-1, -2):  # until the context is full: the room left (clamped)
         max_tokens = state.engine_limits.max_context
     else:
-        max_tokens = state.default_max_tokens
+        max_tokens = state.output_budget(None)
     stop = opts.get("stop") or []
     if isinstance(stop, str):
         stop = [stop]
@@ -77,13 +78,9 @@ def chat_of(req: OllamaChatRequest, images: ImagePolicy = TEXT_ONLY) -> Chat:
     messages = to_messages(req.messages, images)
     if not messages:
         raise RequestError("messages: at least one message is needed")
-    tools = list(req.tools or [])
-    for tool in tools:
-        if tool.get("type", "function") != "function" or not (tool.get("function") or {}).get(
-            "name"
-        ):
-            raise RequestError("tools: each tool must be {type: function, function: {name, ...}}")
+    tools, ignored = function_tools(req.tools, "ollama")
     chat = Chat(messages, tools)
+    chat.ignored_tools = ignored
     apply_format(chat, req.format)
     apply_think(chat, req.think)
     return chat

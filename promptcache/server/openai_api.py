@@ -30,15 +30,15 @@ from promptcache.server.streaming import (
     keep_alive,
     start_first,
 )
+from promptcache.server.tool_kinds import function_tools
 from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
 
 
 def sampling_from(
-    req: ChatCompletionRequest | CompletionRequest, default_max: int
+    req: ChatCompletionRequest | CompletionRequest, max_tokens: int
 ) -> SamplingParams:
-    max_tokens = getattr(req, "max_completion_tokens", None) or req.max_tokens or default_max
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     return SamplingParams(max_tokens, req.temperature, req.top_p, req.top_k, req.seed, stop)
 
@@ -90,12 +90,9 @@ def chat_messages(
 
 
 def to_chat(req: ChatCompletionRequest, images: ImagePolicy = TEXT_ONLY) -> Chat:
-    chat = Chat(chat_messages(req, images), list(req.tools or []))
-    for tool in chat.tools:
-        if tool.get("type", "function") != "function" or not (tool.get("function") or {}).get(
-            "name"
-        ):
-            raise RequestError("tools: each tool must be {type: function, function: {name, ...}}")
+    tools, ignored = function_tools(req.tools, "chat completions")
+    chat = Chat(chat_messages(req, images), tools)
+    chat.ignored_tools = ignored
     choice = req.tool_choice if req.tool_choice is not None else "auto"
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name")
@@ -153,8 +150,9 @@ def tool_calls(reply: Reply) -> list[dict[str, Any]]:
 
 
 async def chat_completions(state: ServerState, request: Request, req: ChatCompletionRequest) -> Any:
-    explicit = bool(req.max_completion_tokens or req.max_tokens)
-    params = sampling_from(req, state.default_max_tokens)
+    asked = req.max_completion_tokens or req.max_tokens
+    explicit = asked is not None
+    params = sampling_from(req, state.output_budget(asked))
     params.session = session_of(request, req.prompt_cache_key, req.user)
     chat = to_chat(req, state.image_policy)
     prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
@@ -162,7 +160,7 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
 
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest) -> Any:
-    params = sampling_from(req, 16 if req.max_tokens is None else req.max_tokens)
+    params = sampling_from(req, state.output_budget(req.max_tokens))
     params.session = session_of(request, req.prompt_cache_key, req.user)
     p = req.prompt
     if isinstance(p, list) and p and all(isinstance(x, int) for x in p):

@@ -20,17 +20,15 @@ from starlette.requests import Request
 from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
 from promptcache.server.chat import Chat
 from promptcache.server.responses_items import (
-    ToolSet,
-    call_item,
     message_item,
     new_id,
     output_items,
     output_text,
-    read_tools,
     reasoning_item,
     reply_message,
     to_chat,
 )
+from promptcache.server.responses_tools import ToolSet, call_item, read_tools
 from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import Prepared, Reply, ServerState
@@ -42,7 +40,6 @@ from promptcache.server.streaming import (
 )
 from promptcache.tools import ParsedReply, ReplyStreamer
 
-IGNORED_HEADER = "x-promptcache-ignored-tools"
 REASONING_PART = {"type": "reasoning_text", "text": ""}
 
 
@@ -102,7 +99,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     chat, added = to_chat(req, history, tools, state.image_policy)
     temperature = 1.0 if req.temperature is None else req.temperature
     params = SamplingParams(
-        req.max_output_tokens or state.default_max_tokens,
+        state.output_budget(req.max_output_tokens),
         temperature,
         1.0 if req.top_p is None else req.top_p,
         req.top_k,
@@ -113,9 +110,7 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
     rid = new_id("resp_")
     base = skeleton(req, rid, req.model or state.model_id, prep.params)
-    headers = dict(prep.headers)
-    if tools.ignored:
-        headers[IGNORED_HEADER] = ",".join(sorted(set(tools.ignored)))
+    headers = prep.headers
     conversation = [*history, *added]
 
     def finish(fin: Finished, output_of: Any) -> tuple[dict[str, Any], Reply]:

@@ -1,98 +1,26 @@
-"""Responses API items <-> the API-neutral ``Chat``: input items to messages, tools, tool
-choice and text format to the chat's, a reply to output items.
-
-Function tools are the model's own; ``custom`` tools (Codex's freeform ``apply_patch``) become a
-function taking one string ``input`` and come back as ``custom_tool_call`` items. Tools the
-server cannot run itself (hosted ones: web search, file search, code interpreter, MCP,
-computer use, image generation, local shell...) are left out of the prompt with a warning: a
-client that offers them (Codex does by default) still works with the tools it runs itself.
+"""Responses API items <-> the API-neutral ``Chat``: input items to messages, tool choice and
+text format to the chat's, a reply to output items. The tools themselves: ``responses_tools``.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import uuid
-from dataclasses import dataclass, field
 from typing import Any
 
 from promptcache.engines.base import RequestError
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
 from promptcache.server.openai_api import apply_format
+from promptcache.server.responses_tools import ToolSet, call_item, read_tools
 from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.state import Reply
 
-log = logging.getLogger("promptcache.server")
-
-# tool types the OpenAI platform runs itself (or a client-specific built-in): not ours to call
-HOSTED_TOOLS = frozenset({
-    "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11",
-    "file_search", "code_interpreter", "image_generation", "computer_use_preview", "computer",
-    "computer_use", "mcp", "local_shell", "shell", "apply_patch", "tool_search",
-})  # fmt: skip
-CUSTOM_PARAMS = {
-    "type": "object",
-    "properties": {"input": {"type": "string"}},
-    "required": ["input"],
-}
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
-_warned: set[str] = set()
-
-
-@dataclass(slots=True)
-class ToolSet:
-    """The request's tools as the chat sees them."""
-
-    functions: list[dict[str, Any]] = field(default_factory=list)  # chat-shaped function tools
-    custom: set[str] = field(default_factory=set)  # names of freeform (custom) tools
-    ignored: list[str] = field(default_factory=list)  # hosted tool types left out
-    namespaces: dict[str, str] = field(default_factory=dict)  # tool name -> its namespace
 
 
 def new_id(prefix: str) -> str:
     return prefix + uuid.uuid4().hex[:24]
-
-
-def read_tools(tools: list[dict[str, Any]] | None, out: ToolSet | None = None) -> ToolSet:
-    out = out if out is not None else ToolSet()
-    for i, tool in enumerate(tools or []):
-        kind = tool.get("type")
-        name = tool.get("name")
-        if kind == "function":
-            if not name or not isinstance(name, str):
-                raise RequestError(f"tools[{i}]: a function tool needs a name")
-            fn = {"name": name, "description": tool.get("description") or "",
-                  "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}  # fmt: skip
-            out.functions.append({"type": "function", "function": fn})
-        elif kind == "custom":
-            if not name or not isinstance(name, str):
-                raise RequestError(f"tools[{i}]: a custom tool needs a name")
-            desc = str(tool.get("description") or "") + " (the whole input is one string)"
-            fn = {"name": name, "description": desc.strip(), "parameters": CUSTOM_PARAMS}
-            out.functions.append({"type": "function", "function": fn})
-            out.custom.add(name)
-        elif kind == "namespace":  # a group of tools (Codex's sub-agent tools): its members
-            inner = tool.get("tools")
-            if not name or not isinstance(inner, list):
-                raise RequestError(f"tools[{i}]: a namespace tool needs a name and tools")
-            known = {t["function"]["name"] for t in out.functions}
-            read_tools(inner, out)
-            for t in out.functions:
-                if t["function"]["name"] not in known:
-                    out.namespaces[t["function"]["name"]] = str(name)
-        elif kind in HOSTED_TOOLS:
-            out.ignored.append(str(kind))
-            if kind not in _warned:
-                _warned.add(str(kind))
-                log.warning("responses: %r tools are run by OpenAI's servers, not here: ignored",
-                            kind)  # fmt: skip
-        else:
-            raise RequestError(
-                f"tools[{i}]: type {kind!r} is not supported (function, custom and namespace "
-                "tools are; hosted ones such as web_search are ignored)"
-            )
-    return out
 
 
 def to_chat(
@@ -110,6 +38,7 @@ def to_chat(
     if not messages:
         raise RequestError("input: give text or at least one input item")
     chat = Chat(messages, tools.functions)
+    chat.ignored_tools = tools.ignored
     chat.parallel_tool_calls = True if req.parallel_tool_calls is None else req.parallel_tool_calls
     _apply_tool_choice(chat, req.tool_choice)
     fmt = (req.text or {}).get("format") or {"type": "text"}
@@ -126,6 +55,9 @@ def input_messages(
     thought = ""  # a reasoning item's text, for the assistant turn it precedes
     for i, item in enumerate(items):
         kind = item.get("type") or ("message" if "role" in item else None)
+        if kind == "additional_tools":  # tools offered from here on: the chat offers them all
+            read_tools(item.get("tools"), tools)
+            continue
         if kind == "reasoning":
             parts = item.get("content") or item.get("summary") or []
             thought += "".join(str(p.get("text") or "") for p in parts if isinstance(p, dict))
@@ -150,6 +82,8 @@ def input_messages(
             out.append({"role": role, "content": content})
         elif kind in ("function_call", "custom_tool_call"):
             name = item.get("name")
+            if name:  # as the model saw it: a namespace member may be offered qualified
+                name = tools.offered(str(name), item.get("namespace"))
             if kind == "function_call":
                 args = item.get("arguments") or "{}"
             else:
@@ -247,20 +181,6 @@ def message_item(item_id: str, text: str, status: str = "completed") -> dict[str
 
 def output_text(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-
-def call_item(
-    item_id: str, call_id: str, name: str, arguments: str, tools: ToolSet, status: str = "completed"
-) -> dict[str, Any]:
-    if name in tools.custom:
-        value = json.loads(arguments).get("input", "") if status == "completed" else ""
-        return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name,
-                "input": str(value), "status": status}  # fmt: skip
-    item = {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
-            "arguments": arguments, "status": status}  # fmt: skip
-    if name in tools.namespaces:
-        item["namespace"] = tools.namespaces[name]
-    return item
 
 
 def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:

@@ -69,7 +69,11 @@ class AnthropicMessage(_Loose):
 
 
 class AnthropicTool(_Loose):
-    name: str
+    """A client tool (no type, or ``custom``) or a server tool (``web_search_20250305``...; set
+    aside: ``tool_kinds``), whose other fields are the vendor's."""
+
+    type: str | None = None
+    name: str = ""
     description: str | None = None
     input_schema: dict[str, Any] = Field(default_factory=dict)
 

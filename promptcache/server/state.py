@@ -33,6 +33,7 @@ from promptcache.server.records import CacheRecord, RequestRecords
 from promptcache.server.response_store import ResponseStore
 from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
+from promptcache.server.tool_kinds import ignored_header
 from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
@@ -74,13 +75,15 @@ class Prepared(NamedTuple):
     is_capped: bool = False  # --max-output-tokens lowered the client's max_tokens
     images: tuple[ImageSpan, ...] = ()  # where the prompt's images sit (vision models)
     clamped_from: int | None = None  # the max_tokens lowered to the room left in the context
+    ignored_tools: tuple[str, ...] = ()  # tool kinds left out of the prompt
 
     @property
     def headers(self) -> dict[str, str]:
-        """What the response says about the request's limits (a clamped max_tokens)."""
-        if self.clamped_from is None:
-            return {}
-        return {CLAMP_HEADER: str(self.params.max_tokens)}
+        """What the response says about the request: a clamped max_tokens, tools set aside."""
+        out = ignored_header(self.ignored_tools)
+        if self.clamped_from is not None:
+            out[CLAMP_HEADER] = str(self.params.max_tokens)
+        return out
 
 
 class Reply(NamedTuple):
@@ -95,7 +98,7 @@ class ServerState:
         engine: Engine,
         *,
         model_id: str | None = None,
-        default_max_tokens: int = 512,
+        default_max_tokens: int | None = None,
         max_output_tokens: int | None = None,
         strict_max_tokens: bool = False,
         keep_billing_header: bool = False,
@@ -112,6 +115,8 @@ class ServerState:
         self.engine_limits: EngineLimits = engine.limits
         self.script = script  # scripted replies (tests of agent clients): forced token ids
         self.model_id = model_id or engine.model_id
+        # a request that names no output limit: this many tokens, or (None) until the context
+        # is full, as llama.cpp, Ollama, LM Studio and OpenAI's own API do
         self.default_max_tokens = default_max_tokens
         self.max_output_tokens = max_output_tokens
         self.strict_max_tokens = strict_max_tokens  # a max_tokens over the room: 400, not clamped
@@ -137,6 +142,11 @@ class ServerState:
         if grant is not None:
             return str(grant.tenant)
         return request.headers.get(TENANT_HEADER, "")
+
+    def output_budget(self, asked: int | None) -> int:
+        """The max_tokens of a request that asked for ``asked`` (None: it named no limit);
+        ``prepare_ids`` then fits it in the room the prompt leaves."""
+        return asked or self.default_max_tokens or self.engine_limits.max_context
 
     def check_prompt(self, prompt: list[int]) -> None:
         """The server's own prompt limit (--max-prompt-tokens); the context is the engine's
@@ -165,7 +175,7 @@ class ServerState:
             params.forced_ids = self.script.forced_ids(chat, self.formatter.parser, self.engine)
         prep = self.prepare_ids(request, prompt, params, tenant, explicit_max, images)
         self.formatter.check_continuity(chat, tenant, prompt, params.session)
-        return prep
+        return prep._replace(ignored_tools=tuple(chat.ignored_tools))
 
     def prepare_ids(
         self,
@@ -182,8 +192,10 @@ class ServerState:
         strict = self.strict_max_tokens and explicit_max
         context = self.engine_limits.max_context
         fit = fit_output(len(prompt), params.max_tokens, context, strict)
+        params.max_tokens = fit.max_tokens
+        if not explicit_max:  # the server's own default fits the room: nothing to tell
+            fit = fit._replace(clamped_from=None)
         if fit.clamped_from is not None:
-            params.max_tokens = fit.max_tokens
             log.info(
                 "%s: max_tokens %d clamped to %d, the room left in the %d-token context by a "
                 "%d-token prompt (--strict-max-tokens refuses instead)",
