@@ -28,7 +28,7 @@ npm_tool = @if command -v npm >/dev/null; then \
 		npm install -s --no-audit --no-fund --prefix .tools/$(1) $(2); \
 	else echo "npm not found: the $(2) end-to-end test will be skipped"; fi
 
-.PHONY: install claude-code agent-clis chromium serve test bench lint fmt clean
+.PHONY: install vllm-env claude-code agent-clis chromium serve test bench lint fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,19 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's CPU build and this project (editable) in their own venv: the KV connector tests
+# (tests/test_vllm_connector.py) run vLLM from it as a subprocess; vLLM pins its own torch
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_CPU) "$(TORCH_SPEC)" || $(VLLM_VENV)/bin/pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/pip install -q -e ".[vllm]"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 $(CLAUDE):
 	$(call npm_tool,claude-code-$(CLAUDE_CODE_VERSION),@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION))
