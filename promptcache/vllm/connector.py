@@ -40,7 +40,7 @@ from promptcache.vllm.stats import PromptcacheProm, PromptcacheStats, Tally
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger("promptcache.vllm")
+log = logging.getLogger("vllm.promptcache")  # under vLLM's logger: its handlers and level
 STATS_EVERY_S = 1.0  # how often the worker samples its tiers' dropped-write counters
 
 

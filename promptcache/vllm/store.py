@@ -27,7 +27,7 @@ from promptcache.core.tiers.ssd.index import SsdIndex
 from promptcache.core.tiers.ssd.lock import CacheDirLockedError
 from promptcache.vllm.settings import ConnectorSettings
 
-log = logging.getLogger("promptcache.vllm")
+log = logging.getLogger("vllm.promptcache")  # under vLLM's logger: its handlers and level
 
 MIRROR_BLOCKS = 1 << 16  # hashes of blocks the scheduler had saved, newest kept
 
