@@ -93,7 +93,7 @@ class VllmServer:
             text = r.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():
-            if line.startswith("vllm:promptcache_") and not line.startswith("#"):
+            if line.startswith("vllm:promptcache_") and "_created" not in line.split(" ", 1)[0]:
                 name = line.split("{", 1)[0].split(" ", 1)[0]
                 out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
