@@ -22,8 +22,8 @@ _KEYS = {"cache_dir", "shared_tier", "ram_budget", "ssd_budget", "shared_ttl"}
 class ConnectorSettings:
     cache_dir: str | None = None  # the SSD tier's folder (None: no SSD tier)
     shared_tier: str | None = None  # valkey://host:port/db (None: no shared tier)
-    ram_budget: int = 2 << 30  # bytes of KV the worker keeps in RAM
-    ssd_budget: int = 64 << 30
+    ram_budget: int = 2 * 10**9  # bytes of KV the worker keeps in RAM
+    ssd_budget: int = 64 * 10**9
     shared_ttl: float | None = None  # seconds a shared entry lives (None: the tier's default)
 
     @classmethod
