@@ -206,3 +206,33 @@ def test_tampered_block_is_recomputed_and_reply_unchanged(scenario):
 def test_valkey_down_and_unusable_cache_folder_keep_vllm_answering(scenario):
     assert scenario["down_a2"]["text"] == scenario["alone_x"][5]["text"]
     assert scenario["down_b"]["text"]  # B never had a usable cache folder, Valkey now down too
+
+
+HYBRID_PROBE = """
+from types import SimpleNamespace as NS
+import torch
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+from promptcache.vllm.connector import kv_layout
+from promptcache.vllm.layout import UnsupportedModelError
+cfg = NS(model_config=NS(model="org/hybrid-mamba"))
+attn = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.float32)
+mamba = MambaSpec(block_size=32, shapes=((4, 4),), dtypes=(torch.float32,))
+print(kv_layout(cfg, NS(kv_cache_groups=[NS(kv_cache_spec=attn, layer_names=["a", "b"])])))
+try:
+    kv_layout(cfg, NS(kv_cache_groups=[NS(kv_cache_spec=attn, layer_names=["a"]),
+                                      NS(kv_cache_spec=mamba, layer_names=["m"])]))
+except UnsupportedModelError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_hybrid_models_are_refused_by_name():
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([VLLM_PYTHON, "-c", HYBRID_PROBE], capture_output=True, text=True,
+                       cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "KvLayout(dtype='torch.float32', block_size=32, num_layers=2" in r.stdout
+    assert "refused: promptcache connector: org/hybrid-mamba has KV cache groups" in r.stdout
+    assert "MambaSpec" in r.stdout
