@@ -105,7 +105,7 @@ def run_mode(args: argparse.Namespace, mode: str, tmp: Path, valkey_url: str | N
 
     def server(name: str, kv_transfer: dict | None) -> VllmServer:
         return VllmServer(args.vllm_python, args.model, free_port(), tmp / f"{mode}-{name}.log",
-                          kv_transfer=kv_transfer).start()  # fmt: skip
+                          kv_transfer=kv_transfer, max_model_len=8192).start()  # fmt: skip
 
     rows: list[dict[str, Any]] = []
 
@@ -147,6 +147,47 @@ def decode(srv: VllmServer, conv: Conversation, args: argparse.Namespace) -> dic
     msgs = [{"role": "user", "content": "Write a long story about a flight."}]
     r = Client(srv, args.decode).turn(msgs, "decode", ignore_eos=True)
     return {"decode_tok_s": r["decode_tok_s"], "completion": r["completion"]}
+
+
+def run_paired(args: argparse.Namespace, tmp: Path, valkey_url: str | None) -> None:
+    """Both servers up at once (idle but for the request in flight), turns and decode requests
+    alternated, alone first then promptcache, ``--repeats`` times: machine noise hits both
+    alike. Prints the per-turn ratios and the decode tok/s of each pair."""
+    cuts = user_turns(load_conversation(args))[: args.turns]
+    kv = connector_config(cache_dir=str(tmp / "cache-p"), shared_tier=valkey_url)
+    servers = [
+        VllmServer(
+            args.vllm_python,
+            args.model,
+            free_port(),
+            tmp / f"paired-{name}.log",
+            kv_transfer=k,
+            max_model_len=8192,
+        )  # fmt: skip
+        for name, k in (("alone", None), ("promptcache", kv))
+    ]
+    for srv in servers:
+        srv.start()
+    try:
+        convs = [Conversation(cuts), Conversation(cuts)]
+        print("| turn | vLLM alone TTFT ms (cached) | + promptcache TTFT ms (cached) | ratio |")
+        print("|---|---|---|---|")
+        for i in range(len(cuts)):
+            r = []
+            for srv, conv in zip(servers, convs, strict=True):
+                r.append(Client(srv, args.max_tokens).turn(conv.messages(i), "paired"))
+                conv.replies.append(r[-1]["text"])
+            print(f"| {i + 1} | {r[0]['ttft_ms']:.0f} ({r[0]['cached']}) | "
+                  f"{r[1]['ttft_ms']:.0f} ({r[1]['cached']}) | {r[1]['ttft_ms'] / r[0]['ttft_ms']:.2f}x |",
+                  flush=True)  # fmt: skip
+        for k in range(args.repeats):
+            d = [decode(srv, convs[0], args)["decode_tok_s"] for srv in servers]
+            print(
+                f"decode pair {k + 1}: vLLM alone {d[0]:.1f} tok/s, + promptcache {d[1]:.1f} tok/s"
+            )
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def load_conversation(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -197,6 +238,12 @@ def main() -> int:
     p.add_argument("--vllm-python", default=str(Path(".venv-vllm/bin/python")))
     p.add_argument("--model", help="model folder (default: the bundled SmolLM2-135M, float32)")
     p.add_argument("--out", help="write the results as JSON here")
+    p.add_argument(
+        "--paired",
+        action="store_true",
+        help="both servers up at once, requests alternated (no restart / 2nd instance)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="decode pairs with --paired")
     args = p.parse_args()
     if args.model is None:
         from promptcache.models import resolve_model
@@ -208,6 +255,9 @@ def main() -> int:
         tmp = Path(d)
         valkey = ValkeyProcess(tmp / "valkey").start()
         try:
+            if args.paired:
+                run_paired(args, tmp, valkey.url)
+                return 0
             results = [run_mode(args, m, tmp, valkey.url) for m in ("alone", "promptcache")]
         finally:
             valkey.stop()

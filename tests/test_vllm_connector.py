@@ -53,10 +53,13 @@ class Chat:
         self.client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
         self.salt = salt
 
-    def ask(self, messages: list[dict]) -> dict:
+    def ask(self, messages: list[dict], session: str = "") -> dict:
+        body: dict = {"cache_salt": self.salt}
+        if session:  # the session tag travels in vllm_xargs (see the README)
+            body["vllm_xargs"] = {"promptcache_session": session}
         r = self.client.chat.completions.create(
             model="model", messages=messages, max_tokens=24, temperature=0,
-            extra_body={"cache_salt": self.salt}, timeout=300,
+            extra_body=body, timeout=300,
         )  # fmt: skip
         details = r.usage.prompt_tokens_details
         return {
@@ -89,6 +92,16 @@ def start_all(*servers: VllmServer) -> None:
     with ThreadPoolExecutor(len(servers)) as pool:
         for f in [pool.submit(s.start) for s in servers]:
             f.result()
+
+
+def delete_session(where: list[str], session: str, tenant: str) -> str:
+    """``promptcache cache delete`` on a cache folder or the shared tier: its report line."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "promptcache.cli", "cache", "delete", *where,
+           "--session", session, "--tenant", tenant]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
 
 
 def tamper_tenant_files(cache_dir: Path, tenant: str) -> int:
@@ -138,12 +151,18 @@ def scenario(model_dir, tmp_path_factory):
         out["a1_x"] = run_turns(Chat(a1, "alpha"), X_TURNS, 4)
         out["a1_y"] = run_turns(Chat(a1, "tamper"), Y_TURNS, 1)
         out["a1_beta"] = Chat(a1, "beta").ask(history(X_TURNS, [], 0))
+        out["a1_session"] = Chat(a1, "deltenant").ask(history(Y_TURNS, [], 0), session="s-del")
         out["a1_metrics"] = a1.metrics()
         time.sleep(3)  # the write-behind queues drain
     finally:
         alone.stop()
         a1.stop()
 
+    # the session's blocks deleted from the folder (vLLM stopped: it holds the lock) and Valkey
+    out["deleted"] = [
+        delete_session(["--cache-dir", str(cache_dir)], "s-del", "deltenant"),
+        delete_session(["--shared-tier", valkey.url], "s-del", "deltenant"),
+    ]
     x_replies = [o["text"] for o in out["alone_x"]]
     a2 = server("a2", kv_transfer=kv_a, prefix_caching=False)
     b = server("b", kv_transfer=kv_b)
@@ -153,6 +172,7 @@ def scenario(model_dir, tmp_path_factory):
         out["a2_x5"] = Chat(a2, "alpha").ask(history(X_TURNS, x_replies, 4))
         out["a2_y2"] = Chat(a2, "tamper").ask(history(Y_TURNS, [out["alone_y"][0]["text"]], 1))
         out["a2_gamma"] = Chat(a2, "gamma").ask(history(X_TURNS, [], 0))
+        out["a2_deleted"] = Chat(a2, "deltenant").ask(history(Y_TURNS, [], 0), session="s-del")
         time.sleep(3)  # turn 5's blocks reach Valkey
         out["b_x6"] = Chat(b, "alpha").ask(history(X_TURNS, x_replies, 5))
         out["a2_metrics"], out["b_metrics"] = a2.metrics(), b.metrics()
@@ -193,6 +213,15 @@ def test_second_instance_reuses_history_through_valkey(scenario):
 def test_cache_salts_never_share(scenario):
     assert scenario["a1_beta"]["cached"] == 0
     assert scenario["a2_gamma"]["cached"] == 0  # restarted: only our tiers could have served it
+
+
+def test_a_deleted_session_is_gone_from_ssd_and_valkey(scenario):
+    assert scenario["a1_session"]["prompt"] > 64
+    ssd, shared = scenario["deleted"]
+    assert "deleted 0 blocks" not in ssd and "deleted 0 blocks" not in shared, (ssd, shared)
+    # the restarted instance (prefix caching off) finds nothing of it in either tier
+    assert scenario["a2_deleted"]["cached"] == 0
+    assert scenario["a2_deleted"]["text"] == scenario["a1_session"]["text"]
 
 
 def test_tampered_block_is_recomputed_and_reply_unchanged(scenario):
