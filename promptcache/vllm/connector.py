@@ -73,8 +73,13 @@ class PromptcacheConnector(KVConnectorBase_V1):
             self.probe = ChainProbe(self.fingerprint, self.settings)
             self.planner = StepPlanner(self.block_size)
         else:
+            from promptcache.core.worker_threads import add_start_hook
             from promptcache.vllm.store import open_cache
 
+            # our writer and reader threads copy tensors: on vLLM's thread count each would
+            # start an OpenMP team of its own, and libgomp then stops spinning between the
+            # forward's parallel regions (every region waits on a futex: decode slows down)
+            add_start_hook(_one_torch_thread)
             self.cache = open_cache(self.fingerprint, self.block_size, self.settings)
             self.paged: Any = None
             self.load_errors: set[int] = set()
@@ -270,6 +275,13 @@ def kv_layout(vllm_config: Any, kv_cache_config: Any) -> KvLayout:
         head_size=int(spec.head_size),
         device=str(current_platform.device_type),
     )
+
+
+def _one_torch_thread() -> None:
+    import torch
+
+    torch.get_num_threads()  # a thread's first parallel op would reset a count set before it
+    torch.set_num_threads(1)
 
 
 def _extra_args(request: Any) -> dict[str, Any] | None:
