@@ -308,6 +308,9 @@ class CachedEngine:
         tokens = sum(r.pos + len(r.generated) for r in started)
         if tokens:
             self._bytes_per_token = held / tokens
+        live = self.steps.live  # the last finished request's state: a rate before any runs
+        if self._bytes_per_token is None and live is not None and live[1].num_tokens:
+            self._bytes_per_token = self.runner.held_bytes([live[0]]) / live[1].num_tokens
         if self._bytes_per_token is None:
             return False  # no size known yet: wait until the running request shows one
         # admitted but not started yet: their prompts, at the same rate
