@@ -38,7 +38,7 @@ Writes ``agent_bench.json`` and ``agent_ttft.png`` to ``--out``; prints a table 
 targets: min reuse over turns 2.. >= 95%, and turn-8 TTFT on/off <= 0.2.
 
     .venv/bin/python benchmarks/agent_bench.py \
-        --conversation ../shared/data/tau_bench/gpt-4o-airline.json --turns 10 --repeats 3
+        --conversation DATA_DIR/tau_bench/gpt-4o-airline.json --turns 10 --repeats 3
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ prints one table row: output tokens/s, TTFT p50/p95, request latency p50, reques
 off are two servers, run one after the other; each cell is repeated ``--repeats`` times
 (medians reported, every run kept in ``aiperf_bench.json``).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/aiperf_bench.py --aiperf /work/aiperf-venv/bin/aiperf \\
-        --concurrency 1 4 8 16 --out /tmp/aiperf
+    PYTHONPATH=. .venv/bin/python benchmarks/aiperf_bench.py --aiperf AIPERF_VENV/bin/aiperf \\
+        --concurrency 1 4 8 16 --out OUT_DIR
 """
 
 from __future__ import annotations

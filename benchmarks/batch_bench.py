@@ -24,7 +24,7 @@ short request's TTFT during an 8K prefill <= 2 s; qa p95 TTFT with 8 sessions <=
 1-session p50 (per ``--qps``).
 
     PYTHONPATH=. .venv/bin/python benchmarks/batch_bench.py --sessions 1 4 8 16 --qps 0 1 \
-        --repeats 2 --out /tmp/bb
+        --repeats 2 --out OUT_DIR
     # before/after: --src a folder holding another checkout's promptcache package
 """
 

@@ -1,7 +1,7 @@
 """Two checkouts, the same figures, measured interleaved: does a change regress any figure?
 
-    git worktree add --detach /tmp/base 8487e18
-    PYTHONPATH=. .venv/bin/python benchmarks/compare_commits.py /tmp/base . --pairs 5 \
+    git worktree add --detach BASE_DIR 8487e18
+    PYTHONPATH=. .venv/bin/python benchmarks/compare_commits.py BASE_DIR . --pairs 5 \
         --figures core replay ssd bench batch --json compare.json
 
 Every run is a fresh process whose ``PYTHONPATH`` starts with one checkout, so that checkout's

@@ -6,7 +6,7 @@ so far (message characters / 4 as tokens; the shared system prompt is the same b
 conversation). Written in Mooncake format (512-token hash ids, the growing last block renamed
 each turn), for `promptcache replay` and `benchmarks/replay_bench.py`.
 
-    .venv/bin/python benchmarks/make_agent_trace.py --tau ../shared/data/tau_bench/gpt-4o-airline.json --out agent_trace.jsonl
+    .venv/bin/python benchmarks/make_agent_trace.py --tau DATA_DIR/tau_bench/gpt-4o-airline.json --out agent_trace.jsonl
 """
 
 from __future__ import annotations

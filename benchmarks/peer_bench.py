@@ -20,7 +20,7 @@ show medians and the load average sampled at each request. Peers live in their o
 that is not installed is skipped with the command that installs it.
 
     .venv/bin/python benchmarks/peer_bench.py \\
-        --conversation ../shared/data/tau_bench/gpt-4o-airline.json \\
+        --conversation DATA_DIR/tau_bench/gpt-4o-airline.json \\
         --servers promptcache,promptcache-int4,llama_cpp,vllm_cpu,mlx_lm
 
 The MLX comparison is ``--servers promptcache-mlx,mlx_lm,vllm_mlx`` (promptcache ``--engine mlx``
@@ -28,7 +28,7 @@ on the bundled model's MLX-ready folder; on Linux, OpenBLAS is preloaded for eve
 
 promptcache's rows also carry the server's own account of each TTFT (``/v1/cache/requests``:
 the engine's TTFT and its phases), printed as a table by phase. Before/after a change, on a
-noisy machine: ``git worktree add /tmp/base <commit>``, then ``--baseline /tmp/base
+noisy machine: ``git worktree add BASE_DIR <commit>``, then ``--baseline BASE_DIR
 --servers promptcache --interleave --decode 0`` (paired after/before ratios per turn);
 ``--variant NAME=FLAGS`` adds promptcache servers with other serve flags.
 """

@@ -1,6 +1,6 @@
 """How much of the offline optimum an online eviction policy can reach on a hash-id trace.
 
-Run: .venv/bin/python benchmarks/policy_ceiling.py --trace ../shared/data/mooncake/conversation_trace.jsonl
+Run: .venv/bin/python benchmarks/policy_ceiling.py --trace DATA_DIR/mooncake/conversation_trace.jsonl
 
 Replays the trace through the real core (as `promptcache replay` does) with LRU, frecency, and
 three policies that are told the future, so the gap can be attributed:

@@ -10,7 +10,7 @@ tokens scaled by the capacity ratio: at equal bytes a scheme holds ratio x as ma
 the replay core counts tokens, so this is exactly the trace at ratio x the token capacity).
 
     .venv/bin/python benchmarks/quant_bench.py \
-        --conversation ../shared/data/tau_bench/gpt-4o-airline.json --turns 8
+        --conversation DATA_DIR/tau_bench/gpt-4o-airline.json --turns 8
 """
 
 from __future__ import annotations

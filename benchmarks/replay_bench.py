@@ -8,8 +8,9 @@ Run: .venv/bin/python benchmarks/replay_bench.py            # every shape below 
 Shapes: the generated ones of benchmarks/make_traces.py (block 64), three of them held out
 (``*_held``: a seed, skew, number of system prompts and budgets the default was never tuned
 on); the Mooncake conversation
-trace (block 512, ../shared/data/mooncake); tau-bench agent conversations made by
-benchmarks/make_agent_trace.py (../shared/data/tau_bench); an ``aiperf synthesize agentic-code``
+trace (block 512, ``--mooncake``); tau-bench agent conversations made by
+benchmarks/make_agent_trace.py (``--tau``; both default to ../shared/data beside the
+checkout); an ``aiperf synthesize agentic-code``
 dataset given with ``--aiperf FILE`` (multi-turn sessions, replies saved as the server does).
 Belady is the next-use-optimal policy on the same tree (``policy_ceiling.HashFuture``).
 The ``mini`` column is the candidate the default's sampled simulations ranked first; ``cpu vs

@@ -12,7 +12,7 @@ TTFT is measured at the client (streamed, first content chunk); decode tok/s fro
 ``--decode`` tokens (``ignore_eos``), after its first token.
 
     .venv/bin/python benchmarks/vllm_bench.py \\
-        --conversation ../shared/data/tau_bench/gpt-4o-airline.json --turns 6
+        --conversation DATA_DIR/tau_bench/gpt-4o-airline.json --turns 6
 """
 
 from __future__ import annotations

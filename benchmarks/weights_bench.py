@@ -13,9 +13,9 @@ figures of a peer_bench JSON beside; ``--with-concat`` adds float32 on a concate
 ``DynamicCache`` (the old lone path).
 
     .venv/bin/python benchmarks/weights_bench.py \
-        --conversation ../shared/data/tau_bench/gpt-4o-airline.json --indices 0,1 --turns 6
+        --conversation DATA_DIR/tau_bench/gpt-4o-airline.json --indices 0,1 --turns 6
     .venv/bin/python benchmarks/weights_bench.py --speed-only --modes model,int8,int4 \
-        --compile model,int4 --peers /work/notes/peers/quiet1.json
+        --compile model,int4 --peers PEERS.json
 """
 
 from __future__ import annotations

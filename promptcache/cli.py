@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         "scripted-replies",
         None,
         "for testing clients: a JSON file of replies the model emits instead of its own (each "
-        "chosen by turn, a regex on the last message and the tools offered; see the README)",
+        "chosen by turn, a regex on the last message and the tools offered; see docs/clients.md)",
     )
     add_flag(serve, "hit-rate-window", 50, "requests the hit-rate alert looks back over", int)
     add_format_flags(serve)

@@ -175,7 +175,7 @@ def limits_from_args(args: argparse.Namespace) -> Any:
     if not keys and not loopback:
         logging.getLogger("promptcache").warning(
             "listening on %s WITHOUT API keys: anyone who can reach it can use any tenant's "
-            "cache and read every tenant's stats; set --api-keys (see README, Threat model)",
+            "cache and read every tenant's stats; set --api-keys (see docs/operations.md)",
             args.host,
         )
     return Limits(

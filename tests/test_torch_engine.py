@@ -16,8 +16,8 @@ pytestmark = pytest.mark.torch
 CHUNK, BLOCK = 16, 8
 # max |cached - uncached| logit difference allowed when the hit splits the prefill where the
 # uncached run does not. Bamba's own split-vs-full difference is ~2e-4; pure Mamba's is larger
-# (a known limit, README), so Mamba is held to exactness only where the splits coincide. A hit
-# that ends one token short of the prompt runs that token through Bamba's one-step SSM update
+# (a known limit, docs/operations.md), so Mamba is held to exactness only where the splits coincide.
+# A hit that ends one token short of the prompt runs that token through Bamba's one-step SSM update
 # (the decode path), ~1e-3 from its chunked scan over the whole prompt.
 TOL = {"llama": 1e-4, "gemma3": 1e-4, "jamba": 1e-4, "bamba": 2e-3, "mamba": None}
 

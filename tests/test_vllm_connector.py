@@ -55,7 +55,7 @@ class Chat:
 
     def ask(self, messages: list[dict], session: str = "") -> dict:
         body: dict = {"cache_salt": self.salt}
-        if session:  # the session tag travels in vllm_xargs (see the README)
+        if session:  # the session tag travels in vllm_xargs (docs/tiers-and-deployment.md)
             body["vllm_xargs"] = {"promptcache_session": session}
         r = self.client.chat.completions.create(
             model="model", messages=messages, max_tokens=24, temperature=0,

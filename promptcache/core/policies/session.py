@@ -25,7 +25,7 @@ further back) it opens a new session. When a session's tip is evicted the tip mo
 parent if that is the session's own, unshared block, else the session has ended. Costs O(1)
 dict work plus a heap push per listed block, as frecency.
 
-Measured (README, Eviction policies): it ranks with frecency nearly everywhere, gains at most
+Measured (docs/benchmarks.md): it ranks with frecency nearly everywhere, gains at most
 0.004 over the best other fixed policy (Mooncake, first half, 10 M; below frecency on the
 held-out half), and loses like frecency where recency-first loses (loops, finished coding-agent
 histories); the variants tried (the credit's sign and size, own or global gaps, no sharing
