@@ -151,8 +151,9 @@ def decode(srv: VllmServer, conv: Conversation, args: argparse.Namespace) -> dic
 
 def run_paired(args: argparse.Namespace, tmp: Path, valkey_url: str | None) -> None:
     """Both servers up at once (idle but for the request in flight), turns and decode requests
-    alternated, alone first then promptcache, ``--repeats`` times: machine noise hits both
-    alike. Prints the per-turn ratios and the decode tok/s of each pair."""
+    alternated (which goes first alternates too), ``--passes`` conversations under a salt each
+    (each cold on both): machine noise hits both alike. Prints per-turn medians and ratios,
+    then ``--repeats`` decode pairs."""
     cuts = user_turns(load_conversation(args))[: args.turns]
     kv = connector_config(cache_dir=str(tmp / "cache-p"), shared_tier=valkey_url)
     servers = [
@@ -169,19 +170,30 @@ def run_paired(args: argparse.Namespace, tmp: Path, valkey_url: str | None) -> N
     for srv in servers:
         srv.start()
     try:
-        convs = [Conversation(cuts), Conversation(cuts)]
+        ttft: list[list[list[float]]] = [[[], []] for _ in cuts]  # turn -> server -> runs
+        cached: list[list[int]] = [[0, 0] for _ in cuts]
+        for p in range(args.passes):  # a salt per pass: each starts cold on both servers
+            convs = [Conversation(cuts), Conversation(cuts)]
+            for i in range(len(cuts)):
+                order = [0, 1] if (i + p) % 2 == 0 else [1, 0]  # neither always goes first
+                for k in order:
+                    r = Client(servers[k], args.max_tokens).turn(convs[k].messages(i), f"p{p}")
+                    convs[k].replies.append(r["text"])
+                    ttft[i][k].append(r["ttft_ms"])
+                    cached[i][k] = r["cached"]
+        med = statistics.median
+        print(f"medians of {args.passes} passes")
         print("| turn | vLLM alone TTFT ms (cached) | + promptcache TTFT ms (cached) | ratio |")
         print("|---|---|---|---|")
-        for i in range(len(cuts)):
-            r = []
-            for srv, conv in zip(servers, convs, strict=True):
-                r.append(Client(srv, args.max_tokens).turn(conv.messages(i), "paired"))
-                conv.replies.append(r[-1]["text"])
-            print(f"| {i + 1} | {r[0]['ttft_ms']:.0f} ({r[0]['cached']}) | "
-                  f"{r[1]['ttft_ms']:.0f} ({r[1]['cached']}) | {r[1]['ttft_ms'] / r[0]['ttft_ms']:.2f}x |",
-                  flush=True)  # fmt: skip
+        for i, (a, c) in enumerate(ttft):
+            ratios = [y / x for x, y in zip(a, c, strict=True)]
+            print(f"| {i + 1} | {med(a):.0f} ({cached[i][0]}) | {med(c):.0f} ({cached[i][1]}) | "
+                  f"{med(ratios):.2f}x |", flush=True)  # fmt: skip
+        hits = [y / x for a, c in ttft[1:] for x, y in zip(a, c, strict=True)]
+        if hits:
+            print(f"turns 2..{len(cuts)}: median ratio {med(hits):.2f}x over {len(hits)} pairs")
         for k in range(args.repeats):
-            d = [decode(srv, convs[0], args)["decode_tok_s"] for srv in servers]
+            d = [decode(srv, Conversation(cuts), args)["decode_tok_s"] for srv in servers]
             print(
                 f"decode pair {k + 1}: vLLM alone {d[0]:.1f} tok/s, + promptcache {d[1]:.1f} tok/s"
             )
@@ -244,6 +256,7 @@ def main() -> int:
         help="both servers up at once, requests alternated (no restart / 2nd instance)",
     )
     p.add_argument("--repeats", type=int, default=3, help="decode pairs with --paired")
+    p.add_argument("--passes", type=int, default=3, help="conversations with --paired (medians)")
     args = p.parse_args()
     if args.model is None:
         from promptcache.models import resolve_model

@@ -14,7 +14,9 @@ on their bounded queues (a full queue drops and counts).
 from __future__ import annotations
 
 import logging
+import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +82,10 @@ class PromptcacheConnector(KVConnectorBase_V1):
             # start an OpenMP team of its own, and libgomp then stops spinning between the
             # forward's parallel regions (every region waits on a futex: decode slows down)
             add_start_hook(_one_torch_thread)
+            # and off the cores vLLM bound its OpenMP team to, onto the ones it reserved for
+            # its other processes (a writer on a forward's core takes turns with it)
+            add_start_hook(_spare_cores_hook(os.sched_getaffinity(0)))
+            _check_reserved_cpus(vllm_config)
             self.cache = open_cache(self.fingerprint, self.block_size, self.settings)
             self.paged: Any = None
             self.load_errors: set[int] = set()
@@ -224,8 +230,10 @@ class PromptcacheConnector(KVConnectorBase_V1):
             and time.monotonic() - self._stats_at > STATS_EVERY_S
         ):
             self._stats_at = time.monotonic()
+            # the tiers' own counters: describe() would ask Valkey for INFO on vLLM's step
             dropped = sum(
-                int(d.get("dropped_writes", 0)) for d in self.cache.tiers.describe().values()
+                int(getattr(getattr(t, "stats", None), "dropped_writes", 0))
+                for t in self.cache.tiers.lower_tiers
             )
             self.tally.add(dropped_writes=max(0, dropped - self._dropped_seen))
             self._dropped_seen = dropped
@@ -282,6 +290,39 @@ def _one_torch_thread() -> None:
 
     torch.get_num_threads()  # a thread's first parallel op would reset a count set before it
     torch.set_num_threads(1)
+
+
+def _spare_cores_hook(forward_cpus: set[int]) -> Callable[[], None]:
+    """A start hook moving a thread to this machine's CPUs outside ``forward_cpus`` (none
+    left: it stays where it is)."""
+    spare = set(range(os.cpu_count() or 1)) - forward_cpus
+
+    def move_off_forward() -> None:
+        if spare:
+            try:
+                os.sched_setaffinity(0, spare)  # 0: the calling thread
+            except OSError as exc:  # CPUs outside this cgroup's set
+                log.debug("promptcache: thread affinity unchanged: %s", exc)
+
+    return move_off_forward
+
+
+def _check_reserved_cpus(vllm_config: Any) -> None:
+    """vLLM's CPU backend reserves one more core per rank whenever a KV connector is set (for
+    NIXL's transfers); on a small machine that leaves its OpenMP team sharing cores with the
+    engine core's busy wait (decode ran 3x slower on 2 cores). Our connector needs no core of
+    its own: say how to give vLLM back the layout it picks alone."""
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type != "cpu" or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+        return
+    ranks = vllm_config.parallel_config.world_size
+    log.warning(
+        "promptcache connector: vLLM reserves %d more CPU core(s) for KV connectors, which "
+        "this one does not use; set VLLM_CPU_NUM_OF_RESERVED_CPU=%d (vLLM's count without "
+        "a connector) to keep them for the forward",
+        ranks, ranks,
+    )  # fmt: skip
 
 
 def _extra_args(request: Any) -> dict[str, Any] | None:

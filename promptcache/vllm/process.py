@@ -53,6 +53,10 @@ class VllmServer:
             self.args += ["--kv-transfer-config", json.dumps(kv_transfer)]
         self.args += extra_args or []
         self.env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_space_gib)}
+        if kv_transfer is not None:
+            # vLLM alone reserves one core per rank; with any connector one more (see
+            # ``connector._check_reserved_cpus``): ours needs none
+            self.env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
         self.proc: subprocess.Popen | None = None
 
     @property
