@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,7 +44,8 @@ if TYPE_CHECKING:
     import torch
 
 log = logging.getLogger("vllm.promptcache")  # under vLLM's logger: its handlers and level
-STATS_EVERY_S = 1.0  # how often the worker samples its tiers' dropped-write counters
+STATS_EVERY_S = 1.0
+BACKGROUND_NICE = 10  # our writer and reader threads' niceness (Linux: per thread)  # how often the worker samples its tiers' dropped-write counters
 
 
 @dataclass
@@ -294,10 +296,14 @@ def _one_torch_thread() -> None:
 
 def _spare_cores_hook(forward_cpus: set[int]) -> Callable[[], None]:
     """A start hook moving a thread to this machine's CPUs outside ``forward_cpus`` (none
-    left: it stays where it is)."""
+    left: it stays where it is), at a lower priority."""
     spare = set(range(os.cpu_count() or 1)) - forward_cpus
 
     def move_off_forward() -> None:
+        try:  # background work: the engine core and the API server come first on those cores
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+        except OSError as exc:
+            log.debug("promptcache: thread priority unchanged: %s", exc)
         if spare:
             try:
                 os.sched_setaffinity(0, spare)  # 0: the calling thread
