@@ -19,7 +19,7 @@ from pathlib import Path
 from promptcache.core.block_file import CorruptBlockError, EncryptedBlockError, OldFormatError
 from promptcache.core.cipher import BlockCipher, make_cipher
 from promptcache.core.private_fs import make_private_dirs
-from promptcache.core.sessions import session_key
+from promptcache.core.sessions import session_key, split_session_key
 from promptcache.core.tiers.ssd.index import SsdIndex
 from promptcache.core.tiers.ssd.lock import CacheDirLock, CacheDirLockedError
 from promptcache.core.tiers.ssd.reconcile import check_file, matches_row
@@ -64,6 +64,27 @@ def cmd_stats(cache_dir: Path) -> int:
         quarantined = len(list((d / "quarantine").glob("*"))) if (d / "quarantine").is_dir() else 0
         print(f"{d.name:<18} {n:>8} {used:>14,} {len(index.tenants()):>8} {quarantined:>12}")
         index.close()
+    return 0
+
+
+def cmd_sessions(cache_dir: Path) -> int:
+    """The sessions tagged in each model folder (ids as stored: keyed digests when encrypted)."""
+    dirs = model_dirs(cache_dir)
+    if not dirs:
+        print(f"no SSD cache under {cache_dir}")
+        return 0
+    for d in dirs:
+        index = open_index(d)
+        rows = index.session_totals()
+        index.close()
+        print(f"# model {d.name}: {len(rows)} session(s)")
+        if rows:
+            print(f"{'session':<34} {'tenant':<16} {'blocks':>8} {'bytes':>14} {'ttl_s':>8}")
+        for key, root_tenant, n, used, ttl in rows:
+            tenant, session = split_session_key(key)
+            tenant = tenant or root_tenant
+            ttl_text = f"{ttl:.0f}" if ttl is not None else "-"
+            print(f"{session:<34} {tenant or '-':<16} {n:>8} {used:>14,} {ttl_text:>8}")
     return 0
 
 
@@ -204,6 +225,8 @@ def _run(args: argparse.Namespace, cache_dir: Path, cipher: BlockCipher | None) 
         return cmd_stats(cache_dir)
     if args.action == "ls":
         return cmd_ls(cache_dir, args.limit)
+    if args.action == "sessions":
+        return cmd_sessions(cache_dir)
     try:
         with locked(model_dirs(cache_dir), f"cache {args.action}"):
             if args.action == "delete":

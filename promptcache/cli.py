@@ -185,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cache",
         help="inspect or maintain the SSD or shared tier: stats | ls | verify | clear | delete",
     )
-    cache.add_argument("action", choices=("stats", "ls", "verify", "clear", "delete"))
+    cache.add_argument("action", choices=("stats", "ls", "sessions", "verify", "clear", "delete"))
     cache.add_argument(
         "--session", default=None, help="delete: the session whose blocks go (inside --tenant)"
     )

@@ -283,9 +283,11 @@ def test_promotion_failure_when_ram_cannot_be_reserved(tmp_path):
     cache.close()
 
 
-def test_cache_cli_stats_ls_verify_clear(tmp_path):
+def test_cache_cli_stats_ls_sessions_verify_clear(tmp_path):
     cache, tier = make_cache(tmp_path)
     save(cache, list(range(1, 33)), tenant="carol")
+    dave = list(range(300, 316))
+    cache.save(cache.sequence(dave, tenant="dave", session="s-1"), None, make_slicer(dave))
     cache.close()
     data = bytearray(files(tier)[2].read_bytes())
     data[-2] ^= 0xFF
@@ -307,11 +309,15 @@ def test_cache_cli_stats_ls_verify_clear(tmp_path):
         )
 
     out = run("stats")
-    assert out.returncode == 0 and " 8 " in out.stdout
+    assert out.returncode == 0 and " 12 " in out.stdout
     out = run("ls")
     assert out.returncode == 0 and "carol" in out.stdout
+    out = run("sessions")
+    assert out.returncode == 0 and "1 session(s)" in out.stdout, out.stdout
+    row = next(line.split() for line in out.stdout.splitlines() if line.startswith("s-1"))
+    assert row[:3] == ["s-1", "dave", str(len(dave) // BLOCK)], row
     out = run("verify")
-    assert out.returncode == 1 and "8 blocks checked, 1 bad" in out.stdout
+    assert out.returncode == 1 and "12 blocks checked, 1 bad" in out.stdout
     assert run("verify").returncode == 0
     assert run("clear").returncode == 0
     assert not list(Path(tmp_path / "cache").rglob("*.safetensors"))

@@ -104,6 +104,14 @@ def delete_session(where: list[str], session: str, tenant: str) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
 
 
+def cache_cli(action: str, cache_dir: Path) -> str:
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "promptcache.cli", "cache", action, "--cache-dir", str(cache_dir)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout
+
+
 def tamper_tenant_files(cache_dir: Path, tenant: str) -> int:
     """Flip bytes inside every block file of ``tenant``'s folder: checksums no longer hold."""
     files = [p for p in cache_dir.glob(f"*/{tenant}-*/**/*") if p.is_file()]
@@ -158,6 +166,8 @@ def scenario(model_dir, tmp_path_factory):
         alone.stop()
         a1.stop()
 
+    # our offline tools on the folder vLLM wrote
+    out["cli"] = {a: cache_cli(a, cache_dir) for a in ("stats", "sessions", "verify")}
     # the session's blocks deleted from the folder (vLLM stopped: it holds the lock) and Valkey
     out["deleted"] = [
         delete_session(["--cache-dir", str(cache_dir)], "s-del", "deltenant"),
@@ -222,6 +232,17 @@ def test_a_deleted_session_is_gone_from_ssd_and_valkey(scenario):
     # the restarted instance (prefix caching off) finds nothing of it in either tier
     assert scenario["a2_deleted"]["cached"] == 0
     assert scenario["a2_deleted"]["text"] == scenario["a1_session"]["text"]
+
+
+def test_cache_tools_work_on_the_folder_vllm_wrote(scenario):
+    cli = scenario["cli"]
+    rows = [line.split() for line in cli["stats"].splitlines()[1:]]
+    assert len(rows) == 1 and int(rows[0][1]) > 0, cli["stats"]  # one namespace, its blocks
+    session = next(
+        line.split() for line in cli["sessions"].splitlines() if line.startswith("s-del")
+    )
+    assert session[1] == "deltenant" and int(session[2]) > 0, cli["sessions"]
+    assert f"{rows[0][1]} blocks checked, 0 bad" in cli["verify"], cli["verify"]
 
 
 def test_tampered_block_is_recomputed_and_reply_unchanged(scenario):

@@ -31,6 +31,15 @@ def session_key(tenant: str, session: str) -> str:
     return f"{len(tenant)}:{tenant}/{session}"
 
 
+def split_session_key(key: str) -> tuple[str, str]:
+    """(tenant, session) of a ``session_key``; a key in no such shape (a keyed digest, under
+    encryption) is returned as ("", key)."""
+    size, sep, rest = key.partition(":")
+    if not sep or not size.isdigit() or rest[int(size) : int(size) + 1] != "/":
+        return "", key
+    return rest[: int(size)], rest[int(size) + 1 :]
+
+
 @dataclass(frozen=True, slots=True)
 class BlockUse:
     """What a request records on the blocks it touches: its session tag (``""``: none) and its

@@ -185,6 +185,9 @@ class SsdIndex:
     def session_blocks(self, session: str) -> dict[BlockHash, bool]:
         return self.sessions.session_blocks(session)
 
+    def session_totals(self) -> list[tuple[str, str, int, int, float | None]]:
+        return self.sessions.session_totals()
+
     def forget_session(self, session: str) -> None:
         self.sessions.forget_session(session)
 

@@ -71,6 +71,18 @@ class IndexSessions:
             ).fetchall()
         return {BlockHash(h): n > 1 for h, n in rows}
 
+    def session_totals(self) -> list[tuple[str, str, int, int, float | None]]:
+        """(session as stored, tenant, blocks, file bytes, longest TTL hint) per session and
+        tenant, most blocks first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT s.session, COALESCE(n.tenant, ''), COUNT(*), SUM(b.file_bytes), MAX(t.ttl) "
+                "FROM sessions s JOIN blocks b ON b.hash = s.hash "
+                "LEFT JOIN namespaces n ON n.root = b.root LEFT JOIN ttls t ON t.hash = s.hash "
+                "GROUP BY s.session, n.tenant ORDER BY COUNT(*) DESC, s.session"
+            ).fetchall()
+        return [(str(a), str(t), int(n), int(b or 0), ttl) for a, t, n, b, ttl in rows]
+
     def forget_session(self, session: str) -> None:
         with self._lock:
             self._db.execute("DELETE FROM sessions WHERE session = ?", (self._skey(session),))
