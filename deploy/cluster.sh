@@ -42,7 +42,9 @@ for i in $(seq 1 "$N"); do
         kv='{"kv_connector":"PromptcacheConnector","kv_connector_module_path":"promptcache.vllm",'
         kv+='"kv_role":"kv_both","kv_connector_extra_config":{"cache_dir":"'"$DIR/server$i/blocks"'",'
         kv+='"shared_tier":"'"$VALKEY_URL"'","ram_budget":"2GB"}}'
-        "$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name model \
+        # vLLM reserves one more CPU core for any KV connector; ours needs none
+        VLLM_CPU_NUM_OF_RESERVED_CPU=${VLLM_CPU_NUM_OF_RESERVED_CPU:-1} \
+            "$VPY" -m vllm.entrypoints.openai.api_server --model "$MODEL" --served-model-name model \
             --port "$p" --host 0.0.0.0 --enable-prompt-tokens-details --kv-transfer-config "$kv" "$@" \
             > "$DIR/server$i.log" 2>&1 &
     else
