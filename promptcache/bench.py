@@ -243,7 +243,7 @@ def run_bench(args: argparse.Namespace) -> int:
     check_engine_reads(kind, found)
     quant = {}
     if args.weights not in (None, "model"):
-        from promptcache.engines.errors import ConfigError
+        from promptcache.errors import ConfigError
 
         if kind != "torch":
             raise ConfigError(f"--weights {args.weights} needs --engine torch")

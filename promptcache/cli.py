@@ -261,7 +261,7 @@ EXIT_CONFIG = 2  # the command cannot start as configured (the message says why)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from promptcache.engines.errors import ConfigError
+    from promptcache.errors import ConfigError
 
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -217,7 +217,7 @@ def add_format_flags(p: argparse.ArgumentParser) -> None:
 
 def check_format_flags(args: argparse.Namespace) -> None:
     """ConfigError (exit 2) for an unknown --tool-parser or --reasoning-parser name."""
-    from promptcache.engines.errors import ConfigError
+    from promptcache.errors import ConfigError
     from promptcache.tools import make_parser, make_reasoning
 
     try:

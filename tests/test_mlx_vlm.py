@@ -196,8 +196,8 @@ def test_importing_mlx_vlm_leaves_transformers_auto_processor_alone(tiny):
 def test_unusable_folders_are_config_errors(tmp_path):
     import json
 
-    from promptcache.engines.errors import ConfigError
     from promptcache.engines.mlx.vlm_load import load_mlx_vlm
+    from promptcache.errors import ConfigError
 
     folder = tmp_path / "no-weights"
     folder.mkdir()

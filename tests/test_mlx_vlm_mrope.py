@@ -152,9 +152,9 @@ def test_a_vision_folder_whose_image_path_cannot_load_serves_text(tmp_path, capl
 def test_a_config_mlx_vlm_cannot_read_is_a_clean_refusal_not_a_traceback(tmp_path):
     """A Qwen3-VL folder saved by transformers 5 (rope_parameters, no rope_theta): mlx-vlm
     0.7.10's config class and mlx-lm both refuse it; start-up says both reasons (exit 2)."""
-    from promptcache.engines.errors import ConfigError
     from promptcache.engines.factory import build_engine
     from promptcache.engines.tiny_vlm_families import save_tiny_vision_family
+    from promptcache.errors import ConfigError
 
     folder = save_tiny_vision_family("qwen3_vl", str(tmp_path / "hf-qwen3-vl"))
     with pytest.raises(ConfigError, match="does not load as an mlx-vlm qwen3_vl model.*mlx-lm"):

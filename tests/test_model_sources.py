@@ -180,8 +180,8 @@ def test_lmstudio_models(studio_home, hub_cache):
 
 
 def test_engine_follows_the_weights_format(studio_home):
-    from promptcache.engines.errors import ConfigError
     from promptcache.engines.factory import check_engine_reads, pick_engine
+    from promptcache.errors import ConfigError
     from promptcache.model_sources import FoundModel
 
     mlx_dir = studio_home / ".lmstudio" / "models" / "mlx-community" / "tiny-4bit"

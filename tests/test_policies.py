@@ -7,7 +7,7 @@ import pytest
 from core_helpers import churn_conversations
 
 from promptcache.core.cache import PromptCache
-from promptcache.core.policy import policy_names
+from promptcache.core.policies import policy_names
 from promptcache.replay import TraceRequest, prompt_tokens, replay
 
 
@@ -74,7 +74,7 @@ def test_replay_lru_tiny_capacity_matches_reference_simulation():
 
 
 def test_replay_takes_a_policy_object_and_shows_each_request_first():
-    from promptcache.core.policy import make_policy
+    from promptcache.core.policies import make_policy
 
     trace = hand_made_trace(0)
     seen: list[tuple[int, TraceRequest]] = []
@@ -118,7 +118,7 @@ def scan_with_returning_conversations(n=400):
 
 
 def test_default_policy_keeps_returning_conversations_that_lru_flushes():
-    from promptcache.core.policy import DEFAULT_POLICY
+    from promptcache.core.policies import DEFAULT_POLICY
 
     trace = scan_with_returning_conversations()
     kwargs = dict(block_size=8, trace_block_tokens=8, check_every=25)

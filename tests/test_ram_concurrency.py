@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from promptcache.core.cache import PromptCache
-from promptcache.core.policy import policy_names
+from promptcache.core.policies import policy_names
 from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK = 4

@@ -8,8 +8,8 @@ import sys
 from core_helpers import serve_schedule
 
 from promptcache.core.cache import PromptCache
+from promptcache.core.policies import make_policy
 from promptcache.core.policies.session import SessionPolicy
-from promptcache.core.policy import make_policy
 from promptcache.replay import TraceRequest, null_slicer, prompt_tokens, replay
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))

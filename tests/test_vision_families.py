@@ -269,7 +269,7 @@ def test_text_only_requests_after_image_requests_keep_plain_positions(families):
 
 
 def test_the_family_table_covers_the_qwen_class():
-    from promptcache.engines.torch.vision import image_families
+    from promptcache.engines.torch.vision_select import image_families
 
     families = image_families()
     assert set(MROPE_FAMILIES) <= set(families) and families["gemma3"].startswith("bidirectional")

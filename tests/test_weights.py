@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.errors import ConfigError  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.batch import GrowingLayer  # noqa: E402
@@ -26,6 +25,7 @@ from promptcache.engines.torch.weights import (  # noqa: E402
     weights_bytes,
     weights_mode,
 )
+from promptcache.errors import ConfigError  # noqa: E402
 
 pytestmark = pytest.mark.torch
 CHUNK, BLOCK = 16, 8

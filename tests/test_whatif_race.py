@@ -7,7 +7,7 @@ import sys
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.minisim import MiniCache
-from promptcache.core.policy import make_policy
+from promptcache.core.policies import make_policy
 from promptcache.core.race import RACE_FULLS, SWITCH_MARGIN, SWITCH_Z, Decayed, Race
 from promptcache.replay import TraceRequest, null_slicer, prompt_tokens
 

@@ -70,9 +70,9 @@ DEFAULT_POLICY = "adaptive"
 
 
 def make_policy(name: str | None = None) -> EvictionPolicy:
-    """A new policy by name (``None``: the default). Raises ValueError for an unknown name."""
-    import promptcache.core.policies  # noqa: F401  (registers the built-in policies)
-
+    """A new policy by name (``None``: the default) among those registered so far (the
+    built-ins: once ``promptcache.core.policies`` is imported; it re-exports this). Raises
+    ValueError for an unknown name."""
     key = name or DEFAULT_POLICY
     if key not in _REGISTRY:
         raise ValueError(f"unknown eviction policy {key!r}; known: {', '.join(sorted(_REGISTRY))}")
@@ -80,6 +80,5 @@ def make_policy(name: str | None = None) -> EvictionPolicy:
 
 
 def policy_names() -> list[str]:
-    import promptcache.core.policies  # noqa: F401
-
+    """The registered names (see ``make_policy``)."""
     return sorted(_REGISTRY)

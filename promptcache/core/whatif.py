@@ -26,7 +26,8 @@ from collections.abc import Callable, Sequence
 from promptcache.core.budget import format_size
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import MiniCache, sampled_indices
-from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.policies import make_policy
+from promptcache.core.policy import EvictionPolicy
 from promptcache.core.race import RACE_FULLS, Decayed
 from promptcache.core.sequence import TokenSeq
 

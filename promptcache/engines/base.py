@@ -12,7 +12,7 @@ from typing import Any, NamedTuple, Protocol
 from promptcache.core.admin import CacheAdmin
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.stats import LookupReport
-from promptcache.engines.errors import (
+from promptcache.errors import (
     CacheSaveError,
     ConfigError,
     EngineError,

@@ -15,7 +15,7 @@ from promptcache.core.evictions import EvictionLog
 from promptcache.core.tiers.base import LowerTier
 from promptcache.core.tiers.factory import build_tiers
 from promptcache.core.vision_cache import VisionCache
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

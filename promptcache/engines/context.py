@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from promptcache.engines.errors import PromptTooLongError, RequestError
+from promptcache.errors import PromptTooLongError, RequestError
 
 
 class OutputFit(NamedTuple):

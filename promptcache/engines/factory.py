@@ -12,7 +12,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 log = logging.getLogger("promptcache")
 

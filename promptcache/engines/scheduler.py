@@ -24,9 +24,9 @@ from typing import Protocol
 
 from promptcache.core.worker_threads import start_thread
 from promptcache.engines.base import Event
-from promptcache.engines.errors import EngineFailure, RequestError
 from promptcache.engines.request import Moved, Phase, Request
 from promptcache.engines.turns import FairTurns
+from promptcache.errors import EngineFailure, RequestError
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
 POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by other threads)

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, Protocol
 
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.vision_cache import VisionCache, VisionKey
-from promptcache.engines.errors import RequestError
+from promptcache.errors import RequestError
 
 
 class VisionChunk(NamedTuple):

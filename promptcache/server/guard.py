@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 from promptcache.server.errors import error_response
 
 log = logging.getLogger("promptcache.server")

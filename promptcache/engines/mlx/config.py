@@ -15,7 +15,7 @@ import importlib.util
 from types import SimpleNamespace
 from typing import Any
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 
 def _has_module(model_type: str) -> bool:

@@ -21,7 +21,6 @@ from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from promptcache.core.hashing import fingerprint_model
 from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx.batch import batched_decode, can_batch
@@ -32,6 +31,7 @@ from promptcache.engines.mlx.state import (
     describe_cache,
     evaluate_module,
 )
+from promptcache.errors import ConfigError
 
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)

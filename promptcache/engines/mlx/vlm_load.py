@@ -18,7 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 _QWEN3_PROCESSOR = "mlx_vlm.models.qwen3_vl.processing_qwen3_vl.Qwen3VLProcessor"
 # model_type -> (package, processor class): llava's image tokens are plain causal positions with

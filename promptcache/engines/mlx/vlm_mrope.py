@@ -23,11 +23,11 @@ import numpy as np
 
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
-from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.mlx.batch import batched_decode
 from promptcache.engines.mlx.state import evaluate_module, get_slot
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
 from promptcache.engines.vision import PlaceholderVision, VisionChunk
+from promptcache.errors import ConfigError, RequestError
 
 
 class ImagePlace(NamedTuple):

@@ -27,7 +27,6 @@ from mlx_vlm.models.cache import make_prompt_cache
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.core.images import ImageInput
 from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.errors import RequestError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.mlx.batch import batched_decode
@@ -40,6 +39,7 @@ from promptcache.engines.mlx.state import (
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
 from promptcache.engines.vision import PlaceholderVision, VisionChunk
+from promptcache.errors import RequestError
 
 BATCHED = (VlmKVCache, VlmArraysCache)  # the cache kinds batched decode merges
 

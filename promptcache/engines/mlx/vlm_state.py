@@ -19,8 +19,8 @@ from mlx_vlm.models.cache import ArraysCache as VlmArraysCache
 from mlx_vlm.models.cache import KVCache as VlmKVCache
 from mlx_vlm.models.cache import RotatingKVCache as VlmRotatingKVCache
 
-from promptcache.engines.errors import ConfigError
 from promptcache.engines.mlx.state import LAYERS, SNAPSHOT, MlxLayer
+from promptcache.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)

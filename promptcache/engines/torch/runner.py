@@ -18,7 +18,6 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
 from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.errors import ConfigError
 from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.engines.layers import Layout
 from promptcache.engines.torch.attention import use_gqa_attention
@@ -45,12 +44,13 @@ from promptcache.engines.torch.state import (
     take_checkpoint,
 )
 from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
-from promptcache.engines.torch.vision import image_families, make_vision
+from promptcache.engines.torch.vision_select import image_families, make_vision
 from promptcache.engines.torch.weights import (
     check_weights_mode,
     quantize_linears,
     weights_mode,
 )
+from promptcache.errors import ConfigError
 from promptcache.models import context_extension_note, rope_scaling_for
 
 log = logging.getLogger("promptcache")

@@ -143,7 +143,7 @@ def make_thread_tuner(threads: int | None) -> ThreadTuner | None:
     if threads == 0 or (threads is None and os.environ.get("OMP_NUM_THREADS")):
         return None
     if threads is not None and threads < 0:
-        from promptcache.engines.errors import ConfigError
+        from promptcache.errors import ConfigError
 
         raise ConfigError(f"--threads {threads}: use 0 (torch's default), N > 0, or leave unset")
     return ThreadTuner(threads)

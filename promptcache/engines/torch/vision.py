@@ -6,7 +6,7 @@ per-request ``DynamicCache``, so restored blocks and chunked prefill work as for
 processor is the model's own (``AutoProcessor``): its chat template places the image
 placeholder, its image processor prepares pixels, and its token count per image
 (``_get_num_multimodal_tokens``, what serving stacks use) expands each placeholder. This is the
-LLaVA kind (causal attention, 1-D RoPE: image tokens are plain positions); ``make_vision`` picks
+LLaVA kind (causal attention, 1-D RoPE: image tokens are plain positions); ``vision_select`` picks
 the class for a model, ``vision_families`` has the Qwen-VL (3-D RoPE) and Gemma 3 (bidirectional
 image attention) kinds, ``vision_expand`` the causal families whose processor lays an image out
 as more than one token repeated (Mistral 3, LLaVA-NeXT anyres, Idefics3, ...).
@@ -21,8 +21,8 @@ import torch
 
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput
-from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.vision import PlaceholderVision, VisionChunk
+from promptcache.errors import ConfigError, RequestError
 
 LLAVA = ("llava",)  # model_type values whose image tokens are plain causal positions
 
@@ -99,34 +99,3 @@ def spliced_forward(
         embeds[0, offset : offset + rows.shape[0]] = rows.to(embeds.dtype)
     out = model(inputs_embeds=embeds, use_cache=True, logits_to_keep=1, **{cache_arg: state})
     return out.logits[0, -1]
-
-
-def image_families() -> dict[str, str]:
-    """model_type -> how its images are placed, for every family with images on torch."""
-    from promptcache.engines.torch.vision_expand import EXPANDED
-    from promptcache.engines.torch.vision_families import GEMMA, MROPE
-
-    out = dict.fromkeys(LLAVA, "causal positions")
-    layout = "causal positions, the processor's image layout"
-    out.update({k: layout for k in EXPANDED if k != "pixtral"})  # pixtral: a kind of llava
-    out.update(dict.fromkeys(MROPE, "3-D RoPE positions"))
-    out.update(dict.fromkeys(GEMMA, "bidirectional image attention"))
-    return out
-
-
-def make_vision(
-    model: Any, processor: Any, tokenizer: Any, device: torch.device, dtype: Any, cache_arg: str
-) -> Any:
-    """The ``VisionModel`` for ``model``: ``processor`` is its ``AutoProcessor`` or, where that
-    cannot load (a video processor needing torchvision), its image processor alone."""
-    from promptcache.engines.torch.vision_expand import ExpandedVision, is_expanded
-    from promptcache.engines.torch.vision_families import GEMMA, MROPE, GemmaVision, QwenVision
-
-    kind = getattr(model.config, "model_type", "")
-    if is_expanded(model.config):
-        return ExpandedVision(model, processor, tokenizer, device, dtype, cache_arg)
-    if kind in MROPE:
-        return QwenVision(model, processor, tokenizer, device, dtype, cache_arg)
-    if kind in GEMMA:
-        return GemmaVision(model, processor, tokenizer, device, dtype, cache_arg)
-    return TorchVision(model, processor, device, dtype, cache_arg)

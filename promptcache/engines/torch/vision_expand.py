@@ -25,9 +25,9 @@ import torch
 
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
-from promptcache.engines.errors import ConfigError, RequestError
 from promptcache.engines.torch.vision import spliced_forward
 from promptcache.engines.vision import VisionChunk, chat_text
+from promptcache.errors import ConfigError, RequestError
 
 EXPANDED = ("mistral3", "pixtral", "llava_next", "llava_onevision", "idefics3", "smolvlm",
             "aya_vision", "internvl", "vipllava", "deepseek_vl")  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from promptcache.engines.errors import ConfigError
+from promptcache.errors import ConfigError
 
 log = logging.getLogger("promptcache")
 

@@ -11,7 +11,8 @@ from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nby
 from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
-from promptcache.core.policy import EvictionPolicy, make_policy
+from promptcache.core.policies import make_policy
+from promptcache.core.policy import EvictionPolicy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
