@@ -94,7 +94,7 @@ def test_restart_is_warm_and_replies_equal_uncached(tiny_llama_dir, tmp_path, re
         srv.stop()
 
 
-def test_kill_9_while_writing_twenty_times(tiny_llama_dir, tmp_path, reference):
+def test_kill_9_while_writing_ten_times(tiny_llama_dir, tmp_path, reference):
     env = {"PROMPTCACHE_HOME": str(tmp_path / "home")}
     cache_dir = tmp_path / "cache"
     args = common_args(tiny_llama_dir, cache_dir)
@@ -107,7 +107,7 @@ def test_kill_9_while_writing_twenty_times(tiny_llama_dir, tmp_path, reference):
         for i in range(3)
     ]
     expected = [reply(reference.url, c)[0] for c in convs]
-    for round_ in range(20):
+    for round_ in range(10):
         srv = ServerProcess(args, env=env).start()
         k = round_ % len(convs)
         text, usage = reply(srv.url, convs[k])

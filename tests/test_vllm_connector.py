@@ -26,7 +26,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.server, pytest.mark.slow]
 VLLM_PYTHON = os.environ.get("PROMPTCACHE_VLLM_PYTHON") or str(
     Path(__file__).resolve().parents[1] / ".venv-vllm" / "bin" / "python"
 )
-BLOCK = ["--block-size", "32"]  # vLLM's block: the unit of reuse (CPU: multiples of 32)
+# vLLM's block: the unit of reuse (CPU: multiples of 32); eager: torch.compile's warm-up is
+# most of a start on a CPU (~2.5 of ~3 minutes on 2 cores) and changes nothing the tests check
+BLOCK = ["--block-size", "32", "--enforce-eager"]
 SYSTEM = "You are a helpful assistant for an airline. " + " ".join(
     f"Policy {i}: passengers may change flight {i} for a fee of {i * 7} dollars unless the "
     "fare is basic economy."
