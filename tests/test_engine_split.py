@@ -36,8 +36,8 @@ def test_runner_forward_takes_several_sequences():
 def test_layer_registry_classifies_and_unknown_kinds_are_snapshots():
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    from promptcache.engines.layers import AdapterRegistry
     from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS, SNAPSHOT, TorchLayer
+    from promptcache.serving.layers import AdapterRegistry
 
     assert LAYERS.lookup(DynamicLayer()) is FULL_ATTENTION
     assert LAYERS.lookup(DynamicSlidingWindowLayer(sliding_window=4)) is SNAPSHOT

@@ -333,7 +333,7 @@ def test_ssd_tier_after_restart_keys_by_image(vlm, tmp_path):
 
 
 def test_a_hit_ending_inside_an_image_takes_the_rest_of_its_rows(vlm):
-    from promptcache.engines.request import Request
+    from promptcache.serving.request import Request
 
     eng = engine(vlm)
     img = image_from_pixels(pixels(15))

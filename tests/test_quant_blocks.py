@@ -13,12 +13,12 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.core.block import payload_nbytes  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
 from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.quant import TorchPacker, dequantize, quantize  # noqa: E402
 from promptcache.errors import ConfigError  # noqa: E402
 from promptcache.server.metrics import render_cache_stats  # noqa: E402
+from promptcache.serving.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
 
 CHUNK, BLOCK = 16, 8
 SCHEMES = {

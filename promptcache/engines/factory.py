@@ -117,7 +117,7 @@ def build_engine(
         if model_type(path) == "llava":  # no text-only path in mlx-lm
             raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
         cls = text_only(path, "--kv-bits quantizes the live cache, which mlx-vlm's path does not")
-    if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
+    if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (serving.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
             cache_kv_group=cache_kv_group,
