@@ -12,8 +12,8 @@ from promptcache.engines.base import (  # noqa: E402
     RequestError,
     SamplingParams,
 )
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 
 def test_error_families():

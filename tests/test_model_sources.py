@@ -54,7 +54,7 @@ def locate(cases: list[tuple[str, str | None]], env: dict[str, str]) -> list[lis
 def hub_cache(tmp_path_factory):
     """An HF_HOME whose cache huggingface_hub itself downloaded: REPO at main (seed 0) and at
     the tag v1 (seed 1), through ``locate_model``'s download path."""
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     base = tmp_path_factory.mktemp("hub")
     hub = FakeHub()
@@ -128,7 +128,7 @@ def studio_home(tmp_path_factory, hub_cache):
     from mlx_lm.utils import save_model
     from tiny_gguf import write_tiny_gguf
 
-    from promptcache.engines.tiny_models import mlx_tiny_model, save_mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model, save_mlx_tiny_model
 
     home = tmp_path_factory.mktemp("home")
     models = home / ".lmstudio" / "models"
@@ -262,7 +262,7 @@ def test_serve_an_lmstudio_mlx_model_on_mlx(studio_home, hub_cache, server_facto
 def test_an_interrupted_download_completes_later(tmp_path):
     """A download that stopped part-way keeps the files it got; the next start fetches only the
     rest (the partial snapshot is not served in between)."""
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     hub = FakeHub()
     try:
