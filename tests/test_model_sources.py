@@ -32,7 +32,7 @@ def run_py(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 LOCATE = (
     "import json, sys\n"
-    "from promptcache.model_sources import locate_model\n"
+    "from promptcache.models.sources import locate_model\n"
     "out = []\n"
     "for model, rev in json.loads(sys.argv[1] if len(sys.argv) > 1 else '{cases}'):\n"
     "    try:\n"
@@ -182,7 +182,7 @@ def test_lmstudio_models(studio_home, hub_cache):
 def test_engine_follows_the_weights_format(studio_home):
     from promptcache.engines.factory import check_engine_reads, pick_engine
     from promptcache.errors import ConfigError
-    from promptcache.model_sources import FoundModel
+    from promptcache.models.sources import FoundModel
 
     mlx_dir = studio_home / ".lmstudio" / "models" / "mlx-community" / "tiny-4bit"
     found = FoundModel(mlx_dir, "lmstudio", "mlx-community/tiny-4bit")

@@ -25,13 +25,13 @@ def model_type(path: Any) -> str:
 
 
 def pick_engine(name: str, found: Any = None) -> str:
-    """auto: mlx for a model saved by mlx-lm (``found``: a ``model_sources.FoundModel``) when
+    """auto: mlx for a model saved by mlx-lm (``found``: a ``models.sources.FoundModel``) when
     mlx-lm is installed, and on Apple Silicon when it is; else torch."""
     if name != "auto":
         return name
     has_mlx = importlib.util.find_spec("mlx_lm") is not None
     if has_mlx and found is not None and found.path.is_dir():
-        from promptcache.model_sources import is_mlx_folder
+        from promptcache.models.sources import is_mlx_folder
 
         if is_mlx_folder(found.path):
             return "mlx"
@@ -42,7 +42,7 @@ def pick_engine(name: str, found: Any = None) -> str:
 
 def check_engine_reads(kind: str, found: Any) -> None:
     """ConfigError when the engine cannot read the model's weights format at all."""
-    from promptcache.model_sources import is_mlx_quantized
+    from promptcache.models.sources import is_mlx_quantized
 
     if kind == "torch" and found.path.is_dir() and is_mlx_quantized(found.path):
         raise ConfigError(
@@ -78,12 +78,12 @@ def build_engine(
     compile: bool = False,
     **options: Any,
 ) -> Any:
-    """The engine for ``model`` (``model_sources.locate_model``; None: the bundled one) on
+    """The engine for ``model`` (``models.sources.locate_model``; None: the bundled one) on
     ``engine`` (auto | torch | mlx). ``options``: the engine's own (``dtype`` and the
     ``EngineOptions`` fields: cache_enabled, block_size, ram_budget, ssd_dir, shared_url...),
     passed to its ``load``; the rest are checked here against the engine they need."""
-    from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
+    from promptcache.models.sources import locate_model
 
     if engine != "auto":
         engine_class(engine)  # an unusable engine is refused before any model is resolved
