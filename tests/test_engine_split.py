@@ -74,7 +74,7 @@ def test_a_cache_refusing_a_save_is_a_server_failure_not_a_bad_request():
 
 
 def test_bad_configuration_is_a_config_error_and_a_clean_cli_exit(capsys):
-    from promptcache.cli import main
+    from promptcache.cli.main import main
     from promptcache.engines.factory import build_engine, engine_class
 
     with pytest.raises(ConfigError, match="unknown engine"):

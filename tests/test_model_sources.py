@@ -195,7 +195,7 @@ def test_engine_follows_the_weights_format(studio_home):
 def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMPTCACHE_HOME": str(tmp_path),
            **offline(hub_cache, HOME=str(studio_home))}  # fmt: skip
-    both = "from promptcache.cli import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
+    both = "from promptcache.cli.main import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
     done = subprocess.run([sys.executable, "-c", both], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr

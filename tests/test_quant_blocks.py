@@ -288,8 +288,8 @@ def test_mlx_round_trip_error_bounds(bits):
 
 @pytest.mark.torch
 def test_cli_flags_reach_the_engine(tiny_llama_dir):
-    from promptcache.cli import build_parser
-    from promptcache.serve_cli import engine_from_args
+    from promptcache.cli.main import build_parser
+    from promptcache.cli.serve import engine_from_args
 
     args = build_parser().parse_args(
         ["serve", "--engine", "torch", "--model", str(tiny_llama_dir), "--no-ssd"]
