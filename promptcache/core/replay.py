@@ -58,7 +58,7 @@ def _parse(path: str | Path, lineno: int, line: str) -> dict[str, Any]:
         d["input_length"] = int(d["input_length"])
         d["output_length"] = int(d.get("output_length") or 0)
         d["hash_ids"] = list(d["hash_ids"])
-        return d  # type: ignore[no-any-return]
+        return d
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}:{lineno}: not a trace record ({exc})") from None
 
