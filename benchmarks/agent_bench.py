@@ -25,7 +25,7 @@ the cache-on server.
 
 Ideal (in this process, no HTTP): the same model loaded with the cache off, each turn's prompt
 rendered with the server's own code (``ChatCompletionRequest`` -> ``openai_api.to_chat`` ->
-``ChatFormatter.render``), timed with ``promptcache.bench.IdealSession``: one live KV state kept
+``ChatFormatter.render``), timed with ``promptcache.cli.bench.IdealSession``: one live KV state kept
 across turns. After turn k it holds turn k's prompt; before timing turn k+1 it is extended,
 untimed, by the tokens of the reply as turn k+1's prompt renders it (the ``completion_tokens``
 of turn k that follow turn k's prompt, when turn k+1's prompt starts with turn k's). The timed
@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from promptcache.bench import IdealSession, plot, summarize
+from promptcache.cli.bench import IdealSession, plot, summarize
 from promptcache.server.launcher import ServerProcess
 
 TENANT_HEADER = "x-promptcache-tenant"

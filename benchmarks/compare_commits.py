@@ -54,6 +54,25 @@ CAPACITIES = (16_000, 40_000)  # replay capacities, tokens
 # -- figures (run in the child, against the checkout on its PYTHONPATH) --------------------------
 
 
+def _cli_main() -> Any:
+    """The ``promptcache`` command's ``main`` on either side of the cli package (issue 38)."""
+    try:
+        from promptcache.cli.main import main
+    except ModuleNotFoundError:  # a checkout before it: one ``cli`` module
+        from promptcache.cli import main  # type: ignore[attr-defined,no-redef]
+    return main
+
+
+def _replay_module() -> Any:
+    """``core.replay``, or ``promptcache.replay`` on a checkout before issue 38."""
+    import importlib
+
+    try:
+        return importlib.import_module("promptcache.core.replay")
+    except ModuleNotFoundError:
+        return importlib.import_module("promptcache.replay")
+
+
 def figure_core(work: Path, args: argparse.Namespace) -> Metrics:
     import core_bench
 
@@ -76,9 +95,11 @@ def figure_core(work: Path, args: argparse.Namespace) -> Metrics:
 
 
 def figure_replay(work: Path, args: argparse.Namespace) -> Metrics:
-    from promptcache.cli import main as cli_main
     from promptcache.core.policy import DEFAULT_POLICY, policy_names
-    from promptcache.replay import read_trace, replay
+
+    cli_main = _cli_main()
+    replays = _replay_module()
+    read_trace, replay = replays.read_trace, replays.replay
 
     out: Metrics = {}
     cpu: dict[str, float] = {}
@@ -139,7 +160,7 @@ def figure_ssd(work: Path, args: argparse.Namespace) -> Metrics:
 
 
 def figure_bench(work: Path, args: argparse.Namespace) -> Metrics:
-    from promptcache.cli import main as cli_main
+    cli_main = _cli_main()
 
     folder = work / "bench"
     flags = ["--turns", str(args.turns), "--repeats", "1", "--max-tokens", "8"]

@@ -13,8 +13,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from promptcache.engines.conformance import format_row, run_conversation
-from promptcache.engines.tiny_families import FAMILY_NAMES, save_family, save_mlx_family
+from promptcache.testing.conformance import format_row, run_conversation
+from promptcache.testing.tiny_families import FAMILY_NAMES, save_family, save_mlx_family
 
 # transformers 5 writes these families' experts in a layout mlx-lm 0.32.2 does not read
 MLX_CONVERTED = ("gpt_oss", "qwen3_5_moe", "qwen3_5_moe-vl")

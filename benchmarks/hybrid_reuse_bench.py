@@ -1,6 +1,6 @@
 """Reuse on an agent loop: models with snapshot layers (sliding window, SSM) vs attention.
 
-Each model runs the same loop on tiny random-weight models (``engines/tiny_models.py``): a
+Each model runs the same loop on tiny random-weight models (``testing/tiny_models.py``): a
 shared system prompt and task, then turns of reply + tool result, and a regenerate (the same
 prompt again) every third turn. Reuse is cached / prompt tokens over every request after the
 first. ``exact`` turns extend the previous prompt + reply token for token (what the server's
@@ -21,7 +21,7 @@ import random
 from typing import Any
 
 from promptcache.engines.base import SamplingParams
-from promptcache.engines.tiny_models import ByteTokenizer
+from promptcache.testing.tiny_models import ByteTokenizer
 
 TORCH_KINDS = ("llama", "gemma3", "jamba", "bamba", "mamba")
 MLX_KINDS = ("llama", "gemma3", "mamba2", "falcon_h1")
@@ -31,12 +31,12 @@ ATTENTION = "llama"
 def make_engine(backend: str, kind: str, block: int, chunk: int) -> Any:
     kw = dict(block_size=block, ram_budget=10**9, prefill_chunk=chunk)
     if backend == "torch":
-        from promptcache.engines.tiny_models import tiny_model
         from promptcache.engines.torch.engine import TorchEngine
+        from promptcache.testing.tiny_models import tiny_model
 
         return TorchEngine(tiny_model(kind), ByteTokenizer(), **kw)
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model
 
     return MlxEngine(mlx_tiny_model(kind), ByteTokenizer(), **kw)
 

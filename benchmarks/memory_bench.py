@@ -21,10 +21,10 @@ def run(num_sessions: int, max_live: str | None, tune: bool) -> dict[str, float]
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from promptcache.engines import memory
     from promptcache.engines.base import SamplingParams
-    from promptcache.engines.tiny_models import ByteTokenizer
     from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.serving import memory
+    from promptcache.testing.tiny_models import ByteTokenizer
 
     if not tune:
         memory._is_tuned = True  # as if already done: glibc keeps its dynamic threshold

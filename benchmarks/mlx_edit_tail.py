@@ -92,7 +92,7 @@ def main() -> int:
     args = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="edit-tail-"))
     if args.model is None:
-        from promptcache.engines.tiny_models import save_mlx_tiny_model
+        from promptcache.testing.tiny_models import save_mlx_tiny_model
 
         model = Path(save_mlx_tiny_model("falcon_h1", str(tmp / "model")))
     else:

@@ -15,8 +15,8 @@ import time
 from mlx.utils import tree_flatten
 from vlm_bench import MODES, _timed, picture, run_conversation
 
-from promptcache.engines.mlx.tiny_vlm import MLX_SIZES, mlx_tiny_vlm
 from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
+from promptcache.testing.mlx_tiny_vlm import MLX_SIZES, mlx_tiny_vlm
 
 
 def main() -> None:

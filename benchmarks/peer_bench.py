@@ -52,7 +52,7 @@ import httpx  # noqa: E402
 from peer_server import PeerServer, free_port  # noqa: E402
 from peer_tables import summarize  # noqa: E402
 
-from promptcache.bench import tau_conversation  # noqa: E402
+from promptcache.cli.bench import tau_conversation  # noqa: E402
 from promptcache.models import bundled_gguf, mlx_ready, resolve_model  # noqa: E402
 
 PEERS_HOME = Path(os.environ.get("PEERS_HOME") or Path.home() / ".cache/promptcache-peers")

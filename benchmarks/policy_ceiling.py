@@ -23,7 +23,7 @@ from typing import Any
 from promptcache.core.block import Block
 from promptcache.core.policies.frecency import FrecencyPolicy
 from promptcache.core.policy import make_policy
-from promptcache.replay import TraceRequest, read_trace, replay
+from promptcache.core.replay import TraceRequest, read_trace, replay
 
 NEVER = 1 << 60
 
@@ -69,7 +69,7 @@ class HashFuture:
         import numpy as np
 
         from promptcache.core.cache import PromptCache
-        from promptcache.replay import output_tokens, prompt_tokens
+        from promptcache.core.replay import output_tokens, prompt_tokens
 
         cache = PromptCache("replay", block_size=block_size, ram_budget=1 << 20)
         b = self.block_size = block_size

@@ -137,7 +137,7 @@ def replay_hit_rates(
 ) -> dict[str, float]:
     from make_agent_trace import build
 
-    from promptcache.replay import read_trace, replay
+    from promptcache.core.replay import read_trace, replay
 
     with open(tau) as f:
         rows = build([d["traj"] for d in json.load(f)], seed=0, arrival_s=6.0, think_s=30.0)

@@ -37,7 +37,7 @@ from make_traces import SHAPES  # noqa: E402
 from policy_ceiling import HashFuture, OraclePolicy  # noqa: E402
 
 from promptcache.core.policy import DEFAULT_POLICY, policy_names  # noqa: E402
-from promptcache.replay import ATTENTION_CONTEXT, TraceRequest, read_trace, replay  # noqa: E402
+from promptcache.core.replay import ATTENTION_CONTEXT, TraceRequest, read_trace, replay  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
 RULES = ("session", "recompute")  # the cache-aware rules: their fractions of the optimum too

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from promptcache.bench import synthetic_conversation, tau_conversation  # noqa: E402
+from promptcache.cli.bench import synthetic_conversation, tau_conversation  # noqa: E402
 from promptcache.server.launcher import free_port  # noqa: E402
 from promptcache.vllm.process import VllmServer, connector_config  # noqa: E402
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from promptcache.core.images import ImageInput, image_from_pixels
 from promptcache.engines.base import Finished, PrefillDone, SamplingParams
-from promptcache.engines.tiny_vlm import SIZES, tiny_llava
 from promptcache.engines.torch.engine import TorchEngine
+from promptcache.testing.tiny_vlm import SIZES, tiny_llava
 
 MODES = {
     "cache on": {},

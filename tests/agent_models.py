@@ -152,7 +152,7 @@ def save_agent_model(kind: str, folder: str, seed: int = 0) -> str:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     common: dict[str, Any] = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, head_dim=16,

@@ -10,7 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> str:
     pytest.importorskip("torch")
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     return save_tiny_model("llama", str(tmp_path_factory.mktemp("tiny-llama")))
 
@@ -38,7 +38,7 @@ def scripted_model_dir(tmp_path_factory) -> str:
     """A tiny llama with the bundled model's real tokenizer (real token counts, ChatML) and room
     for an agent CLI's long prompts: the model behind ``serve --scripted-replies``."""
     pytest.importorskip("torch")
-    from promptcache.engines.tiny_models import bundled_tokenizer, save_tiny_model
+    from promptcache.testing.tiny_models import bundled_tokenizer, save_tiny_model
 
     folder = str(tmp_path_factory.mktemp("scripted-llama"))
     return save_tiny_model("llama", folder, tokenizer=bundled_tokenizer(), max_context=65536)

@@ -69,7 +69,7 @@ def serve_schedule(policy, schedule, capacity_blocks, block=8):
     """Each prompt (a list of trace ids, one block each) looked up, then saved, on a cache of
     ``capacity_blocks`` blocks under ``policy``; the tokens each one hit."""
     from promptcache.core.cache import PromptCache
-    from promptcache.replay import TraceRequest, null_slicer, prompt_tokens
+    from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens
 
     cache = PromptCache("t", block_size=block, ram_budget=capacity_blocks * block, policy=policy)
     hits = []

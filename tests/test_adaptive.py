@@ -13,7 +13,7 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.minisim import MiniCache, sampled_indices
 from promptcache.core.policies import DEFAULT_POLICY, make_policy, policy_names
 from promptcache.core.policies.adaptive import CANDIDATES, AdaptivePolicy
-from promptcache.replay import TraceRequest, null_slicer, prompt_tokens, replay
+from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens, replay
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from make_traces import SHAPES  # noqa: E402

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from promptcache.engines.base import SamplingParams
-from promptcache.engines.conformance import USER_TURNS, format_row, reuse_ok, run_conversation
-from promptcache.engines.tiny_families import FAMILY_NAMES, save_family, save_mlx_family
 from promptcache.errors import ConfigError
+from promptcache.testing.conformance import USER_TURNS, format_row, reuse_ok, run_conversation
+from promptcache.testing.tiny_families import FAMILY_NAMES, save_family, save_mlx_family
 
 BLOCK, CHUNK = 8, 16
 # transformers 5 writes these families' experts in a layout mlx-lm 0.32.2 does not read (mlx

@@ -14,7 +14,7 @@ import openai
 import pytest
 from conftest import ServerProcess
 
-from promptcache.engines.tiny_families import save_family
+from promptcache.testing.tiny_families import save_family
 
 pytestmark = pytest.mark.server
 ENGINES = {"torch": "qwen3_5_moe-vl", "mlx": "qwen3_5-vl"}

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from promptcache.engines.base import Finished, PrefillDone, SamplingParams, TextDelta
-from promptcache.engines.tiny_models import ByteTokenizer
+from promptcache.testing.tiny_models import ByteTokenizer
 
 CHUNK, BLOCK = 16, 8
 LOGIT_TOL = 1e-4
@@ -25,8 +25,8 @@ TORCH_BATCHED = {"llama"}  # the other layouts decode one sequence per forward (
 
 def torch_engine(kind, **options):
     pytest.importorskip("torch")
-    from promptcache.engines.tiny_models import tiny_model
     from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.testing.tiny_models import tiny_model
 
     return TorchEngine(
         tiny_model(kind), ByteTokenizer(), block_size=BLOCK, ram_budget=10**8,
@@ -37,7 +37,7 @@ def torch_engine(kind, **options):
 def mlx_engine(kind, **options):
     pytest.importorskip("mlx_lm")
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model
 
     return MlxEngine(
         mlx_tiny_model(kind), ByteTokenizer(), block_size=BLOCK, ram_budget=10**8,

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 from engine_checks import token_ids  # noqa: E402
 
 from promptcache.engines.base import Finished, PromptTooLongError, SamplingParams  # noqa: E402
-from promptcache.engines.tiny_models import save_tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.errors import ConfigError  # noqa: E402
 from promptcache.models import ContextExtensionError, rope_scaling_for  # noqa: E402
+from promptcache.testing.tiny_models import save_tiny_model  # noqa: E402
 
 NATIVE = 4096  # the tiny models' max_position_embeddings
 CHUNK, BLOCK = 512, 64
@@ -162,7 +162,7 @@ def test_cli_serve_exits_with_the_reason(folders, tmp_path):
 def test_mlx_scaled_llama_serves_past_its_native_context(tmp_path):
     pytest.importorskip("mlx_lm")
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import save_mlx_tiny_model
+    from promptcache.testing.tiny_models import save_mlx_tiny_model
 
     path = save_mlx_tiny_model("llama", str(tmp_path / "llama"))
     opts = dict(prefill_chunk=CHUNK, block_size=BLOCK)
@@ -192,7 +192,7 @@ def test_mlx_scaled_llama_serves_past_its_native_context(tmp_path):
 def test_mlx_model_without_rope_scaling_is_refused(tmp_path):
     pytest.importorskip("mlx_lm")
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import save_mlx_tiny_model
+    from promptcache.testing.tiny_models import save_mlx_tiny_model
 
     path = save_mlx_tiny_model("mamba2", str(tmp_path / "mamba2"))
     with pytest.raises(ContextExtensionError, match="mamba2 model takes no RoPE scaling"):

@@ -104,7 +104,7 @@ def test_key_files(tmp_path):
 def test_cache_commands_on_an_encrypted_folder(tmp_path, capsys):
     import argparse
 
-    from promptcache.cache_cli import run_cache_command
+    from promptcache.cli.cache import run_cache_command
 
     key = os.urandom(32)
     (tmp_path / "key").write_bytes(key.hex().encode())

@@ -12,8 +12,8 @@ from promptcache.engines.base import (  # noqa: E402
     RequestError,
     SamplingParams,
 )
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 
 def test_error_families():
@@ -36,8 +36,8 @@ def test_runner_forward_takes_several_sequences():
 def test_layer_registry_classifies_and_unknown_kinds_are_snapshots():
     from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    from promptcache.engines.layers import AdapterRegistry
     from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS, SNAPSHOT, TorchLayer
+    from promptcache.serving.layers import AdapterRegistry
 
     assert LAYERS.lookup(DynamicLayer()) is FULL_ATTENTION
     assert LAYERS.lookup(DynamicSlidingWindowLayer(sliding_window=4)) is SNAPSHOT
@@ -74,7 +74,7 @@ def test_a_cache_refusing_a_save_is_a_server_failure_not_a_bad_request():
 
 
 def test_bad_configuration_is_a_config_error_and_a_clean_cli_exit(capsys):
-    from promptcache.cli import main
+    from promptcache.cli.main import main
     from promptcache.engines.factory import build_engine, engine_class
 
     with pytest.raises(ConfigError, match="unknown engine"):

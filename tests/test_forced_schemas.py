@@ -85,7 +85,7 @@ OTHER = {"type": "function", "function": {"name": "lookup", "parameters": {
 
 
 def tiny_tokenizer():
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     return train_tiny_tokenizer(MARKERS)
 
@@ -95,8 +95,8 @@ def torch_engine():
     import torch
     from transformers import AutoModelForCausalLM
 
-    from promptcache.engines.tiny_models import tiny_config
     from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.testing.tiny_models import tiny_config
 
     tok = tiny_tokenizer()
     config = tiny_config("llama")
@@ -111,7 +111,7 @@ def mlx_engine():
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model
 
     tok = tiny_tokenizer()
     model = mlx_tiny_model("llama", vocab_size=len(tok))
@@ -176,7 +176,7 @@ def qwen_server(request, tmp_path_factory):
     from agent_models import QWEN35_SPECIALS, QWEN35_TEMPLATE
     from conftest import ServerProcess
 
-    from promptcache.engines.tiny_models import (
+    from promptcache.testing.tiny_models import (
         save_mlx_tiny_model,
         save_tiny_model,
         train_tiny_tokenizer,

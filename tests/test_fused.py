@@ -8,8 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from promptcache.engines.tiny_families import build_family  # noqa: E402
-from promptcache.engines.tiny_models import tiny_model  # noqa: E402
 from promptcache.engines.torch.fused import StackedLinear, fuse_projections  # noqa: E402
 from promptcache.engines.torch.onednn import (  # noqa: E402
     OneDnnLinear,
@@ -17,6 +15,8 @@ from promptcache.engines.torch.onednn import (  # noqa: E402
     use_onednn_linears,
 )
 from promptcache.engines.torch.threads import ThreadTuner  # noqa: E402
+from promptcache.testing.tiny_families import build_family  # noqa: E402
+from promptcache.testing.tiny_models import tiny_model  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,

@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 
 from transformers import DynamicCache  # noqa: E402
 
-from promptcache.engines.tiny_models import tiny_model  # noqa: E402
 from promptcache.engines.torch.attention import NAME, use_gqa_attention  # noqa: E402
+from promptcache.testing.tiny_models import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -39,7 +39,7 @@ def test_chunks_after_a_prefix_are_bitwise_sdpa(kind):
 def test_left_alone_without_grouped_heads_or_sdpa():
     from transformers import AutoModelForCausalLM
 
-    from promptcache.engines.tiny_models import tiny_config
+    from promptcache.testing.tiny_models import tiny_config
 
     config = tiny_config("llama")
     config.num_key_value_heads = config.num_attention_heads  # no grouping: nothing to save

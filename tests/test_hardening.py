@@ -95,7 +95,7 @@ def test_time_budget_ends_a_long_generation(server_factory, tiny_llama_dir):
 
 
 def test_fair_turns_interleave_and_skip_timeouts():
-    from promptcache.engines.turns import FairTurns, StepTimeout
+    from promptcache.serving.turns import FairTurns, StepTimeout
 
     turns = FairTurns()
     order: list[str] = []

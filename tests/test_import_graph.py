@@ -1,6 +1,8 @@
 """The import graph of ``promptcache`` has no cycles: between modules, and between the top-level
 packages (``core``, ``engines``, ``server``, ...), read from the source with ``ast`` (every
-import counts, also inside functions, except under ``if TYPE_CHECKING:``)."""
+import counts, also inside functions, except under ``if TYPE_CHECKING:``). The packages keep
+their layers (``LAYERS``: each imports only lower ones), and production code never imports
+``promptcache.testing``."""
 
 from __future__ import annotations
 
@@ -124,10 +126,62 @@ def test_no_import_cycles_between_modules():
 
 
 def test_no_import_cycles_between_top_level_packages():
+    assert cycles(package_graph()) == []
+
+
+# lowest first; a package imports only packages of lower layers (never one beside it). serving
+# is the engine-neutral loop; engines (the Engine protocol, the registry, the torch / mlx
+# adapters) implement its ModelRunner and subclass its CachedEngine, so they sit above it.
+LAYERS = [
+    {"promptcache", "promptcache.errors"},
+    {"promptcache.core", "promptcache.models", "promptcache.tools"},
+    {"promptcache.serving", "promptcache.vllm"},
+    {"promptcache.engines"},
+    {"promptcache.server", "promptcache.testing"},
+    {"promptcache.cli"},
+]
+
+
+def package_graph() -> dict[str, set[str]]:
     packages: dict[str, set[str]] = {}
     for name, deps in module_graph().items():
         top = top_package(name)
         packages.setdefault(top, set()).update(top_package(d) for d in deps)
     for top, deps in packages.items():
         deps.discard(top)
-    assert cycles(packages) == []
+    return packages
+
+
+def test_packages_import_only_lower_layers():
+    layer = {name: i for i, names in enumerate(LAYERS) for name in names}
+    packages = package_graph()
+    assert set(packages) == set(layer), "a new top-level package: give it a layer in LAYERS"
+    upward = sorted(
+        f"{top} imports {dep}"
+        for top, deps in packages.items()
+        for dep in deps
+        if layer[dep] >= layer[top]
+    )
+    assert upward == []
+
+
+def test_no_production_module_imports_testing():
+    graph = module_graph()
+    users = sorted(
+        name
+        for name, deps in graph.items()
+        if top_package(name) != "promptcache.testing"
+        and any(top_package(d) == "promptcache.testing" for d in deps)
+    )
+    assert users == []
+
+
+def test_the_vllm_connector_needs_neither_the_server_nor_an_engine():
+    graph = module_graph()
+    seen, todo = set(), ["promptcache.vllm.connector"]
+    while todo:  # everything the connector can import, lazily too
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    assert {top_package(n) for n in seen} <= {"promptcache", "promptcache.core", "promptcache.vllm"}

@@ -8,9 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from promptcache.engines.fingerprint import digest_weights  # noqa: E402
-from promptcache.engines.tiny_families import build_family  # noqa: E402
-from promptcache.engines.tiny_models import tiny_model  # noqa: E402
 from promptcache.engines.torch.fused import StackedLinear, fuse_projections  # noqa: E402
 from promptcache.engines.torch.layouts import (  # noqa: E402
     choose_weight_layouts,
@@ -19,6 +16,9 @@ from promptcache.engines.torch.layouts import (  # noqa: E402
     weight_owners,
 )
 from promptcache.engines.torch.onednn import can_use_onednn, use_onednn_linears  # noqa: E402
+from promptcache.serving.fingerprint import digest_weights  # noqa: E402
+from promptcache.testing.tiny_families import build_family  # noqa: E402
+from promptcache.testing.tiny_models import tiny_model  # noqa: E402
 
 pytestmark = [
     pytest.mark.torch,

@@ -19,13 +19,13 @@ from transformers import (  # noqa: E402
     Qwen2MoeConfig,
 )
 
-from promptcache.engines.tiny_families import build_family  # noqa: E402
-from promptcache.engines.tiny_models import tiny_model  # noqa: E402
 from promptcache.engines.torch.fused import fuse_projections  # noqa: E402
 from promptcache.engines.torch.layouts import choose_weight_layouts  # noqa: E402
 from promptcache.engines.torch.lean import LeanDecoder, agrees, make_lean_decoder  # noqa: E402
 from promptcache.engines.torch.onednn import use_onednn_linears  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
+from promptcache.testing.tiny_families import build_family  # noqa: E402
+from promptcache.testing.tiny_models import tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -95,8 +95,8 @@ def test_lean_steps_equal_the_models_steps(name):
 def test_a_padded_batch_decodes_as_the_models_forward_does(tmp_path):
     """Two requests of different lengths decoding together: the lean step's masked batch gives
     the tokens of the same runner decoding through the model's forward."""
-    from promptcache.engines.tiny_families import save_family
     from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.testing.tiny_families import save_family
 
     path = save_family("llama", tmp_path / "llama")
     model, tokenizer = TorchEngine.load_weights(path)

@@ -8,10 +8,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.memory import rss_bytes  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.state import held_bytes  # noqa: E402
+from promptcache.serving.memory import rss_bytes  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 PROMPTS = [[3 + (7 * i + j) % 200 for j in range(60 + 9 * i)] for i in range(4)]
 

@@ -11,7 +11,7 @@ from engine_checks import check_hit_lengths, greedy_turns, hit_results, token_id
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.mlx.engine import MlxEngine  # noqa: E402
-from promptcache.engines.tiny_models import MLX_TINY_KINDS, ByteTokenizer, mlx_tiny_model  # noqa: E402
+from promptcache.testing.tiny_models import MLX_TINY_KINDS, ByteTokenizer, mlx_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 CHUNK, BLOCK = 16, 8

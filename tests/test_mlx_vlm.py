@@ -11,8 +11,8 @@ pytest.importorskip("mlx_vlm")
 
 from promptcache.core.images import decode_image, image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.mlx.tiny_vlm import mlx_tiny_vlm, save_mlx_tiny_vlm  # noqa: E402
 from promptcache.engines.mlx.vlm_engine import MlxVlmEngine  # noqa: E402
+from promptcache.testing.mlx_tiny_vlm import mlx_tiny_vlm, save_mlx_tiny_vlm  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 BLOCK, CHUNK = 8, 16

@@ -12,10 +12,10 @@ pytest.importorskip("mlx_vlm")
 
 from vlm_chat import check_conversation, picture, user  # noqa: E402
 
-from promptcache.engines.mlx.tiny_gemma3 import save_gemma3  # noqa: E402
 from promptcache.engines.mlx.vlm_engine import MlxVlmEngine  # noqa: E402
 from promptcache.engines.mlx.vlm_gemma3 import Gemma3Runner  # noqa: E402
 from promptcache.engines.mlx.vlm_load import load_mlx_vlm  # noqa: E402
+from promptcache.testing.mlx_tiny_gemma3 import save_gemma3  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 BLOCK, CHUNK = 8, 16

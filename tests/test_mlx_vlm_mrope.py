@@ -15,10 +15,10 @@ pytest.importorskip("mlx_vlm")
 from vlm_chat import check_conversation, picture, replies_alone_and_together, user  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.mlx.tiny_mrope import TINY_MROPE_FAMILIES, save_mrope  # noqa: E402
 from promptcache.engines.mlx.vlm_engine import MlxVlmEngine  # noqa: E402
 from promptcache.engines.mlx.vlm_load import load_mlx_vlm  # noqa: E402
 from promptcache.engines.mlx.vlm_mrope import MropeState, mrope_positions  # noqa: E402
+from promptcache.testing.mlx_tiny_mrope import TINY_MROPE_FAMILIES, save_mrope  # noqa: E402
 
 pytestmark = pytest.mark.mlx
 BLOCK, CHUNK = 8, 16
@@ -134,7 +134,7 @@ def test_a_saved_folder_serves_images_through_the_factory_and_hits_from_ssd_afte
 def test_a_vision_folder_whose_image_path_cannot_load_serves_text(tmp_path, caplog):
     from promptcache.engines.factory import build_engine
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     folder = save_mrope("qwen3_5", tmp_path / "qwen3.5", seed=3)
     train_tiny_tokenizer().save_pretrained(folder)  # a tokenizer without Qwen's image token
@@ -153,8 +153,8 @@ def test_a_config_mlx_vlm_cannot_read_is_a_clean_refusal_not_a_traceback(tmp_pat
     """A Qwen3-VL folder saved by transformers 5 (rope_parameters, no rope_theta): mlx-vlm
     0.7.10's config class and mlx-lm both refuse it; start-up says both reasons (exit 2)."""
     from promptcache.engines.factory import build_engine
-    from promptcache.engines.tiny_vlm_families import save_tiny_vision_family
     from promptcache.errors import ConfigError
+    from promptcache.testing.tiny_vlm_families import save_tiny_vision_family
 
     folder = save_tiny_vision_family("qwen3_vl", str(tmp_path / "hf-qwen3-vl"))
     with pytest.raises(ConfigError, match="does not load as an mlx-vlm qwen3_vl model.*mlx-lm"):

@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai")
 
 from conftest import ServerProcess  # noqa: E402
 
-from promptcache.engines.mlx.tiny_mrope import save_mrope  # noqa: E402
+from promptcache.testing.mlx_tiny_mrope import save_mrope  # noqa: E402
 
 pytestmark = [pytest.mark.mlx, pytest.mark.server]
 

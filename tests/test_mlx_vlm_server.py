@@ -14,7 +14,7 @@ anthropic = pytest.importorskip("anthropic")
 
 from conftest import ServerProcess  # noqa: E402
 
-from promptcache.engines.mlx.tiny_vlm import save_mlx_tiny_vlm  # noqa: E402
+from promptcache.testing.mlx_tiny_vlm import save_mlx_tiny_vlm  # noqa: E402
 
 pytestmark = [pytest.mark.mlx, pytest.mark.server]
 BLOCK = 8

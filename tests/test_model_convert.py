@@ -17,7 +17,7 @@ pytest.importorskip("gguf")
 ROOT = Path(__file__).resolve().parents[1]
 CONVERT = (
     "import sys; from pathlib import Path\n"
-    "from promptcache.model_convert import convert_gguf\n"
+    "from promptcache.models.convert import convert_gguf\n"
     "print(convert_gguf(Path(sys.argv[1]), Path(sys.argv[2])))\n"
 )
 
@@ -30,7 +30,7 @@ def tiny_gguf(tmp_path_factory) -> Path:
 
 
 def test_two_processes_convert_at_once(tiny_gguf, tmp_path):
-    from promptcache.model_convert import conversion_lock
+    from promptcache.models.convert import conversion_lock
 
     out = tmp_path / "models" / "tiny"
     stale = out.parent / f".{out.name}.tmp-999999-dead"  # left by a converter that was killed
@@ -69,7 +69,7 @@ def test_two_processes_convert_at_once(tiny_gguf, tmp_path):
 
 
 def test_a_finished_conversion_is_reused_without_the_lock(tiny_gguf, tmp_path):
-    from promptcache.model_convert import conversion_lock, convert_gguf
+    from promptcache.models.convert import conversion_lock, convert_gguf
 
     out = convert_gguf(tiny_gguf, tmp_path / "tiny")
     stamp = (out / "model.safetensors").stat().st_mtime_ns

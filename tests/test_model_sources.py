@@ -32,7 +32,7 @@ def run_py(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 LOCATE = (
     "import json, sys\n"
-    "from promptcache.model_sources import locate_model\n"
+    "from promptcache.models.sources import locate_model\n"
     "out = []\n"
     "for model, rev in json.loads(sys.argv[1] if len(sys.argv) > 1 else '{cases}'):\n"
     "    try:\n"
@@ -54,7 +54,7 @@ def locate(cases: list[tuple[str, str | None]], env: dict[str, str]) -> list[lis
 def hub_cache(tmp_path_factory):
     """An HF_HOME whose cache huggingface_hub itself downloaded: REPO at main (seed 0) and at
     the tag v1 (seed 1), through ``locate_model``'s download path."""
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     base = tmp_path_factory.mktemp("hub")
     hub = FakeHub()
@@ -128,7 +128,7 @@ def studio_home(tmp_path_factory, hub_cache):
     from mlx_lm.utils import save_model
     from tiny_gguf import write_tiny_gguf
 
-    from promptcache.engines.tiny_models import mlx_tiny_model, save_mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model, save_mlx_tiny_model
 
     home = tmp_path_factory.mktemp("home")
     models = home / ".lmstudio" / "models"
@@ -182,7 +182,7 @@ def test_lmstudio_models(studio_home, hub_cache):
 def test_engine_follows_the_weights_format(studio_home):
     from promptcache.engines.factory import check_engine_reads, pick_engine
     from promptcache.errors import ConfigError
-    from promptcache.model_sources import FoundModel
+    from promptcache.models.sources import FoundModel
 
     mlx_dir = studio_home / ".lmstudio" / "models" / "mlx-community" / "tiny-4bit"
     found = FoundModel(mlx_dir, "lmstudio", "mlx-community/tiny-4bit")
@@ -195,7 +195,7 @@ def test_engine_follows_the_weights_format(studio_home):
 def test_models_command_lists_what_is_found(studio_home, hub_cache, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PROMPTCACHE_HOME": str(tmp_path),
            **offline(hub_cache, HOME=str(studio_home))}  # fmt: skip
-    both = "from promptcache.cli import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
+    both = "from promptcache.cli.main import main; main(['models', '--json']); print('=' * 8); main(['models'])"  # fmt: skip
     done = subprocess.run([sys.executable, "-c", both], env=env, capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -262,7 +262,7 @@ def test_serve_an_lmstudio_mlx_model_on_mlx(studio_home, hub_cache, server_facto
 def test_an_interrupted_download_completes_later(tmp_path):
     """A download that stopped part-way keeps the files it got; the next start fetches only the
     rest (the partial snapshot is not served in between)."""
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     hub = FakeHub()
     try:

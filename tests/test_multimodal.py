@@ -21,10 +21,10 @@ from promptcache.core.images import (  # noqa: E402
 from promptcache.core.vision_cache import VisionCache, VisionKey  # noqa: E402
 from promptcache.core.vision_tags import tenant_folder  # noqa: E402
 from promptcache.engines.base import RequestError, SamplingParams  # noqa: E402
-from promptcache.engines.tiny_vlm import tiny_llava  # noqa: E402
 from promptcache.engines.torch.codec import TorchCodec  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.server.diagnosis import PromptMemory, diagnose  # noqa: E402
+from promptcache.testing.tiny_vlm import tiny_llava  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BLOCK, CHUNK = 16, 32
@@ -199,7 +199,7 @@ def test_embedding_cache_skips_the_encoder(vlm):
 
 
 def test_text_only_engine_refuses_images(vlm):
-    from promptcache.engines.tiny_models import ByteTokenizer, tiny_model
+    from promptcache.testing.tiny_models import ByteTokenizer, tiny_model
 
     eng = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=BLOCK)
     assert not eng.supports_images
@@ -333,7 +333,7 @@ def test_ssd_tier_after_restart_keys_by_image(vlm, tmp_path):
 
 
 def test_a_hit_ending_inside_an_image_takes_the_rest_of_its_rows(vlm):
-    from promptcache.engines.request import Request
+    from promptcache.serving.request import Request
 
     eng = engine(vlm)
     img = image_from_pixels(pixels(15))

@@ -37,7 +37,7 @@ def data_url(rgb, fmt="PNG", **kw):
 def servers(tmp_path_factory):
     from conftest import ServerProcess
 
-    from promptcache.engines.tiny_vlm import save_tiny_llava
+    from promptcache.testing.tiny_vlm import save_tiny_llava
 
     home = tmp_path_factory.mktemp("vlm")
     folder = save_tiny_llava(str(home / "tiny-llava"))

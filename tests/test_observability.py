@@ -145,7 +145,7 @@ def test_evicted_from_ram(tiny_llama_dir, server_factory):
 @pytest.mark.server
 def test_snapshot_layers_resume_at_a_checkpoint(tmp_path_factory, server_factory):
     pytest.importorskip("torch")
-    from promptcache.engines.tiny_models import save_tiny_model
+    from promptcache.testing.tiny_models import save_tiny_model
 
     model = save_tiny_model("gemma3", str(tmp_path_factory.mktemp("gemma3")))
     srv = server_factory(*_args(model, "--no-ssd"))

@@ -8,13 +8,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.onednn import (  # noqa: E402
     OneDnnLinear,
     can_use_onednn,
     use_onednn_linears,
 )
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 needs_onednn = pytest.mark.skipif(

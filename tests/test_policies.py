@@ -8,7 +8,7 @@ from core_helpers import churn_conversations
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.policies import policy_names
-from promptcache.replay import TraceRequest, prompt_tokens, replay
+from promptcache.core.replay import TraceRequest, prompt_tokens, replay
 
 
 @pytest.mark.parametrize("policy", policy_names())
@@ -135,7 +135,7 @@ def test_replay_reads_multi_turn_sessions_with_accumulated_history(tmp_path):
     prompt is the session's history (each turn, then its reply) and then the new tokens."""
     import json
 
-    from promptcache.replay import output_tokens, read_trace
+    from promptcache.core.replay import output_tokens, read_trace
 
     records = [
         {"session_id": "a", "timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [1, 2]},

@@ -13,12 +13,12 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.core.block import payload_nbytes  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.quant import TorchPacker, dequantize, quantize  # noqa: E402
 from promptcache.errors import ConfigError  # noqa: E402
 from promptcache.server.metrics import render_cache_stats  # noqa: E402
+from promptcache.serving.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 CHUNK, BLOCK = 16, 8
 SCHEMES = {
@@ -220,7 +220,7 @@ def test_ssd_restart_on_quantized_blocks_hits_and_replies_equal(scheme, tmp_path
 def test_mlx_hits_on_packed_blocks_match_uncached(scheme):
     pytest.importorskip("mlx_lm")
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model
 
     model = mlx_tiny_model("llama", head_dim=32)  # mx.quantize's smallest group is 32
     cached = MlxEngine(
@@ -238,7 +238,7 @@ def test_mlx_hits_on_packed_blocks_match_uncached(scheme):
 def test_mlx_ssd_restart_on_quantized_blocks(tmp_path):
     pytest.importorskip("mlx_lm")
     from promptcache.engines.mlx.engine import MlxEngine
-    from promptcache.engines.tiny_models import mlx_tiny_model
+    from promptcache.testing.tiny_models import mlx_tiny_model
 
     model = mlx_tiny_model("llama", head_dim=32)
     kwargs = dict(
@@ -288,8 +288,8 @@ def test_mlx_round_trip_error_bounds(bits):
 
 @pytest.mark.torch
 def test_cli_flags_reach_the_engine(tiny_llama_dir):
-    from promptcache.cli import build_parser
-    from promptcache.serve_cli import engine_from_args
+    from promptcache.cli.main import build_parser
+    from promptcache.cli.serve import engine_from_args
 
     args = build_parser().parse_args(
         ["serve", "--engine", "torch", "--model", str(tiny_llama_dir), "--no-ssd"]

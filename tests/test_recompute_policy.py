@@ -8,7 +8,7 @@ import pytest
 from core_helpers import serve_schedule
 
 from promptcache.core.policies.recompute import RecomputePolicy
-from promptcache.replay import TraceRequest, prefill_cost, replay
+from promptcache.core.replay import TraceRequest, prefill_cost, replay
 
 B = 8
 

@@ -3,7 +3,7 @@
 import numpy as np
 
 from promptcache.engines.base import SamplingParams
-from promptcache.engines.sampling import sample_token
+from promptcache.serving.sampling import sample_token
 
 
 def test_greedy_top_k_and_top_p_limits():

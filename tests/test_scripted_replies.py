@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from promptcache.engines.base import ConfigError, RequestError
-from promptcache.engines.forced import ForcedTokens
 from promptcache.server.script import ReplyScript
+from promptcache.serving.forced import ForcedTokens
 
 TOOLS = [
     {"type": "function", "function": {"name": name, "description": f"{name} a path",

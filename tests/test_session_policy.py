@@ -10,7 +10,7 @@ from core_helpers import serve_schedule
 from promptcache.core.cache import PromptCache
 from promptcache.core.policies import make_policy
 from promptcache.core.policies.session import SessionPolicy
-from promptcache.replay import TraceRequest, null_slicer, prompt_tokens, replay
+from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens, replay
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from make_traces import SHAPES  # noqa: E402

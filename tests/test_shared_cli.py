@@ -10,7 +10,7 @@ import sys
 import pytest
 from valkey_helpers import ValkeyProcess, records, server_binary
 
-from promptcache.cli import main
+from promptcache.cli.main import main
 from promptcache.core.hashing import Namespace
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import session_key

@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.scheduler import StepFailure  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.serving.scheduler import StepFailure  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 PROMPT = list(range(3, 40))
 

@@ -249,8 +249,8 @@ def test_formats_detected_from_the_model_overridden_by_flags_and_logged(caplog):
 
     from agent_models import QWEN35_SPECIALS, QWEN35_TEMPLATE
 
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
     from promptcache.server.chat import ChatFormatter
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     tok = train_tiny_tokenizer(QWEN35_SPECIALS, QWEN35_TEMPLATE)
     with caplog.at_level(logging.INFO, logger="promptcache.server"):
@@ -288,8 +288,8 @@ def test_forced_reply_starts_as_the_template_renders_a_past_reply():
     pytest.importorskip("transformers")
     from agent_models import QWEN35_SPECIALS, QWEN35_TEMPLATE
 
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
     from promptcache.server.chat import Chat, ChatFormatter
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     glm = ChatFormatter(_Engine(train_tiny_tokenizer(("<think>", "</think>"), GLM_LIKE)),

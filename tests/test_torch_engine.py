@@ -9,8 +9,8 @@ torch = pytest.importorskip("torch")
 from engine_checks import check_hit_lengths, greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import EngineError, PromptTooLongError, SamplingParams  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 CHUNK, BLOCK = 16, 8

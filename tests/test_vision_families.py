@@ -16,18 +16,18 @@ pytest.importorskip("PIL")
 
 from promptcache.core.images import image_from_pixels  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.request import Request  # noqa: E402
-from promptcache.engines.tiny_vlm_expanded import (  # noqa: E402
+from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.serving.request import Request  # noqa: E402
+from promptcache.serving.vision import VisionChunk  # noqa: E402
+from promptcache.testing.tiny_vlm_expanded import (  # noqa: E402
     EXPANDED_FAMILIES,
     tiny_expanded_family,
 )
-from promptcache.engines.tiny_vlm_families import (  # noqa: E402
+from promptcache.testing.tiny_vlm_families import (  # noqa: E402
     MROPE_FAMILIES,
     VISION_FAMILIES,
     tiny_vision_family,
 )
-from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
-from promptcache.engines.vision import VisionChunk  # noqa: E402
 
 pytestmark = pytest.mark.torch
 BLOCK, CHUNK = 16, 32

@@ -30,7 +30,7 @@ def data_url(seed, h, w):
 def servers(tmp_path_factory):
     from conftest import ServerProcess
 
-    from promptcache.engines.tiny_vlm_families import save_tiny_vision_family
+    from promptcache.testing.tiny_vlm_families import save_tiny_vision_family
 
     home = tmp_path_factory.mktemp("vl-images")
     folder = save_tiny_vision_family(FAMILY, str(home / "tiny-qwen3_5_moe-vl"))

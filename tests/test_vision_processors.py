@@ -11,7 +11,7 @@ pytest.importorskip("PIL")
 from test_vision_families import BLOCK, CHUNK, ask, image  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
-from promptcache.engines.tiny_vlm_expanded import tiny_expanded_family  # noqa: E402
+from promptcache.testing.tiny_vlm_expanded import tiny_expanded_family  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -49,7 +49,7 @@ def test_gemma3_through_its_own_processor_end_to_end(tmp_path, capsys):
     from transformers import AutoProcessor
 
     from promptcache.engines.factory import build_engine
-    from promptcache.engines.tiny_vlm_families import save_tiny_gemma3_processor
+    from promptcache.testing.tiny_vlm_families import save_tiny_gemma3_processor
 
     folder = save_tiny_gemma3_processor(str(tmp_path / "tiny-gemma3"))
     processor = AutoProcessor.from_pretrained(folder)

@@ -13,7 +13,6 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
-from promptcache.engines.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 from promptcache.engines.torch.batch import GrowingLayer  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
@@ -26,6 +25,7 @@ from promptcache.engines.torch.weights import (  # noqa: E402
     weights_mode,
 )
 from promptcache.errors import ConfigError  # noqa: E402
+from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.torch
 CHUNK, BLOCK = 16, 8

@@ -9,7 +9,7 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.minisim import MiniCache
 from promptcache.core.policies import make_policy
 from promptcache.core.race import RACE_FULLS, SWITCH_MARGIN, SWITCH_Z, Decayed, Race
-from promptcache.replay import TraceRequest, null_slicer, prompt_tokens
+from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 from make_traces import SHAPES  # noqa: E402

@@ -30,7 +30,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from promptcache.engines.tiny_models import tiny_config, train_tiny_tokenizer
+    from promptcache.testing.tiny_models import tiny_config, train_tiny_tokenizer
 
     fast = train_tiny_tokenizer()
     config = tiny_config("llama")

@@ -1,7 +1,4 @@
-"""Engine adapters: each turns a model library's cache objects into core blocks and checkpoints.
-
-The server imports ``base`` (the ``Engine`` protocol, events, errors) and ``factory``; an
-engine is a ``cached_engine.CachedEngine`` on a library's ``runner.ModelRunner`` (``torch/``,
-``mlx/``). ``steps``, ``batching``, ``scheduler`` and ``request`` run its requests."""
-
-__all__ = ["base", "cached_engine", "errors", "factory", "runner", "tiny_models"]
+"""Engines: the ``Engine`` protocol the server sees (``base``), the registry that builds one by
+name (``factory``), and the adapters, one folder per model library (``torch/``, ``mlx/``): a
+``serving.runner.ModelRunner`` and a thin ``serving.cached_engine.CachedEngine`` subclass each.
+The serving loop they share lives in ``promptcache.serving``."""

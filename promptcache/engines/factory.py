@@ -1,4 +1,5 @@
-"""Choosing and building the engine for ``promptcache serve`` and ``bench``.
+"""Choosing and building the engine for ``promptcache serve`` and ``bench``: engines are
+registered by name (``register_engine``: torch, mlx), as tiers and eviction policies are.
 
 Library code: a configuration that cannot work raises ``ConfigError`` (the CLI turns it into
 its exit message), never ``SystemExit``."""
@@ -9,6 +10,7 @@ import importlib.util
 import json
 import logging
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +27,13 @@ def model_type(path: Any) -> str:
 
 
 def pick_engine(name: str, found: Any = None) -> str:
-    """auto: mlx for a model saved by mlx-lm (``found``: a ``model_sources.FoundModel``) when
+    """auto: mlx for a model saved by mlx-lm (``found``: a ``models.sources.FoundModel``) when
     mlx-lm is installed, and on Apple Silicon when it is; else torch."""
     if name != "auto":
         return name
     has_mlx = importlib.util.find_spec("mlx_lm") is not None
     if has_mlx and found is not None and found.path.is_dir():
-        from promptcache.model_sources import is_mlx_folder
+        from promptcache.models.sources import is_mlx_folder
 
         if is_mlx_folder(found.path):
             return "mlx"
@@ -42,7 +44,7 @@ def pick_engine(name: str, found: Any = None) -> str:
 
 def check_engine_reads(kind: str, found: Any) -> None:
     """ConfigError when the engine cannot read the model's weights format at all."""
-    from promptcache.model_sources import is_mlx_quantized
+    from promptcache.models.sources import is_mlx_quantized
 
     if kind == "torch" and found.path.is_dir() and is_mlx_quantized(found.path):
         raise ConfigError(
@@ -78,12 +80,12 @@ def build_engine(
     compile: bool = False,
     **options: Any,
 ) -> Any:
-    """The engine for ``model`` (``model_sources.locate_model``; None: the bundled one) on
+    """The engine for ``model`` (``models.sources.locate_model``; None: the bundled one) on
     ``engine`` (auto | torch | mlx). ``options``: the engine's own (``dtype`` and the
     ``EngineOptions`` fields: cache_enabled, block_size, ram_budget, ssd_dir, shared_url...),
     passed to its ``load``; the rest are checked here against the engine they need."""
-    from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
+    from promptcache.models.sources import locate_model
 
     if engine != "auto":
         engine_class(engine)  # an unusable engine is refused before any model is resolved
@@ -117,7 +119,7 @@ def build_engine(
         if model_type(path) == "llava":  # no text-only path in mlx-lm
             raise ConfigError("--kv-bits is not supported for vision-language models on mlx-vlm")
         cls = text_only(path, "--kv-bits quantizes the live cache, which mlx-vlm's path does not")
-    if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (engines.block_scheme)
+    if cache_kv_bits or cache_dtype:  # how blocks are stored at rest (serving.block_scheme)
         extra.update(
             cache_kv_bits=cache_kv_bits,
             cache_kv_group=cache_kv_group,
@@ -147,44 +149,69 @@ def text_only(path: Any, reason: str) -> Any:
     return MlxEngine
 
 
+# name -> builder(path): the engine class for the model folder ``path`` (None: before a model is
+# resolved). Each builder imports its library itself, so choosing one never imports the other.
+_ENGINES: dict[str, Callable[[Any], Any]] = {}
+
+
+def register_engine(name: str, builder: Callable[[Any], Any]) -> None:
+    _ENGINES[name] = builder
+
+
+def engine_names() -> list[str]:
+    return list(_ENGINES)
+
+
 def engine_class(kind: str, path: Any = None) -> Any:
-    """The engine class for ``torch`` or ``mlx`` (for the model folder ``path``: mlx-vlm's engine
+    """The engine class registered as ``kind`` (for the model folder ``path``: mlx-vlm's engine
     for a vision-language model on mlx); ConfigError with what to do when it can't."""
-    if kind == "torch":
-        from promptcache.engines.torch.engine import TorchEngine
+    builder = _ENGINES.get(kind)
+    if builder is None:
+        *first, last = ["auto", *_ENGINES]
+        raise ConfigError(f"unknown engine {kind!r}: use {', '.join(first)} or {last}")
+    return builder(path)
 
-        return TorchEngine
-    if kind == "mlx":
-        if not importlib.util.find_spec("mlx_lm"):
+
+def _torch_engine(path: Any) -> Any:
+    from promptcache.engines.torch.engine import TorchEngine
+
+    return TorchEngine
+
+
+def _mlx_engine(path: Any) -> Any:
+    if not importlib.util.find_spec("mlx_lm"):
+        raise ConfigError(
+            'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
+        )
+    from promptcache.engines.mlx.vlm_load import SUPPORTED as VLM_SUPPORTED
+    from promptcache.engines.mlx.vlm_load import has_image_path, is_vlm_folder
+
+    if path is not None and is_vlm_folder(path) and not has_image_path(path):
+        # text chat through mlx-lm, which reads the decoder out of the checkpoint
+        log.warning(
+            "%s: images are not supported for %s on the mlx engine (supported: %s); serving "
+            "text only (image parts get a 400)",
+            Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+        )  # fmt: skip
+    elif path is not None and is_vlm_folder(path):
+        if not importlib.util.find_spec("mlx_vlm") and model_type(path) != "llava":
+            return text_only(path, 'mlx-vlm is not installed: pip install "promptcache[vlm]"')
+        if not importlib.util.find_spec("mlx_vlm"):
             raise ConfigError(
-                'the mlx engine needs MLX: pip install "promptcache[mlx]" (Linux: mlx[cpu])'
+                "a vision-language model on the mlx engine needs mlx-vlm: "
+                'pip install "promptcache[vlm]" && pip install --no-deps mlx-vlm==0.7.10'
             )
-        from promptcache.engines.mlx.vlm_load import SUPPORTED as VLM_SUPPORTED
-        from promptcache.engines.mlx.vlm_load import has_image_path, is_vlm_folder
+        from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
 
-        if path is not None and is_vlm_folder(path) and not has_image_path(path):
-            # text chat through mlx-lm, which reads the decoder out of the checkpoint
-            log.warning(
-                "%s: images are not supported for %s on the mlx engine (supported: %s); serving "
-                "text only (image parts get a 400)",
-                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
-            )  # fmt: skip
-        elif path is not None and is_vlm_folder(path):
-            if not importlib.util.find_spec("mlx_vlm") and model_type(path) != "llava":
-                return text_only(path, 'mlx-vlm is not installed: pip install "promptcache[vlm]"')
-            if not importlib.util.find_spec("mlx_vlm"):
-                raise ConfigError(
-                    "a vision-language model on the mlx engine needs mlx-vlm: "
-                    'pip install "promptcache[vlm]" && pip install --no-deps mlx-vlm==0.7.10'
-                )
-            from promptcache.engines.mlx.vlm_engine import MlxVlmEngine
+        log.info(
+            "%s: %s takes images on the mlx engine (mlx-vlm; image families: %s)",
+            Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
+        )  # fmt: skip
+        return MlxVlmEngine
+    from promptcache.engines.mlx.engine import MlxEngine
 
-            log.info(
-                "%s: %s takes images on the mlx engine (mlx-vlm; image families: %s)",
-                Path(path).name, model_type(path), ", ".join(VLM_SUPPORTED),
-            )  # fmt: skip
-            return MlxVlmEngine
-        from promptcache.engines.mlx.engine import MlxEngine
+    return MlxEngine
 
-        return MlxEngine
-    raise ConfigError(f"unknown engine {kind!r}: use auto, torch or mlx")
+
+register_engine("torch", _torch_engine)
+register_engine("mlx", _mlx_engine)

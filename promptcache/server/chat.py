@@ -18,12 +18,6 @@ import numpy as np
 
 from promptcache.core.images import ImageSpan
 from promptcache.engines.base import RequestError
-from promptcache.engines.grammar import (
-    check_grammar,
-    hf_tokenizer_of,
-    json_schema_grammar,
-    styled_schema,
-)
 from promptcache.server.chat_messages import (
     as_parts,
     has_late_system,
@@ -32,6 +26,12 @@ from promptcache.server.chat_messages import (
     with_system_text,
 )
 from promptcache.server.continuity import ReplyMemory, text_prefix
+from promptcache.serving.grammar import (
+    check_grammar,
+    hf_tokenizer_of,
+    json_schema_grammar,
+    styled_schema,
+)
 from promptcache.tools import ParsedReply, ToolCall, detect_formats, make_parser
 from promptcache.tools.base import lark_text
 from promptcache.tools.reasoning import make_reasoning

@@ -8,7 +8,7 @@ one after the first tool round...), ``match`` (if given, a regular expression) i
 text of its last message, and every tool it calls is one the request offers (so a client's side
 requests without tools, such as title generation, fall through to a text reply). The reply is written in the model's own tool-call format
 and tokenized the way the next turn's prompt will hold it; the engine then emits exactly those
-ids (``engines.forced.ForcedTokens``) followed by end-of-sequence, so the cache, streaming and
+ids (``serving.forced.ForcedTokens``) followed by end-of-sequence, so the cache, streaming and
 call parsing run as they do for a model's own reply.
 """
 
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.engines.base import ConfigError, RequestError
-from promptcache.engines.grammar import hf_tokenizer_of
+from promptcache.serving.grammar import hf_tokenizer_of
 from promptcache.tools import ToolCall
 
 log = logging.getLogger("promptcache.server")

@@ -23,7 +23,6 @@ from promptcache.engines.base import (
     RequestError,
     SamplingParams,
 )
-from promptcache.engines.context import fit_output
 from promptcache.server.chat import Chat, ChatFormatter, new_call_id
 from promptcache.server.diagnosis import PromptMemory, diagnose
 from promptcache.server.guard import KeyGrant
@@ -34,6 +33,7 @@ from promptcache.server.response_store import ResponseStore
 from promptcache.server.script import ReplyScript
 from promptcache.server.streaming import run_events
 from promptcache.server.tool_kinds import ignored_header
+from promptcache.serving.context import fit_output
 from promptcache.tools import ToolCall
 
 TENANT_HEADER = "x-promptcache-tenant"
@@ -150,7 +150,7 @@ class ServerState:
 
     def check_prompt(self, prompt: list[int]) -> None:
         """The server's own prompt limit (--max-prompt-tokens); the context is the engine's
-        one check (``engines.context``), an empty prompt too."""
+        one check (``serving.context``), an empty prompt too."""
         cap = self.limits.max_prompt_tokens
         if cap and len(prompt) > cap:
             raise PromptTooLongError(

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.block_scheme import pop_block_scheme
-from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.mlx.runner import MlxRunner, load_mlx_weights
+from promptcache.serving.block_scheme import pop_block_scheme
+from promptcache.serving.cached_engine import CachedEngine
 
 
 class MlxEngine(CachedEngine):

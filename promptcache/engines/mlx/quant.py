@@ -17,7 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from promptcache.engines.block_scheme import ArrayPacker, BlockScheme
+from promptcache.serving.block_scheme import ArrayPacker, BlockScheme
 
 MLX_GROUPS = (128, 64, 32)
 _FLOATS = (mx.float32, mx.float16, mx.bfloat16)

@@ -20,9 +20,6 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 
 from promptcache.core.hashing import fingerprint_model
-from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
-from promptcache.engines.layers import Layout
 from promptcache.engines.mlx.batch import batched_decode, can_batch
 from promptcache.engines.mlx.config import load_error, mlx_model_config, text_args
 from promptcache.engines.mlx.quant import MlxPacker
@@ -32,6 +29,9 @@ from promptcache.engines.mlx.state import (
     evaluate_module,
 )
 from promptcache.errors import ConfigError
+from promptcache.serving.block_scheme import BlockScheme
+from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
+from promptcache.serving.layers import Layout
 
 KV_BITS = (2, 3, 4, 5, 6, 8)
 KV_GROUP_SIZES = (32, 64, 128)

@@ -28,9 +28,9 @@ from mlx_lm.models.cache import (
 )
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.engines.block_scheme import BlockPacker, unpack_hit
-from promptcache.engines.layers import AdapterRegistry, Layout
 from promptcache.engines.mlx.codec import MlxCodec
+from promptcache.serving.block_scheme import BlockPacker, unpack_hit
+from promptcache.serving.layers import AdapterRegistry, Layout
 
 
 class Slot(NamedTuple):

@@ -1,5 +1,5 @@
 """MLX vision-language engine: ``CachedEngine`` on an ``MlxVlmRunner`` (an mlx-vlm model with its
-processor; images through ``engines.vision``, the vision-embedding cache included), a
+processor; images through ``serving.vision``, the vision-embedding cache included), a
 ``MropeRunner`` for the Qwen-VL family's 3-D positions."""
 
 from __future__ import annotations
@@ -7,12 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.block_scheme import pop_block_scheme
-from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.mlx.vlm_gemma3 import Gemma3Runner
 from promptcache.engines.mlx.vlm_load import MROPE_TYPES, load_mlx_vlm
 from promptcache.engines.mlx.vlm_mrope import MropeRunner
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner
+from promptcache.serving.block_scheme import pop_block_scheme
+from promptcache.serving.cached_engine import CachedEngine
 
 
 class MlxVlmEngine(CachedEngine):

@@ -21,8 +21,8 @@ import numpy as np
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
-from promptcache.engines.vision import PlaceholderVision, VisionChunk
 from promptcache.errors import ConfigError, RequestError
+from promptcache.serving.vision import PlaceholderVision, VisionChunk
 
 
 class Gemma3Vision(PlaceholderVision):

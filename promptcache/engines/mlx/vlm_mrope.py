@@ -26,8 +26,8 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.mlx.batch import batched_decode
 from promptcache.engines.mlx.state import evaluate_module, get_slot
 from promptcache.engines.mlx.vlm_runner import MlxVlmRunner, image_rows, last_logits, spliced
-from promptcache.engines.vision import PlaceholderVision, VisionChunk
 from promptcache.errors import ConfigError, RequestError
+from promptcache.serving.vision import PlaceholderVision, VisionChunk
 
 
 class ImagePlace(NamedTuple):

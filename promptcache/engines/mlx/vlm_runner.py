@@ -4,7 +4,7 @@ features in place of the image's placeholder token embeddings) on mlx-vlm's own 
 
 ``MlxVlmRunner`` keeps the ``ModelRunner`` contract on token ids (text chunks, decode batched
 through mlx-vlm's ``BatchKVCache``, restore);
-its ``vision`` (``MlxVision``, an ``engines.vision.VisionModel``) renders chats with image parts,
+its ``vision`` (``MlxVision``, an ``serving.vision.VisionModel``) renders chats with image parts,
 encodes one image at a time and runs chunks whose image positions take feature rows. Everything
 goes through mlx-vlm's public processor and model methods (``get_input_embeddings``, the language
 model's ``__call__`` with ``inputs_embeds`` and ``cache``).
@@ -26,9 +26,6 @@ from mlx_vlm.models.cache import make_prompt_cache
 
 from promptcache.core.hashing import digest_bytes, fingerprint_model
 from promptcache.core.images import ImageInput
-from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
-from promptcache.engines.layers import Layout
 from promptcache.engines.mlx.batch import batched_decode
 from promptcache.engines.mlx.quant import MlxPacker
 from promptcache.engines.mlx.state import (
@@ -38,8 +35,11 @@ from promptcache.engines.mlx.state import (
 )
 from promptcache.engines.mlx.vlm_load import model_package
 from promptcache.engines.mlx.vlm_state import check_layers
-from promptcache.engines.vision import PlaceholderVision, VisionChunk
 from promptcache.errors import RequestError
+from promptcache.serving.block_scheme import BlockScheme
+from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
+from promptcache.serving.layers import Layout
+from promptcache.serving.vision import PlaceholderVision, VisionChunk
 
 BATCHED = (VlmKVCache, VlmArraysCache)  # the cache kinds batched decode merges
 

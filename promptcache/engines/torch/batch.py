@@ -32,7 +32,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from promptcache.engines.layers import Layout
+from promptcache.serving.layers import Layout
 
 
 def can_batch(layout: Layout) -> bool:

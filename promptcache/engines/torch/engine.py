@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.block_scheme import pop_block_scheme
-from promptcache.engines.cached_engine import CachedEngine
 from promptcache.engines.torch.runner import TorchRunner, load_torch_processor, load_torch_weights
 from promptcache.engines.torch.threads import ThreadTuner
+from promptcache.serving.block_scheme import pop_block_scheme
+from promptcache.serving.cached_engine import CachedEngine
 
 
 class TorchEngine(CachedEngine):

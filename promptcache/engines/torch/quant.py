@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from promptcache.engines.block_scheme import ArrayPacker, BlockScheme
+from promptcache.serving.block_scheme import ArrayPacker, BlockScheme
 
 _F16_SAFE = 60000.0  # below float16's max (65504) with room for the rounding nudges
 

@@ -17,9 +17,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Dynami
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
-from promptcache.engines.block_scheme import BlockScheme
-from promptcache.engines.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
-from promptcache.engines.layers import Layout
 from promptcache.engines.torch.attention import use_gqa_attention
 from promptcache.engines.torch.batch import (
     DecodeBatch,
@@ -52,6 +49,9 @@ from promptcache.engines.torch.weights import (
 )
 from promptcache.errors import ConfigError
 from promptcache.models import context_extension_note, rope_scaling_for
+from promptcache.serving.block_scheme import BlockScheme
+from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
+from promptcache.serving.layers import Layout
 
 log = logging.getLogger("promptcache")
 

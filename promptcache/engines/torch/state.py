@@ -23,8 +23,8 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
-from promptcache.engines.block_scheme import BlockPacker, unpack_hit
-from promptcache.engines.layers import AdapterRegistry, Layout
+from promptcache.serving.block_scheme import BlockPacker, unpack_hit
+from promptcache.serving.layers import AdapterRegistry, Layout
 
 POSITIONAL_ATTRS = ("keys", "values")
 

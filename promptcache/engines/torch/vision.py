@@ -21,8 +21,8 @@ import torch
 
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput
-from promptcache.engines.vision import PlaceholderVision, VisionChunk
 from promptcache.errors import ConfigError, RequestError
+from promptcache.serving.vision import PlaceholderVision, VisionChunk
 
 LLAVA = ("llava",)  # model_type values whose image tokens are plain causal positions
 

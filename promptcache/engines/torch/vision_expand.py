@@ -26,8 +26,8 @@ import torch
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.engines.torch.vision import spliced_forward
-from promptcache.engines.vision import VisionChunk, chat_text
 from promptcache.errors import ConfigError, RequestError
+from promptcache.serving.vision import VisionChunk, chat_text
 
 EXPANDED = ("mistral3", "pixtral", "llava_next", "llava_onevision", "idefics3", "smolvlm",
             "aya_vision", "internvl", "vipllava", "deepseek_vl")  # fmt: skip

@@ -26,8 +26,8 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.images import ImageInput
 from promptcache.engines.torch.mrope import MropePositions
-from promptcache.engines.vision import PlaceholderVision, VisionChunk
 from promptcache.errors import RequestError
+from promptcache.serving.vision import PlaceholderVision, VisionChunk
 
 MROPE = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "glm4v",
          "glm4v_moe")  # fmt: skip

@@ -16,7 +16,7 @@ import llguidance.hf
 import llguidance.numpy as lln
 import numpy as np
 
-from promptcache.engines.base import EngineError
+from promptcache.errors import EngineError
 
 # JSON written as json.dumps writes it: no free whitespace, so a reply renders back to the same
 # text (and tokens) and a weak model cannot spend its budget on blanks; unknown keywords ignored

@@ -234,8 +234,8 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     from promptcache.engines.base import SamplingParams
     from promptcache.engines.factory import check_engine_reads, engine_class, pick_engine
-    from promptcache.model_sources import locate_model
     from promptcache.models import prepare_model
+    from promptcache.models.sources import locate_model
 
     found = locate_model(args.model, args.revision)
     kind = args.engine = pick_engine(args.engine, found)  # run_once builds the same engine

@@ -15,18 +15,12 @@ from typing import Any
 from promptcache.core.cache import PromptCache
 from promptcache.core.images import image_extras
 from promptcache.core.sequence import TokenSeq
-from promptcache.engines.base import (
-    CacheSaveError,
-    EngineTimeoutError,
-    Event,
-    Finished,
-    PrefillDone,
-    RequestError,
-)
-from promptcache.engines.decoding import emit_token, finish_reply, sample_after, start_decoding
-from promptcache.engines.request import Moved, Phase, Request
-from promptcache.engines.runner import ModelRunner
-from promptcache.engines.vision import VisionFeeder, image_safe_end
+from promptcache.errors import CacheSaveError, EngineTimeoutError, RequestError
+from promptcache.serving.decoding import emit_token, finish_reply, sample_after, start_decoding
+from promptcache.serving.events import Event, Finished, PrefillDone
+from promptcache.serving.request import Moved, Phase, Request
+from promptcache.serving.runner import ModelRunner
+from promptcache.serving.vision import VisionFeeder, image_safe_end
 
 
 class Steps:

@@ -16,32 +16,27 @@ from typing import Any
 
 import numpy as np
 
+from promptcache.core.admin import CacheAdmin
 from promptcache.core.budget import parse_size
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
-from promptcache.engines.base import (
-    CacheAdmin,
-    EngineLimits,
-    Event,
-    Finished,
-    RequestError,
-    SamplingParams,
-)
-from promptcache.engines.batching import DEFAULT_STEP_TOKENS, Batcher
-from promptcache.engines.block_scheme import quant_stats
-from promptcache.engines.cache_setup import EngineOptions, build_cache, build_vision_cache
-from promptcache.engines.context import check_prompt_fits
-from promptcache.engines.forced import ForcedTokens, TokenConstraint
-from promptcache.engines.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
-from promptcache.engines.layers import Layout
-from promptcache.engines.memory import rss_bytes, tune_malloc
-from promptcache.engines.request import Request
-from promptcache.engines.runner import ModelRunner
-from promptcache.engines.scheduler import Scheduler
-from promptcache.engines.steps import Steps
-from promptcache.engines.vision import VisionFeeder, VisionModel
+from promptcache.errors import RequestError
+from promptcache.serving.batching import DEFAULT_STEP_TOKENS, Batcher
+from promptcache.serving.block_scheme import quant_stats
+from promptcache.serving.cache_setup import EngineOptions, build_cache, build_vision_cache
+from promptcache.serving.context import check_prompt_fits
+from promptcache.serving.events import EngineLimits, Event, Finished, SamplingParams
+from promptcache.serving.forced import ForcedTokens, TokenConstraint
+from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
+from promptcache.serving.layers import Layout
+from promptcache.serving.memory import rss_bytes, tune_malloc
+from promptcache.serving.request import Request
+from promptcache.serving.runner import ModelRunner
+from promptcache.serving.scheduler import Scheduler
+from promptcache.serving.steps import Steps
+from promptcache.serving.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
 

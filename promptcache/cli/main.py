@@ -11,17 +11,17 @@ import os
 import sys
 from collections.abc import Sequence
 
-from promptcache.cli_flags import (
+from promptcache.cli.flags import (
     add_engine_flags,
     add_flag,
     add_format_flags,
     add_switch,
 )
-from promptcache.serve_cli import cmd_serve, default_cache_dir
+from promptcache.cli.serve import cmd_serve, default_cache_dir
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from promptcache.bench import run_bench
+    from promptcache.cli.bench import run_bench
 
     return run_bench(args)
 
@@ -227,13 +227,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    from promptcache.models_cli import run_models_command
+    from promptcache.cli.models import run_models_command
 
     return run_models_command(args)
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from promptcache.cache_cli import run_cache_command
+    from promptcache.cli.cache import run_cache_command
 
     args.cache_dir = args.cache_dir or default_cache_dir()
     return run_cache_command(args)
@@ -252,7 +252,7 @@ def _tokens(text: str) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from promptcache.replay import cmd_replay as run
+    from promptcache.cli.replay import cmd_replay as run
 
     return run(args)
 
@@ -272,7 +272,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # a start-up failure, not a crash: the reason, no traceback
         print(f"promptcache: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from promptcache.model_sources import (
+from promptcache.models.sources import (
     folder_bytes,
     hub_cache_dir,
     is_mlx_folder,
@@ -86,8 +86,8 @@ def _lmstudio_rows() -> list[dict[str, Any]]:
 
 
 def _bundled_rows() -> list[dict[str, Any]]:
-    from promptcache.model_convert import is_converted
     from promptcache.models import bundled_gguf, cache_root
+    from promptcache.models.convert import is_converted
 
     rows = []
     try:
@@ -108,7 +108,7 @@ def check_servable(path: Path) -> Verdict:
     """Can the installed libraries serve the model at ``path`` (a folder or a .gguf), and on
     which engine would ``--engine auto`` put it."""
     from promptcache.engines.factory import pick_engine
-    from promptcache.model_sources import FoundModel
+    from promptcache.models.sources import FoundModel
 
     if path.is_file() and path.suffix == ".gguf":
         arch = gguf_architecture(path)

@@ -20,9 +20,9 @@ import numpy as np
 from promptcache.core.images import ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
-from promptcache.engines.base import Event, SamplingParams
-from promptcache.engines.forced import TokenConstraint
-from promptcache.engines.textstream import StopTextStream
+from promptcache.serving.events import Event, SamplingParams
+from promptcache.serving.forced import TokenConstraint
+from promptcache.serving.textstream import StopTextStream
 
 
 class Phase(enum.Enum):

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.tiny_families import ROUTED_MOE
+from promptcache.testing.tiny_families import ROUTED_MOE
 
 # (vision start, vision end, image, video) as each family's tokenizer names them
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
@@ -117,7 +117,7 @@ IMAGE_PROCESSOR = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pi
 
 
 def tiny_mrope_tokenizer(family: str = "qwen2_vl") -> Any:
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     return train_tiny_tokenizer(tokens_of(family), mrope_template(family))
 

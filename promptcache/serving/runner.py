@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.engines.block_scheme import BlockPacker
-from promptcache.engines.layers import Layout
+from promptcache.serving.block_scheme import BlockPacker
+from promptcache.serving.layers import Layout
 
 
 class ModelRunner(Protocol):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.engines.tiny_families import COMMON, GDN, HYBRID_LAYERS, MOE, ROUTED_MOE
-from promptcache.engines.tiny_models import train_tiny_tokenizer
+from promptcache.testing.tiny_families import COMMON, GDN, HYBRID_LAYERS, MOE, ROUTED_MOE
+from promptcache.testing.tiny_models import train_tiny_tokenizer
 
 QWEN_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>")
 GLM_TOKENS = ("<|begin_of_image|>", "<|image|>", "<|end_of_image|>", "<|begin_of_video|>",

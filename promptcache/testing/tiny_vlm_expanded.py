@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.engines.tiny_families import COMMON
-from promptcache.engines.tiny_models import train_tiny_tokenizer
-from promptcache.engines.tiny_vlm_families import _template
+from promptcache.testing.tiny_families import COMMON
+from promptcache.testing.tiny_models import train_tiny_tokenizer
+from promptcache.testing.tiny_vlm_families import _template
 
 EXPANDED_FAMILIES = ("mistral3", "llava_next", "llava_onevision", "idefics3", "aya_vision",
                      "internvl", "vipllava", "deepseek_vl", "llava_pixtral")  # fmt: skip

@@ -1,5 +1,6 @@
 """``promptcache serve``: the engine from its flags, the server state, the start-up warm-up of
-the shared tier, then uvicorn until a signal. (The flags themselves are in ``cli``/``cli_flags``.)
+the shared tier, then uvicorn until a signal. (The flags themselves are in ``cli.main`` and
+``cli.flags``.)
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from promptcache.cli_flags import check_format_flags
+from promptcache.cli.flags import check_format_flags
 
 
 def default_cache_dir() -> str:

@@ -1,17 +1,16 @@
-"""`promptcache replay`: a Mooncake-format trace through the real core (hashing, index, RAM tier
+"""A Mooncake-format trace through the real core (hashing, index, RAM tier
 and its eviction policy) with a null engine whose blocks have the right sizes but no data.
 
 Each hash id becomes a deterministic run of T token ids; a request's prompt is its blocks' tokens
 cut to ``input_length``. Before a request is served its prompt is looked up; after, it is saved
 (with ``--with-output``, followed by ``output_length`` generated tokens), as the server would.
-Capacity is in tokens: one token of state accounts one byte.
+Capacity is in tokens: one token of state accounts one byte. ``promptcache replay``
+(``cli/replay.py``) runs it on a trace file; benchmarks and tests call ``replay`` directly.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -59,7 +58,7 @@ def _parse(path: str | Path, lineno: int, line: str) -> dict[str, Any]:
         d["input_length"] = int(d["input_length"])
         d["output_length"] = int(d.get("output_length") or 0)
         d["hash_ids"] = list(d["hash_ids"])
-        return d  # type: ignore[no-any-return]
+        return d
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}:{lineno}: not a trace record ({exc})") from None
 
@@ -190,24 +189,3 @@ def replay(
         "capacity_tokens": capacity_tokens,
         "block_size": block_size,
     }
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    try:
-        result = replay(
-            read_trace(args.trace),
-            args.capacity_tokens,
-            policy=args.policy,
-            block_size=args.block_size,
-            trace_block_tokens=args.trace_block_tokens,
-            with_output=args.with_output,
-        )
-    except (OSError, ValueError) as exc:
-        print(f"promptcache replay: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>16}: {v:.4f}" if isinstance(v, float) else f"{k:>16}: {v}")
-    return 0

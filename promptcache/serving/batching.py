@@ -51,8 +51,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from promptcache.engines.request import Moved, Phase, Request
-from promptcache.engines.steps import Steps
+from promptcache.serving.request import Moved, Phase, Request
+from promptcache.serving.steps import Steps
 
 DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M model on 2 CPU cores
 MIN_PIECE = 32  # the least prefill a step runs when decode tokens took the whole budget

@@ -23,10 +23,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
 from promptcache.core.worker_threads import start_thread
-from promptcache.engines.base import Event
-from promptcache.engines.request import Moved, Phase, Request
-from promptcache.engines.turns import FairTurns
 from promptcache.errors import EngineFailure, RequestError
+from promptcache.serving.events import Event
+from promptcache.serving.request import Moved, Phase, Request
+from promptcache.serving.turns import FairTurns
 
 MAX_BACKLOG = 64  # unread events at which a request stops moving until its consumer reads
 POLL_S = 0.25  # how often a waiting consumer re-checks its cancel flag (set by other threads)

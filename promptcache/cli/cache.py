@@ -1,5 +1,5 @@
 """`promptcache cache stats|ls|verify|clear|delete --cache-dir DIR`: inspect and maintain the
-SSD tier (with ``--shared-tier URL``, the shared tier instead: ``shared_cli``).
+SSD tier (with ``--shared-tier URL``, the shared tier instead: ``cli.shared``).
 
 Works on the files and the SQLite index directly, no model needed. ``stats`` and ``ls`` only
 read, so they run beside a server; ``verify``, ``clear`` and ``delete`` move and delete files, so
@@ -204,7 +204,7 @@ def cmd_delete(
 
 def run_cache_command(args: argparse.Namespace) -> int:
     if getattr(args, "shared_tier", None):
-        from promptcache.shared_cli import run_shared_command
+        from promptcache.cli.shared import run_shared_command
 
         return run_shared_command(args)
     cache_dir = Path(args.cache_dir)

@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from promptcache.engines.layers import Layout
 from promptcache.errors import ConfigError
+from promptcache.serving.layers import Layout
 
 CACHE_KV_BITS = (8, 4)
 CACHE_DTYPES = ("bfloat16",)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.tiny_vlm import IMAGE_TOKEN, SIZES, VLM_TEMPLATE, tiny_vlm_tokenizer
+from promptcache.testing.tiny_vlm import IMAGE_TOKEN, SIZES, VLM_TEMPLATE, tiny_vlm_tokenizer
 
 # "tiny" (tests): 32x32 images, 16 tokens each; "small" (benchmarks): transformers' small LLaVA
 MLX_SIZES = {"tiny": dict(SIZES["tiny"], image=32), "small": SIZES["small"]}

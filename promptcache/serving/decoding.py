@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from promptcache.engines.base import Event, Finished, SamplingParams, TextDelta
-from promptcache.engines.forced import TokenConstraint
-from promptcache.engines.request import Request
-from promptcache.engines.sampling import sample_token
-from promptcache.engines.textstream import StopTextStream
+from promptcache.serving.events import Event, Finished, SamplingParams, TextDelta
+from promptcache.serving.forced import TokenConstraint
+from promptcache.serving.request import Request
+from promptcache.serving.sampling import sample_token
+from promptcache.serving.textstream import StopTextStream
 
 
 def sample_next(

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.mlx.tiny_mrope import build_random_vlm
+from promptcache.testing.mlx_tiny_mrope import build_random_vlm
 
 NAMED = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
          "eoi_token": "<end_of_image>"}  # fmt: skip
@@ -31,7 +31,7 @@ SOFT_TOKENS, WINDOW = 16, 24
 def tiny_gemma3_tokenizer() -> Any:
     from transformers import PreTrainedTokenizerFast
 
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     trained = train_tiny_tokenizer(tuple(NAMED.values()), GEMMA3_TEMPLATE)
     fast = PreTrainedTokenizerFast(

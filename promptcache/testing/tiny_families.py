@@ -217,7 +217,7 @@ def build_family(name: str, seed: int = 0) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from promptcache.engines.tiny_models import train_tiny_tokenizer
+    from promptcache.testing.tiny_models import train_tiny_tokenizer
 
     tokenizer = train_tiny_tokenizer()
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from promptcache.engines.base import SamplingParams
+from promptcache.serving.events import SamplingParams
 
 
 def sample_token(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from promptcache.engines.tiny_models import train_tiny_tokenizer
+from promptcache.testing.tiny_models import train_tiny_tokenizer
 
 IMAGE_TOKEN = "<image>"
 # content may be a string or a list of parts ({"type": "text", "text"} / {"type": "image"})

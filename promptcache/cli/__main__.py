@@ -1,0 +1,7 @@
+"""``python -m promptcache.cli``: the ``promptcache`` command."""
+
+import sys
+
+from promptcache.cli.main import main
+
+sys.exit(main())
