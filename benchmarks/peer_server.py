@@ -82,9 +82,11 @@ class PeerServer:
             os.killpg(self.proc.pid, signal.SIGKILL)  # stragglers in the group
         self.proc = None
 
-    def chat(self, messages: list[dict[str, Any]], max_tokens: int) -> dict[str, Any]:
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        """``extra``: more body fields (``ignore_eos``: every reply ``max_tokens`` long)."""
         body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
-                "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+                "stream": True, "stream_options": {"include_usage": True}, **(extra or {})}  # fmt: skip
         if self.model is not None:  # the served model's id (None: the server's only model)
             body["model"] = self.model
         t0 = time.perf_counter()

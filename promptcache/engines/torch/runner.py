@@ -28,9 +28,10 @@ from promptcache.engines.torch.batch import (
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.layouts import choose_weight_layouts
-from promptcache.engines.torch.lean import make_lean_decoder
+from promptcache.engines.torch.lean import LeanDecoder, make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
+from promptcache.engines.torch.ragged import RaggedRows, ragged_decode
 from promptcache.engines.torch.state import (
     compact_views,
     crop_positional,
@@ -265,6 +266,9 @@ class TorchRunner:
         self._decoder: Any = self.model
         if self._batches:
             self._decoder = make_lean_decoder(model, self._cache_arg, self.layout.kinds) or model
+        # the lean step decodes rows in their own buffers (torch.ragged): no padded batch to
+        # gather again whenever a request joins or leaves
+        self._rows = RaggedRows()
         self.vision: Any = None
         if processor is not None:
             self.vision = make_vision(
@@ -286,6 +290,14 @@ class TorchRunner:
         # (a one-token prompt's first forward has no keys yet to gather: it runs alone)
         is_decode = all(len(x) == 1 for x in ids) and all(self._has_keys(s) for s in states)
         positions = self._positions
+        is_lone_compiled = self._step is not None and len(states) == 1
+        if (
+            self._batches
+            and is_decode
+            and isinstance(self._decoder, LeanDecoder)
+            and not is_lone_compiled
+        ):
+            return ragged_decode(self._decoder, self._rows, states, [x[0] for x in ids])
         if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
                 self._decoder, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
@@ -325,6 +337,7 @@ class TorchRunner:
     def reset_decode(self) -> None:
         """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
         self._last_batch = None
+        self._rows.clear()
 
     def compact(self, state: Any) -> Any:
         compact_views(state)
@@ -332,7 +345,8 @@ class TorchRunner:
 
     def held_bytes(self, states: Sequence[Any]) -> int:
         batch = self._last_batch
-        return held_bytes([*states, batch.cache] if batch is not None else states)
+        kept = [*states, *self._rows.held()]
+        return held_bytes([*kept, batch.cache] if batch is not None else kept)
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
         return self._batches and len(states) > 1

