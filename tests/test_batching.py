@@ -326,3 +326,20 @@ def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
     # then the step's one-token forward (the decode rows; a reply that ended adds its save)
     assert log[at + 2][0] == "forward" and set(log[at + 2][1]) == {1}, log[at - 2 : at + 3]
     check_clean(engine)
+
+
+def test_ignore_eos_decodes_past_an_end_of_turn_and_keeps_it_out_of_the_text():
+    engine = torch_engine("llama")
+    h, i = (b + 3 for b in b"hi")
+    forced = (h, i, ByteTokenizer.eos_token_id, h, i)  # an end-of-turn in the middle
+    prompt = prompts(1, seed=9)[0]
+    stops = reply(engine, prompt, SamplingParams(max_tokens=8, forced_ids=forced))
+    assert stops.completion_ids == list(forced[:3]) and stops.reason == "stop"
+    goes_on = SamplingParams(max_tokens=8, forced_ids=forced, ignore_eos=True)
+    events = []
+    fin = reply(engine, prompt, goes_on, on_event=events.append)
+    assert fin.completion_ids == list(forced)  # past it, to the reply's end
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "hihi"
+    fin = reply(engine, prompt, SamplingParams(max_tokens=4, forced_ids=forced, ignore_eos=True))
+    assert len(fin.completion_ids) == 4 and fin.reason == "length"
+    check_clean(engine)

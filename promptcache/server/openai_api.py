@@ -40,7 +40,9 @@ def sampling_from(
     req: ChatCompletionRequest | CompletionRequest, max_tokens: int
 ) -> SamplingParams:
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    return SamplingParams(max_tokens, req.temperature, req.top_p, req.top_k, req.seed, stop)
+    params = SamplingParams(max_tokens, req.temperature, req.top_p, req.top_k, req.seed, stop)
+    params.ignore_eos = req.ignore_eos
+    return params
 
 
 def chat_messages(

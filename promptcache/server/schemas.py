@@ -38,6 +38,7 @@ class _Sampling(_Loose):
     n: int = Field(default=1, ge=1, le=1)
     user: str | None = None
     prompt_cache_key: str | None = None  # OpenAI's cache routing key: our session id
+    ignore_eos: bool = False  # vLLM's extension: every reply max_tokens long (load generators)
 
 
 class ChatCompletionRequest(_Sampling):

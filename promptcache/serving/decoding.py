@@ -55,7 +55,15 @@ def emit_token(req: Request, eos_ids: Any, events: list[Event]) -> str | None:
     token = req.next_id
     req.generated.append(token)
     if token in eos_ids:
-        return "stop"
+        if not req.params.ignore_eos:
+            return "stop"
+        # kept in the sequence, never in the text: the reply goes on to its length (a
+        # constraint still sees it, and a grammar that ends there ends the reply)
+        if req.constraint is not None:
+            req.constraint.accept(token)
+            if req.constraint.is_stopped:
+                return "stop"
+        return req.length_reason if len(req.generated) >= req.max_new else None
     assert req.stream is not None
     delta = req.stream.push(token)
     if delta:

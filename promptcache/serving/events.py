@@ -24,6 +24,7 @@ class SamplingParams:
     timeout_s: float | None = None  # time budget from arrival; decoding stops when it runs out
     session: str = ""  # tagged on the cache blocks the request touches (inside its tenant)
     cache_ttl_s: float | None = None  # TTL hint for those blocks (None: the tiers' defaults)
+    ignore_eos: bool = False  # an end-of-turn token does not end the reply (vLLM's; load tests)
 
     def validate(self) -> None:
         if self.max_tokens < 1:
