@@ -27,16 +27,18 @@ from transformers import DynamicCache  # noqa: E402
 from promptcache.engines.torch.batch import batched_decode  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.lean import LeanDecoder  # noqa: E402
-from promptcache.engines.torch.ragged import RaggedRows, ragged_decode  # noqa: E402
+from promptcache.engines.torch.ragged import ragged_decode, use_row_layers  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
 from promptcache.models import resolve_model  # noqa: E402
 
 
-def random_state(model: object, length: int, gen: torch.Generator) -> DynamicCache:
+def random_state(model: object, length: int, gen: torch.Generator, rows: bool) -> DynamicCache:
     config = model.config  # type: ignore[attr-defined]
     text = config.get_text_config()
     kv, dim = text.num_key_value_heads, text.hidden_size // text.num_attention_heads
     state = DynamicCache(config=config)
+    if rows:  # the runner's own states on the lean step: layers that grow in place
+        use_row_layers(state)
     noise = torch.randn((1, kv, length, dim), generator=gen) * 0.1  # one draw, every layer
     for i in range(text.num_hidden_layers):
         state.update(noise + i * 0.01, noise - i * 0.01, i)
@@ -51,10 +53,12 @@ def run(
     assert isinstance(decoder, LeanDecoder), "the bundled model decodes with the lean step"
 
     def fresh() -> DynamicCache:
-        return random_state(runner.model, rng.randint(args.min_context, args.max_context), gen)
+        return random_state(
+            runner.model, rng.randint(args.min_context, args.max_context), gen, way == "ragged"
+        )
 
     states = [fresh() for _ in range(rows)]
-    kept, ragged = None, RaggedRows()
+    kept = None
     times = []
     with torch.inference_mode():
         for step in range(args.steps):
@@ -65,7 +69,7 @@ def run(
             if way == "padded":
                 _, kept = batched_decode(decoder, runner._cache_arg, states, tokens, kept)
             else:
-                ragged_decode(decoder, ragged, states, tokens)
+                ragged_decode(decoder, states, tokens)
             times.append(time.perf_counter() - t0)
     return times
 

@@ -1,6 +1,7 @@
 """Ragged decode (torch.ragged): rows that join, leave, and get prefilled or cropped between
-steps decode exactly as each request alone through the model's own forward; a row is copied
-only when it joins or changed outside, and nothing it handed out is written again."""
+steps decode exactly as each request alone through the model's own forward; a request's
+layers (``RowLayer``) grow in place, copy only when changed outside, and never write a position
+they handed out."""
 
 import pytest
 
@@ -9,7 +10,7 @@ torch = pytest.importorskip("torch")
 from transformers import DynamicCache  # noqa: E402
 
 from promptcache.engines.torch.lean import LeanDecoder  # noqa: E402
-from promptcache.engines.torch.ragged import RaggedRows, ragged_decode  # noqa: E402
+from promptcache.engines.torch.ragged import RowLayer, ragged_decode  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
 
 pytestmark = pytest.mark.torch
@@ -30,7 +31,7 @@ def runner(tmp_path_factory):
 
 def alone(runner, prompt, tokens):
     """Logits after each of ``tokens`` for one request through the model's forward."""
-    state = runner.new_state()
+    state = DynamicCache(config=runner.model.config)  # plain layers: the model's own path
     runner._forward_one(state, prompt)
     return [runner._forward_one(state, [t]) for t in tokens]
 
@@ -47,7 +48,6 @@ def test_rows_joining_leaving_and_changed_outside_decode_as_alone(runner):
         runner._forward_one(states[k], p)
     fed: dict[str, list[int]] = {k: [] for k in prompts}
     got: dict[str, list[torch.Tensor]] = {k: [] for k in prompts}
-    rows = RaggedRows()
     # who decodes in each step: joins, leaves, a lone forward on a member in between
     schedule = [
         "ab", "ab", "abc", "abc", "bc", "bc", "abcd", "abcd", "prefill a", "abcd", "acd",
@@ -66,7 +66,7 @@ def test_rows_joining_leaving_and_changed_outside_decode_as_alone(runner):
                 fed["c"], got["c"] = fed["c"][:-3], got["c"][:-3]
                 continue
             tokens = [(step * 31 + ord(k)) % 200 for k in who]
-            logits = ragged_decode(runner._decoder, rows, [states[k] for k in who], tokens)
+            logits = ragged_decode(runner._decoder, [states[k] for k in who], tokens)
             for k, t, x in zip(who, tokens, logits, strict=True):
                 fed[k].append(t)
                 got[k].append(x.clone())
@@ -78,33 +78,36 @@ def test_rows_joining_leaving_and_changed_outside_decode_as_alone(runner):
         assert states[k].get_seq_length() == len(p) + len(fed[k])
 
 
-def test_a_row_is_copied_only_when_it_joins_or_changed():
-    state = DynamicCache()
-    for i in range(2):
-        state.update(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), i)
-    rows = RaggedRows()
-    (first,) = rows.rows_for([state])
-    first.length += 1  # as a step does
-    first.hand_out()
-    held = state.layers[0].keys
-    (again,) = rows.rows_for([state])
-    assert again is first  # current: kept, no copy
-    assert held.untyped_storage().data_ptr() == first.keys[0].untyped_storage().data_ptr()
-    state.layers[0].keys = state.layers[0].keys[:, :, :3].clone()  # changed outside
-    state.layers[0].values = state.layers[0].values[:, :, :3].clone()
-    (moved,) = rows.rows_for([state])
-    assert moved is not first  # adopted again from what the state now holds
-    assert rows.rows_for([]) == [] and rows.held() == []  # left: dropped
+def test_a_row_layer_grows_in_place_and_never_rewrites_what_it_handed_out():
+    layer = RowLayer()
+    k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)
+    keys, _ = layer.update(k, v)
+    buffer = keys.untyped_storage().data_ptr()
+    for _ in range(20):  # decode tokens and a prefill piece: appended where they are
+        keys, values = layer.update(torch.randn(1, 2, 1, 8), torch.randn(1, 2, 1, 8))
+    keys, values = layer.update(torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8))
+    assert keys.untyped_storage().data_ptr() == buffer and keys.shape[2] == 32
+    assert torch.equal(keys[:, :, :5], k) and torch.equal(values[:, :, :5], v)
+    held = keys.clone()
+    layer.crop(-4)  # cut back (a stop string's rewind): the cut positions are someone's view
+    again, _ = layer.update(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8))
+    assert torch.equal(keys, held)  # the old view is untouched: the layer moved to a new buffer
+    assert again.shape[2] == 31 and torch.equal(again[:, :, :28], held[:, :, :28])
+    assert not again[:, :, 28:].any()
+    for _ in range(200):  # past the room: it grows, the context kept
+        again, _ = layer.update(torch.ones(1, 2, 1, 8), torch.ones(1, 2, 1, 8))
+    assert again.shape[2] == 231 and torch.equal(again[:, :, :28], held[:, :, :28])
 
 
-def test_runner_uses_ragged_rows_and_counts_their_bytes(runner):
+def test_runner_states_grow_in_place_through_prefill_and_decode(runner):
     a, b = runner.new_state(), runner.new_state()
+    assert all(isinstance(layer, RowLayer) for layer in a.layers)
     runner.forward([a], [[1, 2, 3, 4]]), runner.forward([b], [[9, 8]])
+    buffers = [s.layers[0].keys.untyped_storage().data_ptr() for s in (a, b)]
     runner.forward([a, b], [[5], [6]])
-    assert len(runner._rows.held()) == 2
-    # the rows' buffers (room ahead included) are what the states keep alive
-    assert runner.held_bytes([a, b]) >= sum(
-        t.untyped_storage().nbytes() for s in (a, b) for t in (s.layers[0].keys,)
-    )
-    runner.reset_decode()
-    assert runner._rows.held() == []
+    runner.forward([a], [[7, 7, 7]])  # a prefill piece on a decoding request
+    runner.forward([a, b], [[5], [6]])
+    assert [s.layers[0].keys.untyped_storage().data_ptr() for s in (a, b)] == buffers
+    assert [s.get_seq_length() for s in (a, b)] == [9, 4]
+    # the buffers (room ahead included) are what the states keep alive
+    assert runner.held_bytes([a, b]) >= 2 * a.layers[0].keys.untyped_storage().nbytes()

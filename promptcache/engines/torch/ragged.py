@@ -1,116 +1,112 @@
 """Ragged decode: many requests' next tokens in one lean forward, each row attending over its
-own keys/values where they are (no padded batch).
+own keys/values where they are (no padded batch), and the layers that make that cheap.
 
 A padded batch (``batch.py``) copies every row's keys/values into one tensor whenever a request
 joins or leaves; under many sessions at once rows change every step or two and that copy, of
-every live context, is most of the step. Here each request keeps a buffer of its own with room
-to grow (``RowBuffer``): the projections, norms and MLP run over all rows at once and only the
-attention runs row by row, the new token written in place. A row is copied only when it joins
-(or when something outside changed its state: a prefill forward, a crop, a compaction).
+every live context, is most of the step. Here each request's full-attention layers are
+``RowLayer``s, growing in place in buffers of their own: the projections, norms and MLP run
+over all rows at once and only the attention runs row by row. Nothing is gathered; a prefill
+piece appends in place too (``DynamicLayer`` concatenates: a copy of the whole context per
+forward).
 
-Only the lean step (``lean.LeanDecoder``) runs this: it owns the attention call.
+Only the lean step (``lean.LeanDecoder``) runs ``ragged_decode``: it owns the attention call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from promptcache.engines.torch.lean import LeanDecoder, Output, _rms
+from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS
 
 ROOM = 128  # positions allocated ahead of a row (a reallocation every ROOM decode steps)
 
 
-@dataclass(slots=True)
-class RowBuffer:
-    """One request's keys/values per layer in buffers ``[1, kv_heads, capacity, dim]``; the
-    first ``length`` positions are its context. ``views`` are what its state's layers held after
-    our last step: while they still do, nobody else changed the state and the buffer is current.
-    Positions below ``length`` are never written again (views of them may be held elsewhere)."""
+class RowLayer(DynamicLayer):
+    """A request's own full-attention layer that appends in place: ``keys``/``values`` are views
+    of buffers with room ahead, so a prefill piece or a decode token is one write, not a copy
+    of the whole context (``DynamicLayer`` concatenates), and a request starts decoding without
+    being copied into a batch. Positions below the length are never written again (views of
+    them may be held elsewhere): when ``keys``/``values`` are no longer the views this layer
+    handed out (a crop, a restore, a compaction, a padded batch's row), the next update copies
+    what they hold into a fresh buffer first."""
 
-    state: DynamicCache
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    length: int
-    views: list[tuple[torch.Tensor, torch.Tensor]]
+    def __init__(self) -> None:
+        super().__init__()
+        self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._views: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def is_current(self, state: DynamicCache) -> bool:
-        layers = state.layers
-        return state is self.state and all(
-            layers[j].keys is k and layers[j].values is v for j, (k, v) in enumerate(self.views)
-        )
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        n, new = self.get_seq_length(), key_states.shape[-2]
+        views = self._views
+        if (
+            self._bufs is None
+            or views is None
+            or self.keys is not views[0]
+            or self.values is not views[1]
+        ):
+            cap = n + new + ROOM  # adopt what the layer holds now (one copy)
+            self._bufs = (
+                _moved(self.keys, key_states, n, cap),
+                _moved(self.values, value_states, n, cap),
+            )
+        elif n + new > self._bufs[0].shape[2]:
+            cap = n + new + max(ROOM, n // 4)  # geometric: a long prefill copies O(log) times
+            self._bufs = (_moved(self._bufs[0], key_states, n, cap),
+                          _moved(self._bufs[1], value_states, n, cap))  # fmt: skip
+        kbuf, vbuf = self._bufs
+        kbuf[:, :, n : n + new] = key_states
+        vbuf[:, :, n : n + new] = value_states
+        self.keys, self.values = kbuf[:, :, : n + new], vbuf[:, :, : n + new]
+        self._views = (self.keys, self.values)
+        return self.keys, self.values
 
-    def reserve(self, total: int) -> None:
-        if total <= self.keys[0].shape[2]:
-            return
-        self.keys = [_with_room(t, self.length, total) for t in self.keys]
-        self.values = [_with_room(t, self.length, total) for t in self.values]
-
-    def hand_out(self) -> None:
-        """The state's layers become views of the first ``length`` positions (no copy)."""
-        n = self.length
-        self.views = [
-            (k[:, :, :n], v[:, :, :n]) for k, v in zip(self.keys, self.values, strict=True)
-        ]
-        for layer, (k, v) in zip(self.state.layers, self.views, strict=True):
-            layer.keys, layer.values = k, v
+    def drop_buffers(self) -> None:
+        """Let go of the buffers (once keys/values no longer view them: a compaction); the
+        next update adopts what the layer then holds."""
+        self._bufs = self._views = None
 
 
-def _with_room(t: torch.Tensor, used: int, total: int) -> torch.Tensor:
-    out = t.new_empty((t.shape[0], t.shape[1], total + ROOM, t.shape[3]))
-    out[:, :, :used] = t[:, :, :used]  # the rest is written before it is read
+LAYERS.register(RowLayer, FULL_ATTENTION)  # stored, cropped and restored as a DynamicLayer is
+
+
+def _moved(old: torch.Tensor, like: torch.Tensor, used: int, capacity: int) -> torch.Tensor:
+    """A buffer of ``capacity`` positions holding ``old``'s first ``used`` (the rest is written
+    before it is read)."""
+    out = like.new_empty((like.shape[0], like.shape[1], capacity, like.shape[3]))
+    if used:
+        out[:, :, :used] = old[:, :, :used]
     return out
 
 
-def adopt(state: DynamicCache) -> RowBuffer:
-    """A buffer of ``state``'s context (one copy) with room ahead."""
-    length = state.layers[0].get_seq_length()
-    row = RowBuffer(state, [], [], length, [])
-    for layer in state.layers:
-        row.keys.append(_with_room(layer.keys, length, length))
-        row.values.append(_with_room(layer.values, length, length))
-    return row
-
-
-class RaggedRows:
-    """The decoding requests' buffers, kept from step to step: a row that is still current is
-    reused, a new or changed one adopted, one that stopped decoding dropped (its state keeps
-    its views: the buffer lives while they do)."""
-
-    def __init__(self) -> None:
-        self._rows: dict[int, RowBuffer] = {}
-
-    def rows_for(self, states: Sequence[DynamicCache]) -> list[RowBuffer]:
-        kept: dict[int, RowBuffer] = {}
-        for state in states:
-            row = self._rows.get(id(state))
-            if row is None or not row.is_current(state):
-                row = adopt(state)
-            kept[id(state)] = row  # the row holds its state: its id is not reused meanwhile
-        self._rows = kept
-        return list(kept.values())
-
-    def clear(self) -> None:
-        self._rows = {}
-
-    def held(self) -> list[DynamicCache]:
-        return [row.state for row in self._rows.values()]
+def use_row_layers(state: DynamicCache) -> DynamicCache:
+    """``state`` with each full-attention layer (exactly ``DynamicLayer``) a fresh ``RowLayer``
+    (call on a new, empty state)."""
+    for j, layer in enumerate(state.layers):
+        if type(layer) is DynamicLayer:
+            state.layers[j] = RowLayer()
+    return state
 
 
 @torch.inference_mode()
 def ragged_decode(
-    decoder: LeanDecoder, rows_of: RaggedRows, states: Sequence[DynamicCache], tokens: Sequence[int]
+    decoder: LeanDecoder, states: Sequence[DynamicCache], tokens: Sequence[int]
 ) -> list[torch.Tensor]:
-    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward: each row's logits."""
-    rows = rows_of.rows_for(states)
-    device = rows[0].keys[0].device
-    lengths = [row.length for row in rows]
-    for row in rows:
-        row.reserve(row.length + 1)
+    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward: each row's logits.
+    Every layer of every state is full attention (a ``RowLayer`` appends in place; a plain
+    ``DynamicLayer`` would concatenate, correct but a copy)."""
+    device = states[0].layers[0].keys.device
+    lengths = [s.get_seq_length() for s in states]
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
     position_ids = torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
     h = decoder.embed(ids)
@@ -120,7 +116,7 @@ def ragged_decode(
     signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
     heads, kv_heads = decoder.num_heads, decoder.num_kv_heads
     gqa = heads != kv_heads
-    num_rows = len(rows)
+    rows = len(states)
     for i, layer in enumerate(decoder.layers):
         x = _rms(layer.norm1, h)
         qkv = layer.project_qkv(x)
@@ -133,20 +129,13 @@ def ragged_decode(
         qk = qk * cos + qk.roll(half, -1) * signed_sin
         v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
         outs = []
-        for r, row in enumerate(rows):
-            n = lengths[r]
-            kbuf, vbuf = row.keys[i], row.values[i]
-            kbuf[0, :, n] = qk[r, heads:, 0]
-            vbuf[0, :, n] = v[r, :, 0]
+        for r, state in enumerate(states):
+            keys, values = state.layers[i].update(qk[r : r + 1, heads:], v[r : r + 1])
             outs.append(F.scaled_dot_product_attention(
-                qk[r : r + 1, :heads], kbuf[:, :, : n + 1], vbuf[:, :, : n + 1],
-                scale=layer.scaling, enable_gqa=gqa,
+                qk[r : r + 1, :heads], keys, values, scale=layer.scaling, enable_gqa=gqa
             ))  # fmt: skip
-        o = outs[0] if num_rows == 1 else torch.cat(outs, 0)
-        h = h + layer.o_proj(o.transpose(1, 2).reshape(num_rows, 1, -1))
+        o = outs[0] if rows == 1 else torch.cat(outs, 0)
+        h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
         h = h + layer.mlp(_rms(layer.norm2, h))
     logits = Output(decoder.model.lm_head(decoder.norm(h))).logits
-    for row in rows:
-        row.length += 1
-        row.hand_out()
-    return [logits[r, -1] for r in range(num_rows)]
+    return [logits[r, -1] for r in range(rows)]

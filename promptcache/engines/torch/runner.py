@@ -31,7 +31,7 @@ from promptcache.engines.torch.layouts import choose_weight_layouts
 from promptcache.engines.torch.lean import LeanDecoder, make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
-from promptcache.engines.torch.ragged import RaggedRows, ragged_decode
+from promptcache.engines.torch.ragged import RowLayer, ragged_decode, use_row_layers
 from promptcache.engines.torch.state import (
     compact_views,
     crop_positional,
@@ -266,9 +266,6 @@ class TorchRunner:
         self._decoder: Any = self.model
         if self._batches:
             self._decoder = make_lean_decoder(model, self._cache_arg, self.layout.kinds) or model
-        # the lean step decodes rows in their own buffers (torch.ragged): no padded batch to
-        # gather again whenever a request joins or leaves
-        self._rows = RaggedRows()
         self.vision: Any = None
         if processor is not None:
             self.vision = make_vision(
@@ -277,8 +274,15 @@ class TorchRunner:
         # a 3-D RoPE model's positions (``torch.mrope``): passed explicitly on every forward
         self._positions = getattr(self.vision, "positions", None)
 
+    @property
+    def _ragged(self) -> bool:
+        """The lean step decodes each request where its state is (torch.ragged): its layers
+        grow in place, no padded batch to gather again whenever a request joins or leaves."""
+        return isinstance(self._decoder, LeanDecoder)
+
     def new_state(self) -> DynamicCache:
-        return DynamicCache(config=self.model.config)
+        state = DynamicCache(config=self.model.config)
+        return use_row_layers(state) if self._ragged else state
 
     @torch.inference_mode()
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
@@ -291,13 +295,8 @@ class TorchRunner:
         is_decode = all(len(x) == 1 for x in ids) and all(self._has_keys(s) for s in states)
         positions = self._positions
         is_lone_compiled = self._step is not None and len(states) == 1
-        if (
-            self._batches
-            and is_decode
-            and isinstance(self._decoder, LeanDecoder)
-            and not is_lone_compiled
-        ):
-            return ragged_decode(self._decoder, self._rows, states, [x[0] for x in ids])
+        if self._ragged and is_decode and not is_lone_compiled:
+            return ragged_decode(self._decoder, states, [x[0] for x in ids])
         if self._batches and is_decode:
             logits, self._last_batch = batched_decode(
                 self._decoder, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
@@ -337,16 +336,17 @@ class TorchRunner:
     def reset_decode(self) -> None:
         """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
         self._last_batch = None
-        self._rows.clear()
 
     def compact(self, state: Any) -> Any:
         compact_views(state)
+        for layer in getattr(state, "layers", ()):
+            if isinstance(layer, RowLayer):
+                layer.drop_buffers()  # their room too: the kept state holds its positions only
         return state
 
     def held_bytes(self, states: Sequence[Any]) -> int:
         batch = self._last_batch
-        kept = [*states, *self._rows.held()]
-        return held_bytes([*kept, batch.cache] if batch is not None else kept)
+        return held_bytes([*states, batch.cache] if batch is not None else states)
 
     def batches_decode(self, states: Sequence[Any]) -> bool:
         return self._batches and len(states) > 1
