@@ -1,5 +1,6 @@
 """The flags the commands share: each with a ``PROMPTCACHE_*`` environment variable (--ram-budget
-is PROMPTCACHE_RAM_BUDGET), and the engine and cache flags of ``serve`` and ``bench``."""
+is PROMPTCACHE_RAM_BUDGET), and the engine and cache flags of ``serve`` and ``bench`` (each
+registered tier's own flags among them: ``add_tier_flags``)."""
 
 from __future__ import annotations
 
@@ -59,20 +60,6 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     )
     add_flag(
         p,
-        "cache-dir",
-        None,
-        "where the SSD tier keeps block files (default: <user cache dir>/blocks)",
-    )
-    add_flag(p, "ssd-budget", "10GB", "SSD tier size, from real file sizes")
-    add_flag(
-        p,
-        "ssd-retention",
-        None,
-        "drop SSD blocks unused for this many seconds (default: never)",
-        float,
-    )
-    add_flag(
-        p,
         "ram-ttl",
         None,
         "drop RAM blocks unused for this many seconds (a request's cache_control TTL hint "
@@ -91,20 +78,6 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "ram-budget",
         None,
         "RAM tier size: bytes, 512MB, 4GiB or 20%% (default 20%% of available RAM, >=100 MB)",
-    )
-    add_flag(
-        p,
-        "shared-tier",
-        None,
-        "shared tier behind SSD, on a Valkey/Redis server several servers share: "
-        "valkey://host:port/db (redis://...; ?cluster=1 for cluster mode) (default: none)",
-    )
-    add_flag(
-        p,
-        "shared-ttl",
-        None,
-        "seconds an unused block lives in the shared tier (default: 86400)",
-        float,
     )
     add_flag(p, "block-size", 64, "tokens per cache block", int)
     add_flag(
@@ -193,7 +166,33 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "vision models: image encoder outputs kept in RAM (also on SSD); 0 turns it off",
     )
     add_switch(p, "no-cache", "serve with the prompt cache off (A/B runs)")
-    add_switch(p, "no-ssd", "RAM tier only: nothing persists across restarts")
+    add_tier_flags(p)
+
+
+def add_tier_flags(p: argparse.ArgumentParser) -> None:
+    """Every registered tier's flags (``core.tiers.registry``), nearest tier first."""
+    from promptcache.core.tiers.registry import tier_entries
+
+    for entry in tier_entries():
+        for flag in entry.flags:
+            if flag.switch:
+                add_switch(p, flag.name, flag.help)
+            else:
+                add_flag(p, flag.name, flag.default, flag.help, flag.type)
+
+
+def tier_options_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Every registered tier's options from its parsed flags (``TierEntry.from_flags``;
+    folders default under the user cache folder)."""
+    from promptcache.core.tiers.registry import tier_entries
+    from promptcache.models import cache_root
+
+    values = vars(args)
+    options: dict[str, Any] = {}
+    for entry in tier_entries():
+        mine = {f.dest: values.get(f.dest, f.default) for f in entry.flags}
+        options.update(entry.from_flags(mine, cache_root()))
+    return options
 
 
 def add_format_flags(p: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from promptcache.cli.flags import check_format_flags
+from promptcache.cli.flags import check_format_flags, tier_options_from_args
 
 
 def default_cache_dir() -> str:
@@ -31,9 +31,6 @@ ENGINE_FLAGS = (
     "dtype",
     "device",
     "policy",
-    "ssd_budget",
-    "ssd_retention",
-    "shared_ttl",
     "ram_ttl",
     "encrypt_key_file",
     "kv_bits",
@@ -51,13 +48,11 @@ ENGINE_FLAGS = (
 def engine_from_args(args: argparse.Namespace) -> Any:
     from promptcache.engines.factory import build_engine
 
-    ssd_dir = None if args.no_ssd else (args.cache_dir or default_cache_dir())
     return build_engine(
         args.engine,
         args.model,
         cache_enabled=not args.no_cache,
-        ssd_dir=ssd_dir,
-        shared_url=args.shared_tier,
+        **tier_options_from_args(args),
         **{name: getattr(args, name) for name in ENGINE_FLAGS},
     )
 
@@ -115,8 +110,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"promptcache: serving {state.model_id} ({engine.name}) on http://{args.host}:{args.port}  cache {cache}",
         flush=True,
     )
-    if args.shared_tier and not args.no_cache:
-        warm_up_shared(engine.cache_admin, args.warmup_bytes, args.warmup_seconds)
+    if not args.no_cache:
+        warm_up(engine.cache_admin, args.warmup_bytes, args.warmup_seconds)
     try:
         # on SIGTERM in-flight requests get 5 s, then are cancelled (their generations stop)
         uvicorn.run(
@@ -131,14 +126,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
-    """Before serving: the shared tier's hottest prefixes of this model into RAM (``size``:
+def warm_up(admin: Any, size: str | None, seconds: float) -> None:
+    """Before serving: the hottest prefixes of this model in a tier that can name them (the
+    shared tier) into RAM (``size``:
     bytes, 512MB or 10%% of the RAM budget; ``seconds``; either 0 disables). ``admin``: the
     engine's ``CacheAdmin`` (None: the cache is off)."""
     from promptcache.core.budget import parse_size
     from promptcache.errors import ConfigError
 
-    if admin is None or not admin.has_tier("shared") or not seconds or seconds <= 0:
+    if admin is None or not admin.can_warm_up() or not seconds or seconds <= 0:
         return
     budget = admin.ram_budget_bytes
     try:
@@ -153,7 +149,7 @@ def warm_up_shared(admin: Any, size: str | None, seconds: float) -> None:
         log.info("%s", line)
         print(f"promptcache: {line}", file=sys.stderr, flush=True)
 
-    admin.warm_up_shared(nbytes, seconds, progress)
+    admin.warm_up(nbytes, seconds, progress)
 
 
 # the serve flags that are ``Limits`` fields of the same name

@@ -2,7 +2,8 @@
 
 The engine owns its ``PromptCache`` (lookups and saves happen in its steps); everyone else gets
 this handle from ``Engine.cache_admin``: deletions across every tier, the RAM budget, the stats,
-the start-up warm-up from the shared tier. Nothing here reaches into a tier.
+the start-up warm-up from a tier that can name its hottest prefixes (``WarmSource``). Nothing
+here names a tier class: capabilities are checked by protocol.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from promptcache.core.sessions import DeleteReport
 from promptcache.core.stats import CacheStats
+from promptcache.core.tiers.warm import WarmUp, warm_up
 
 if TYPE_CHECKING:
     from promptcache.core.cache import PromptCache
-    from promptcache.core.tiers.shared.check import WarmUp
 
 __all__ = ["CacheAdmin"]
 
@@ -48,21 +49,24 @@ class CacheAdmin:
         """Every block of ``tenant``'s namespace, from every tier."""
         return self._cache.delete_tenant(tenant)
 
-    def warm_up_shared(
+    def can_warm_up(self) -> bool:
+        """Whether a tier behind RAM can name its hottest prefixes (the shared tier)."""
+        return self._cache.tiers.warm_source() is not None
+
+    def warm_up(
         self,
         byte_budget: int,
         time_limit_s: float,
         progress: Callable[[str], None] | None = None,
     ) -> WarmUp | None:
-        """Before serving: the shared tier's hottest prefixes of this model into RAM, within
-        ``byte_budget`` (capped at the RAM budget) and ``time_limit_s``; None without a shared
-        tier."""
-        shared = self._cache.tiers.find("shared")
-        if shared is None:
+        """Before serving: the hottest prefixes of this model in the nearest tier that can name
+        them (``WarmSource``: the shared tier) into RAM, within ``byte_budget`` (capped at the
+        RAM budget) and ``time_limit_s``; None without such a tier."""
+        source = self._cache.tiers.warm_source()
+        if source is None:
             return None
-        from promptcache.core.tiers.shared.check import warm_up
-        from promptcache.core.tiers.shared.store import ValkeyStore
-
-        assert isinstance(shared, ValkeyStore)
         budget = min(byte_budget, self.ram_budget_bytes)
-        return warm_up(self._cache, shared, budget, time_limit_s, progress)
+        return warm_up(self._cache, source, budget, time_limit_s, progress)
+
+    # the name the server and the CLI used before tiers were checked by capability
+    warm_up_shared = warm_up

@@ -24,7 +24,7 @@ from promptcache.core.policy import EvictionPolicy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, session_key
 from promptcache.core.stats import CacheStats, Counters, LookupReport
-from promptcache.core.tiers.base import LowerTier, StoredBlock
+from promptcache.core.tiers.base import BlockStore, StoredBlock
 from promptcache.core.tiers.ram.tier import RamTier
 from promptcache.core.tiers.stack import TierStack
 from promptcache.core.tree import Match
@@ -44,7 +44,7 @@ class PromptCache:
         ram_budget: int | str | None = None,
         requires_checkpoint: bool = False,
         policy: EvictionPolicy | str | None = None,
-        next_tier: LowerTier | Sequence[LowerTier] | None = None,
+        next_tier: BlockStore | Sequence[BlockStore] | None = None,
         evictions: EvictionLog | None = None,
         ram_ttl: float | None = None,
         clock: Callable[[], float] = time.time,
@@ -205,58 +205,71 @@ class PromptCache:
             for i in range(first_new, num_full)
         }
         with self._lock:
-            self._maybe_expire()
-            self.counters.num_saves += 1
-            path = self.ram.full_path(seq, num_full)
-            node = path[-1] if path else self.ram.root(seq.root)
-            num_new, new_bytes, new_tokens, complete = 0, 0, 0, True
-            for i in range(len(path), num_full):
-                if i in payloads:
-                    payload = payloads[i]
-                else:  # another thread evicted it meanwhile
-                    payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
-                blk = self.ram.insert(node, seq.block_meta(i), payload, use=seq.use)
-                if blk is None:
-                    complete = False
-                    break
-                self._drop_superseded(node, blk)
+            try:
+                return self._save_locked(seq, n, payloads, slice_positional, checkpoint)
+            finally:
+                self.tiers.settle()  # RAM's new and evicted blocks to the tiers behind it
+
+    def _save_locked(
+        self,
+        seq: TokenSeq,
+        n: int,
+        payloads: dict[int, Any],
+        slice_positional: SlicePositional | None,
+        checkpoint: Any,
+    ) -> SaveResult:
+        b = self.block_size
+        num_full = n // b
+        self._maybe_expire()
+        self.counters.num_saves += 1
+        path = self.ram.full_path(seq, num_full)
+        node = path[-1] if path else self.ram.root(seq.root)
+        num_new, new_bytes, new_tokens, complete = 0, 0, 0, True
+        for i in range(len(path), num_full):
+            if i in payloads:
+                payload = payloads[i]
+            else:  # another thread evicted it meanwhile
+                payload = slice_positional(i * b, (i + 1) * b) if slice_positional else None
+            blk = self.ram.insert(node, seq.block_meta(i), payload, use=seq.use)
+            if blk is None:
+                complete = False
+                break
+            self._drop_superseded(node, blk)
+            num_new += 1
+            new_bytes += blk.nbytes
+            new_tokens += b
+            path.append(blk)
+            node = blk
+        last: Block | None = node
+        if complete and n > num_full * b:
+            last, is_new = self._save_tail(seq, node, num_full * b, n, slice_positional, checkpoint)
+            if last is not None:
+                path.append(last)
+            if is_new and last is not None:
                 num_new += 1
-                new_bytes += blk.nbytes
-                new_tokens += b
-                path.append(blk)
-                node = blk
-            last: Block | None = node
-            if complete and n > num_full * b:
-                last, is_new = self._save_tail(
-                    seq, node, num_full * b, n, slice_positional, checkpoint
-                )
-                if last is not None:
-                    path.append(last)
-                if is_new and last is not None:
-                    num_new += 1
-                    new_bytes += last.nbytes
-                    new_tokens += last.num_tokens
-            if complete and last is not None and last.parent is not None and last.end == n:
-                last.is_seq_end = True
-                has_room = (
-                    checkpoint is not None
-                    and last.checkpoint is None
-                    and self.ram.attach_checkpoint(last, checkpoint)
-                )
-                if has_room:
-                    self.counters.num_saved_checkpoints += 1
-            self.ram.touch(path, is_hit=False)
-            self._note_use(seq, path)
-            self.ram.prune_root(seq.root)
-            if self.whatif is not None:
-                self.whatif.note_saved(new_bytes, new_tokens)
-                self.whatif.on_save(seq, n)
-            self.counters.num_saved_blocks += num_new
-            # complete: every position up to n is resident (in a new block, an old one, or a
-            # longer block covering the tail); otherwise the save stopped after the path's blocks
-            has_tail = n == num_full * b or last is not None
-            cached = n if complete and has_tail else min(len(path) * b, n)
-            return SaveResult(num_new, new_bytes, cached)
+                new_bytes += last.nbytes
+                new_tokens += last.num_tokens
+        if complete and last is not None and last.parent is not None and last.end == n:
+            last.is_seq_end = True
+            has_room = (
+                checkpoint is not None
+                and last.checkpoint is None
+                and self.ram.attach_checkpoint(last, checkpoint)
+            )
+            if has_room:
+                self.counters.num_saved_checkpoints += 1
+        self.ram.touch(path, is_hit=False)
+        self._note_use(seq, path)
+        self.ram.prune_root(seq.root)
+        if self.whatif is not None:
+            self.whatif.note_saved(new_bytes, new_tokens)
+            self.whatif.on_save(seq, n)
+        self.counters.num_saved_blocks += num_new
+        # complete: every position up to n is resident (in a new block, an old one, or a
+        # longer block covering the tail); otherwise the save stopped after the path's blocks
+        has_tail = n == num_full * b or last is not None
+        cached = n if complete and has_tail else min(len(path) * b, n)
+        return SaveResult(num_new, new_bytes, cached)
 
     def _save_tail(
         self,
@@ -347,7 +360,7 @@ class PromptCache:
                 ram_ttl_s=self.ram.ttl_s,
             )
 
-    def warm(self, tier: LowerTier, blocks: list[StoredBlock]) -> int:
+    def warm(self, tier: BlockStore, blocks: list[StoredBlock]) -> int:
         """Start-up warm-up: read ``blocks`` (parent before child, e.g. a shared tier's hottest
         prefixes) from ``tier`` outside the lock, then insert them under it by promotion's rules
         (``promotion.insert_warm``). Not counted as hits. Returns the number inserted."""

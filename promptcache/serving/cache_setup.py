@@ -1,9 +1,11 @@
 """Building the prompt cache an engine serves from: its options, the RAM tier, and the lower
-tiers the core's factory (``core.tiers.factory.build_tiers``) builds from the settings."""
+tiers the core's factory (``core.tiers.factory.build_tiers``) builds from each registered tier's
+options (``tier_options``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,9 @@ from promptcache.core.cache import PromptCache
 from promptcache.core.cipher import make_cipher
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
-from promptcache.core.tiers.base import LowerTier
+from promptcache.core.tiers.base import BlockStore
 from promptcache.core.tiers.factory import build_tiers
+from promptcache.core.tiers.registry import tier_option_names
 from promptcache.core.vision_cache import VisionCache
 from promptcache.errors import ConfigError
 
@@ -22,8 +25,10 @@ from promptcache.errors import ConfigError
 class EngineOptions:
     """Serving and cache options shared by every engine (the keyword options of
     ``TorchEngine``/``MlxEngine``). ``cache``: an existing cache to use; else one is built
-    (``cache_enabled``) with a RAM tier of ``ram_budget`` and, with ``ssd_dir``, an SSD tier
-    behind it, then with ``shared_url`` the shared (Valkey) tier (or ``next_tier`` as given). ``max_context`` is capped at the model's limit."""
+    (``cache_enabled``) with a RAM tier of ``ram_budget`` and behind it the registered tiers
+    ``tier_options`` ask for (``ssd_dir``: the SSD tier, ``shared_url``: the shared tier; see
+    ``core.tiers.registry``), or ``next_tier`` as given. ``max_context`` is capped at the
+    model's limit. ``of`` takes the tiers' options as keywords beside the others."""
 
     model_id: str = "model"
     cache: PromptCache | None = None
@@ -37,16 +42,28 @@ class EngineOptions:
     max_context: int | None = None
     next_tier: Any = None
     policy: str | None = None
-    ssd_dir: str | Path | None = None
-    ssd_budget: int | str = "10GB"
-    ssd_retention: float | None = None
-    shared_url: str | None = None  # valkey://host:port/db (redis://, ?cluster=1)
-    shared_ttl: float | None = None  # seconds an unused shared block lives (default: a day)
+    # each registered tier's options by name (ssd_dir, ssd_budget, shared_url, ...)
+    tier_options: Mapping[str, Any] = field(default_factory=dict)
     ram_ttl: float | None = None  # seconds a RAM block may go unused (None: no expiry)
-    encrypt_key_file: str | Path | None = None  # AES-256-GCM key for the SSD tier's files
+    encrypt_key_file: str | Path | None = None  # AES-256-GCM key for the tiers' files at rest
     # vision models: encoder outputs kept in RAM (0: no embedding cache), and under ssd_dir
     vision_cache_bytes: int | str = "512MB"
     vision_cache_ssd_bytes: int | str = "2GB"
+
+    @classmethod
+    def of(cls, **options: Any) -> EngineOptions:
+        """The options from keywords: a registered tier's option (``ssd_dir=``) goes into
+        ``tier_options``, the rest are fields (TypeError on a name that is neither)."""
+        names = tier_option_names()
+        tiers = {**options.pop("tier_options", {})}
+        tiers.update({k: options.pop(k) for k in list(options) if k in names})
+        return cls(**options, tier_options=tiers)
+
+    @property
+    def ssd_dir(self) -> str | Path | None:
+        """The SSD tier's folder, if any (the vision-embedding cache keeps its files there)."""
+        folder: str | Path | None = self.tier_options.get("ssd_dir")
+        return folder
 
     def check(self) -> None:
         if self.prefill_chunk <= 0:
@@ -78,7 +95,7 @@ def build_cache(
     if opts.cache is not None or not opts.cache_enabled:
         return opts.cache
     next_tier = opts.next_tier
-    built: list[LowerTier] = []
+    built: list[BlockStore] = []
     evictions = EvictionLog()  # RAM and every lower tier note evictions here
     if next_tier is None:
         try:
@@ -88,14 +105,10 @@ def build_cache(
         try:
             built = next_tier = build_tiers(
                 fingerprint=fingerprint,
-                ssd_dir=opts.ssd_dir,
-                ssd_budget=opts.ssd_budget,
-                ssd_retention=opts.ssd_retention,
-                shared_url=opts.shared_url,
-                shared_ttl=opts.shared_ttl,
                 codec=codec,
                 evictions=evictions,
                 cipher=cipher,
+                **opts.tier_options,
             )
         except ValueError as exc:  # a bad budget, a URL that is not a Valkey one
             raise ConfigError(f"lower tiers: {exc}") from None

@@ -47,7 +47,7 @@ class CachedEngine:
     name = "engine"
 
     def __init__(self, runner: ModelRunner, **options: Any) -> None:
-        opts = EngineOptions(**options)
+        opts = EngineOptions.of(**options)
         opts.check()
         self.runner = runner
         self.options = opts

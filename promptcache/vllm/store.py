@@ -21,7 +21,7 @@ from promptcache.core.codec import TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tiers.base import LowerTier
+from promptcache.core.tiers.base import BlockStore
 from promptcache.core.tiers.factory import build_tiers
 from promptcache.core.tiers.ssd.index import SsdIndex
 from promptcache.core.tiers.ssd.lock import CacheDirLockedError
@@ -52,7 +52,7 @@ def open_cache(fingerprint: str, block_size: int, settings: ConnectorSettings) -
 
 def _tiers(
     fingerprint: str, settings: ConnectorSettings, evictions: EvictionLog, cache_dir: str | None
-) -> list[LowerTier]:
+) -> list[BlockStore]:
     return build_tiers(
         fingerprint=fingerprint,
         ssd_dir=cache_dir,
@@ -72,7 +72,7 @@ class ChainProbe:
         self.settings = settings
         self._saved: OrderedDict[BlockHash, BlockHash] = OrderedDict()  # hash -> parent
         self._index: SsdIndex | None = None
-        self._shared: LowerTier | None = None
+        self._shared: BlockStore | None = None
         if settings.shared_tier:
             tiers = build_tiers(
                 fingerprint=fingerprint,

@@ -1,10 +1,11 @@
-"""The tiers behind RAM: their protocols by role (reads, writes, admin), what passes between
-them, the null tier and the registry."""
+"""The tiers behind RAM: the ``BlockStore`` protocol every one implements, the optional
+capabilities checked by protocol (``LookupFeedback``, ``SessionAdmin``, ``HasStats``,
+``Verifiable``, ``WarmSource``), what passes between them, and the null tier. Tiers are
+registered by name in ``registry``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from promptcache.core.block import Block, BlockMeta
 from promptcache.core.hashing import BlockHash
@@ -55,54 +56,70 @@ class StoredBlock(NamedTuple):
 ReadResult = tuple[Any, Any] | Exception
 
 
-class TierReads(Protocol):
-    """How a lookup reads a tier: find a continuation under the cache's lock, read it outside.
+@runtime_checkable
+class BlockStore(Protocol):
+    """A tier behind RAM, keyed by block hash (SSD, the shared tier): the six calls every one
+    implements. What more it can do is an optional capability below, checked by protocol.
 
-    Calls may come from several request threads at once (under the cache's lock for all but
-    ``read``, which runs outside it)."""
+    Only ``tiers.stack.TierStack`` holds block stores: it hands them RAM's evicted blocks (and,
+    when ``write_through``, every new one), asks them for a continuation RAM cannot serve and
+    promotes the longest, and fans deletions out to them. Calls come from several request
+    threads at once (under the cache's lock for all but ``read``), and from the stack alone:
+    a store never calls back into the stack or RAM."""
 
-    name: str
+    name: str  # its registered name, in stats and reports
+    write_through: bool  # True: the stack also puts every new block, not only evicted ones
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
     ) -> list[StoredBlock]:
         """Blocks continuing ``seq`` after full block ``start - 1`` (hash ``parent``), found by
         the shared walk (``chain``): whole blocks, then the best partial one; with
-        ``requires_checkpoint`` only up to the deepest checkpoint a hit could end on."""
+        ``requires_checkpoint`` only up to the deepest checkpoint a hit could end on. Reads no
+        payload; [] when it holds nothing (or cannot answer now). Never raises; no side effect
+        but counting, so asking twice is harmless."""
 
     def read(self, blocks: list[StoredBlock]) -> list[ReadResult]:
         """Each block's (payload, checkpoint), verified, or the exception that makes it
-        unusable (damaged: the tier quarantines it; gone since the lookup: nothing is wrong).
-        Called outside the cache's lock; slow I/O belongs here."""
-
-    def touch(self, hashes: list[BlockHash]) -> None:
-        """These blocks were promoted to RAM (a hit of this tier): count it, refresh recency."""
-
-    def note_miss(self, failed: bool) -> None:
-        """A lookup asked this tier and promoted nothing from it: its continuation was not the
-        longest (``failed`` False), or RAM had no room for it (``failed`` True)."""
-
-
-class TierWrites(Protocol):
-    """How blocks reach a tier: RAM's evictions (spill) and, when ``write_through``, every new
-    block. A tier must never block a request on its writes."""
-
-    write_through: bool  # True: the stack also puts every new block, not only evicted ones
+        unusable (damaged: the store quarantines it, ``is_damage`` True; gone since the lookup:
+        nothing is wrong). Called outside the cache's lock: slow I/O belongs here. Reading a
+        block twice reads it twice."""
 
     def put(self, record: BlockRecord) -> bool:
         """Accept a block (evicted, or new when ``write_through``). Must not block the caller:
         it may queue the write or drop the block (returning False). Putting the same hash twice
         is harmless."""
 
+    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        """Remove these blocks and every block below them (a chain is only usable from its
+        root), with their tags; writes still queued for them are written first, then removed.
+        Returns (blocks removed, bytes freed); hashes it does not hold are ignored, so deleting
+        twice removes nothing the second time."""
+
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until every queued write is done; False on timeout."""
+        """Wait until every queued write is done; False on timeout. Safe any time."""
+
+    def close(self) -> None:
+        """Flush what is pending and release resources; safe to call twice."""
 
 
-class TierAdmin(Protocol):
-    """Sessions, deletion, expiry, stats and checks: the same in every tier (RAM included), so
-    the stack fans each operation out to every tier alike."""
+@runtime_checkable
+class LookupFeedback(Protocol):
+    """A store told what came of its lookups (for recency and its hit counters)."""
 
-    name: str
+    def touch(self, hashes: list[BlockHash]) -> None:
+        """These blocks were promoted to RAM (a hit of this store): count it, refresh recency."""
+
+    def note_miss(self, failed: bool) -> None:
+        """A lookup asked this store and promoted nothing from it: its continuation was not the
+        longest (``failed`` False), or RAM had no room for it (``failed`` True)."""
+
+
+@runtime_checkable
+class SessionAdmin(Protocol):
+    """Sessions, tenants and expiry: a tier that keeps blocks by session or tenant, or expires
+    them. RAM implements it too, so the stack fans each operation out to every tier alike. A
+    store without it keeps no tags: a session's deletion reaches it only by block hash."""
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
         """A namespace root is in use by ``tenant`` (for names on disk; may be ignored)."""
@@ -121,12 +138,7 @@ class TierAdmin(Protocol):
         too (as far as this tier knows)."""
 
     def forget_session(self, session: str) -> None:
-        """Drop ``session``'s tags from every block (the blocks stay)."""
-
-    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
-        """Remove these blocks and every block below them (a chain is only usable from its
-        root), files and index rows included, with their tags; writes still queued for them are
-        written first, then removed. Returns (blocks removed, bytes freed)."""
+        """Drop ``session``'s tags from every block (the blocks stay); safe to call twice."""
 
     def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
         """Remove every block of the namespace ``root`` (a whole tenant); (blocks, bytes)."""
@@ -135,36 +147,44 @@ class TierAdmin(Protocol):
         """Remove blocks whose TTL hint (or the tier's own retention) ran out by ``now``, last
         use counted; their descendants go too. Returns the number removed."""
 
+
+@runtime_checkable
+class HasStats(Protocol):
+    """A tier with figures to show (``/v1/cache/stats``, ``/metrics``)."""
+
     def describe(self) -> dict[str, Any]:
         """Counters and settings for ``/v1/cache/stats`` (empty: nothing to show)."""
 
     def used_bytes(self) -> int:
         """Bytes this tier holds now."""
 
+
+@runtime_checkable
+class Verifiable(Protocol):
+    """A tier that can check its own accounting (tests, ``cache verify``)."""
+
     def check_integrity(self) -> None:
         """Raise AssertionError unless bytes accounted == bytes held <= budget, and no session
         tag or TTL hint is kept for a block the tier no longer holds."""
 
-    def close(self) -> None:
-        """Flush what is pending and release resources; safe to call twice."""
 
+@runtime_checkable
+class WarmSource(Protocol):
+    """A tier that can name its hottest prefixes for a new server's start-up warm-up."""
 
-class LowerTier(TierReads, TierWrites, TierAdmin, Protocol):
-    """A tier behind RAM, keyed by block hash (SSD, the shared tier): all three roles.
+    def hottest_blocks(self, byte_budget: int, time_limit_s: float) -> list[StoredBlock]:
+        """The most recently used blocks with their ancestors, parent before child, within
+        ``byte_budget`` stored bytes and ``time_limit_s``."""
 
-    Only ``tiers.stack.TierStack`` holds lower tiers: it hands them RAM's evicted blocks (and,
-    when ``write_through``, every new one), asks them for a continuation RAM cannot serve and
-    promotes the longest, and fans the admin operations out to them."""
+    def note_warmed(self, num_blocks: int, nbytes: int) -> None:
+        """Count what a warm-up pulled from this tier into RAM."""
 
 
 class NullTier:
-    """Holds nothing: eviction from RAM is final."""
+    """Holds nothing: eviction from RAM is final. A ``BlockStore`` with (empty) stats."""
 
     name = "null"
     write_through = False
-
-    def register_namespace(self, root: BlockHash, tenant: str) -> None:
-        pass
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool
@@ -177,56 +197,17 @@ class NullTier:
     def put(self, record: BlockRecord) -> bool:
         return False
 
-    def touch(self, hashes: list[BlockHash]) -> None:
-        pass
-
-    def note_miss(self, failed: bool) -> None:
-        pass
+    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
+        return 0, 0
 
     def flush(self, timeout: float = 30.0) -> bool:
         return True
 
-    def tag(
-        self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None
-    ) -> None:
+    def close(self) -> None:
         pass
-
-    def session_blocks(self, session: str) -> dict[BlockHash, bool]:
-        return {}
-
-    def forget_session(self, session: str) -> None:
-        pass
-
-    def delete_blocks(self, hashes: list[BlockHash]) -> tuple[int, int]:
-        return 0, 0
-
-    def delete_namespace(self, root: BlockHash) -> tuple[int, int]:
-        return 0, 0
-
-    def expire(self, now: float) -> int:
-        return 0
 
     def describe(self) -> dict[str, Any]:
         return {}
 
     def used_bytes(self) -> int:
         return 0
-
-    def check_integrity(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-_TIERS: dict[str, Callable[..., LowerTier]] = {"null": NullTier}
-
-
-def register_tier(name: str, factory: Callable[..., LowerTier]) -> None:
-    _TIERS[name] = factory
-
-
-def make_tier(name: str, **kwargs: Any) -> LowerTier:
-    if name not in _TIERS:
-        raise ValueError(f"unknown tier {name!r}; known: {', '.join(sorted(_TIERS))}")
-    return _TIERS[name](**kwargs)

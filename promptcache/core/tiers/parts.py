@@ -1,4 +1,4 @@
-"""A lower tier composed of explicit parts: a reader, a writer and a sessions part.
+"""A block store composed of explicit parts: a reader, a writer and a sessions part.
 
 ``PartsTier`` is what SSD and the shared tier have in common: each protocol call goes to the one
 part that owns it. A backend builds its parts over the state they share (the SSD tier's folder,
@@ -56,7 +56,7 @@ class PartsTier:
     writer: Writer
     sessions: SessionsPart
 
-    # -- TierReads, TierWrites -----------------------------------------------------------------
+    # -- BlockStore: lookup, read, put, flush --------------------------------------------------
 
     def lookup(
         self, seq: TokenSeq, start: int, parent: BlockHash, requires_checkpoint: bool = False
@@ -75,7 +75,7 @@ class PartsTier:
     def flush(self, timeout: float = 30.0) -> bool:
         return self.writer.flush(timeout)
 
-    # -- TierAdmin: the session half -------------------------------------------------------------
+    # -- BlockStore.delete_blocks and SessionAdmin: the sessions part ---------------------------
 
     def tag(
         self, hashes: list[BlockHash], use: BlockUse, now: float, root: BlockHash | None = None

@@ -18,7 +18,7 @@ from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.chain import chain_reach
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
-from promptcache.core.tiers.base import LowerTier, ReadResult, StoredBlock
+from promptcache.core.tiers.base import BlockStore, LookupFeedback, ReadResult, StoredBlock
 from promptcache.core.tiers.ram.tier import CacheBudgetError, RamTier
 from promptcache.core.tree import Match
 
@@ -28,7 +28,7 @@ class PromotionPlan:
     """A promotion between its steps: while it lives, ``parent`` is pinned and ``reserved``
     bytes of RAM are held for it."""
 
-    tier: LowerTier
+    tier: BlockStore
     blocks: list[StoredBlock]
     parent: Block
     reserved: int
@@ -43,7 +43,7 @@ class Promoted(NamedTuple):
 
 def plan(
     ram: RamTier,
-    tiers: Sequence[LowerTier],
+    tiers: Sequence[BlockStore],
     seq: TokenSeq,
     ram_match: Match,
     requires_checkpoint: bool,
@@ -55,8 +55,8 @@ def plan(
     full = ram.full_path(seq, seq.num_full_blocks)
     node, start = (full[-1] if full else None), len(full)
     parent_hash = node.block_hash if node is not None else seq.root
-    best: tuple[int, LowerTier, list[StoredBlock]] | None = None
-    asked: list[LowerTier] = []
+    best: tuple[int, BlockStore, list[StoredBlock]] | None = None
+    asked: list[BlockStore] = []
     for tier in tiers:
         found = tier.lookup(seq, start, parent_hash, requires_checkpoint)
         asked.append(tier)
@@ -64,7 +64,7 @@ def plan(
         if found and reach > ram_match.num_tokens and (best is None or reach > best[0]):
             best = (reach, tier, found)
     for tier in asked:
-        if best is None or tier is not best[1]:
+        if (best is None or tier is not best[1]) and isinstance(tier, LookupFeedback):
             tier.note_miss(failed=False)
     if best is None:
         return None
@@ -72,7 +72,8 @@ def plan(
     parent = node if node is not None else ram.root(seq.root)
     nbytes = sum(b.nbytes for b in blocks)
     if not ram.reserve(nbytes, protect=parent):
-        tier.note_miss(failed=True)
+        if isinstance(tier, LookupFeedback):
+            tier.note_miss(failed=True)
         ram.prune_root(seq.root)
         return None
     ram.hold(parent)
@@ -108,7 +109,7 @@ def finish(ram: RamTier, p: PromotionPlan, loaded: list[ReadResult] | None) -> P
         promoted.append(b.block_hash)
         parent = blk
     ram.prune_root(p.root)
-    if promoted:
+    if promoted and isinstance(p.tier, LookupFeedback):
         p.tier.touch(promoted)
     return Promoted(len(promoted), num_damaged)
 
@@ -117,7 +118,7 @@ def insert_warm(
     ram: RamTier,
     blocks: list[StoredBlock],
     loaded: list[ReadResult],
-    source: LowerTier | None = None,
+    source: BlockStore | None = None,
 ) -> int:
     """Under the cache's lock: insert warm-up blocks read from a lower tier (parent before
     child) whose parent is resident, never past the RAM budget; an unusable block is skipped

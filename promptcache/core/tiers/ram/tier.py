@@ -1,11 +1,12 @@
-"""Byte-budgeted RAM tier: resident blocks, pins, eviction of leaves (spilled to the stack below),
-its sessions, deletion and expiry."""
+"""Byte-budgeted RAM tier: resident blocks, pins, eviction of leaves, its sessions, deletion and
+expiry. It never calls the tiers behind it: what they must hear of (new blocks, evictions) it
+records as ``Move``s, which the ``TierStack`` that owns it takes and acts on."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, NamedTuple
 
 from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nbytes, stamp_use
 from promptcache.core.chain import find_partial
@@ -16,7 +17,7 @@ from promptcache.core.policy import EvictionPolicy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
-from promptcache.core.tiers.base import LowerTier
+from promptcache.core.tiers.base import BlockStore
 from promptcache.core.tiers.ram import sessions
 from promptcache.core.tree import Match, PrefixTree
 
@@ -25,20 +26,23 @@ class CacheBudgetError(ValueError):
     """A single block (or checkpoint) is larger than the whole RAM budget."""
 
 
-class Below(Protocol):
-    """Where RAM's blocks go next (``TierStack``): new blocks written through, evicted ones
-    spilled. ``source``: the lower tier a promoted block was read from."""
+class Move(NamedTuple):
+    """What RAM did that the tiers behind it must hear of (``TierStack.settle`` acts on it):
+    a block made resident (``evicted`` False; ``source``: the store it was promoted from) or
+    one evicted."""
 
-    def write_through(self, block: Block, source: LowerTier | None) -> None: ...
-
-    def spill(self, block: Block) -> bool: ...
+    block: Block
+    source: BlockStore | None
+    evicted: bool
 
 
 class RamTier:
     """Invariant: ``held_bytes`` == sum of resident ``nbytes``, ``held_bytes + reserved_bytes
     <= budget_bytes``; every resident block's parent is resident (or a root); the policy holds
-    exactly the evictable ones. Not thread-safe: the owning cache serialises calls. Implements
-    ``TierAdmin`` (sessions, deletion, expiry: ``ram.sessions``) like every tier behind it."""
+    exactly the evictable ones; while ``records_moves`` every insertion and eviction is in
+    ``moves`` until taken. Not thread-safe: the owning cache serialises calls. Implements
+    ``SessionAdmin`` (sessions, deletion, expiry: ``ram.sessions``), ``HasStats`` and
+    ``Verifiable`` like the tiers behind it."""
 
     name = "ram"
 
@@ -59,7 +63,10 @@ class RamTier:
         self.policy = (
             policy if policy is not None and not isinstance(policy, str) else make_policy(policy)
         )
-        self.below: Below | None = None  # set by the ``TierStack`` this tier heads
+        # set by the ``TierStack`` when a tier behind RAM can hold blocks: only then is there
+        # anyone to hear of a move, so a RAM-only cache records none
+        self.records_moves = False
+        self.moves: list[Move] = []
         self.counters = counters or Counters()
         self.evictions = evictions if evictions is not None else EvictionLog()
         self.tree = PrefixTree()
@@ -133,7 +140,7 @@ class RamTier:
         *,
         checkpoint: Any = None,
         use: BlockUse = NO_USE,
-        source: LowerTier | None = None,
+        source: BlockStore | None = None,
     ) -> Block | None:
         """Make a new block resident under ``parent`` (``meta`` chains to it); None when no
         room can be made. Raises CacheBudgetError, changing nothing, when the block alone
@@ -183,9 +190,14 @@ class RamTier:
         self._write_through_put(block)
         return True
 
-    def _write_through_put(self, block: Block, source: LowerTier | None = None) -> None:
-        if self.below is not None:
-            self.below.write_through(block, source)
+    def _write_through_put(self, block: Block, source: BlockStore | None = None) -> None:
+        if self.records_moves:
+            self.moves.append(Move(block, source, False))
+
+    def take_moves(self) -> list[Move]:
+        """The moves since the last call, in order (the caller acts on them)."""
+        moves, self.moves = self.moves, []
+        return moves
 
     def reserve(self, nbytes: int, protect: Block) -> bool:
         """Evict leaves (never ``protect`` or its ancestors) until ``nbytes`` more fit, then
@@ -276,8 +288,8 @@ class RamTier:
         self.counters.num_evictions += 1
         assert victim.parent is not None
         self.evictions.note(victim.block_hash, victim.parent.block_hash, self.name)
-        if self.below is not None and self.below.spill(victim):
-            self.counters.num_spills += 1
+        if self.records_moves:
+            self.moves.append(Move(victim, None, True))
 
     def _remove(self, block: Block) -> None:
         parent = block.parent
@@ -287,7 +299,7 @@ class RamTier:
         if parent is not None and parent.is_evictable:
             self.policy.add_evictable(parent)
 
-    # -- TierAdmin: sessions, deletion, expiry (``ram.sessions``); nothing removed is spilled ---
+    # -- SessionAdmin: sessions, deletion, expiry (``ram.sessions``); nothing removed spills --
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
         pass  # RAM keys nothing by tenant name

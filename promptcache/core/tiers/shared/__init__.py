@@ -3,4 +3,4 @@
 ``index`` (the key layout); ``context``, ``read``, ``write``, ``sessions``, ``scripts`` and
 ``stream`` are the store's own parts."""
 
-__all__ = ["check", "index", "link", "store"]
+__all__ = ["check", "entry", "index", "link", "store"]

@@ -1,4 +1,5 @@
-"""Whole-store walks of the shared tier: the integrity check and the warm-up list.
+"""Whole-store walks of the shared tier: the integrity check and the warm-up list (the warm-up
+itself is ``tiers.warm``, on any ``WarmSource``).
 
 Both read every namespace index of one model (SCAN; in cluster mode on every primary). An index
 is ~1% of the bytes it describes, so reading it whole is cheap next to pulling the blocks.
@@ -8,17 +9,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from promptcache.core.block_file import CorruptBlockError
 from promptcache.core.hashing import BlockHash
 from promptcache.core.tiers.shared.index import KID_FIELD_BYTES, SharedEntry, kid_field, unpack_meta
 
 if TYPE_CHECKING:
-    from promptcache.core.cache import PromptCache
     from promptcache.core.tiers.shared.store import ValkeyStore
-
-WARM_BATCH = 32  # blocks per read round trip during warm-up
 
 
 def roots(store: ValkeyStore) -> list[BlockHash]:
@@ -143,48 +141,3 @@ def hottest_prefixes(
             for n in need:
                 chosen[n.block_hash] = n
     return sorted(chosen.values(), key=lambda m: m.meta.depth)
-
-
-class WarmUp(NamedTuple):
-    num_blocks: int  # inserted into RAM
-    num_bytes: int  # RAM bytes they took
-    num_listed: int  # blocks the hottest prefixes named
-    seconds: float
-
-
-def warm_up(
-    cache: PromptCache,
-    store: ValkeyStore,
-    byte_budget: int,
-    time_limit_s: float,
-    progress: Callable[[str], None] | None = None,
-) -> WarmUp:
-    """Pull this model's hottest prefixes (``hottest_prefixes``) from the shared tier into
-    ``cache``'s RAM, parent first, in batches of verified reads (``PromptCache.warm``), within
-    ``byte_budget`` stored bytes and ``time_limit_s`` (the RAM budget holds as ever); ``progress`` gets a line about once a
-    second and at the end. Counted in the tier's ``num_warmed_blocks``/``warmed_bytes``."""
-    t0 = time.monotonic()
-    deadline = t0 + time_limit_s
-    listed = hottest_prefixes(store, byte_budget, time_limit_s) if byte_budget > 0 else []
-    done = 0
-    before = cache.ram.used_bytes()
-    shown = t0
-    for i in range(0, len(listed), WARM_BATCH):
-        if time.monotonic() > deadline:
-            break
-        batch = listed[i : i + WARM_BATCH]
-        n = cache.warm(store, [e.stored() for e in batch])
-        done += n
-        nbytes = cache.ram.used_bytes() - before  # start-up: nothing else fills RAM meanwhile
-        if progress is not None and time.monotonic() - shown >= 1.0:
-            shown = time.monotonic()
-            progress(f"warm-up: {done}/{len(listed)} blocks, {nbytes / 1e6:.1f} MB")
-    nbytes = max(0, cache.ram.used_bytes() - before)
-    out = WarmUp(done, nbytes, len(listed), time.monotonic() - t0)
-    store.stats.add(num_warmed_blocks=done, warmed_bytes=nbytes)
-    if progress is not None:
-        progress(
-            f"warm-up: {done} of {len(listed)} blocks ({nbytes / 1e6:.1f} MB) from the shared "
-            f"tier into RAM in {out.seconds:.1f} s"
-        )
-    return out

@@ -50,7 +50,7 @@ class SharedBlockRaceError(SharedBlockMissingError):
 
 
 class SharedReader:
-    """The shared tier's ``TierReads`` half (touches go through the writer's queue), over its
+    """The shared tier's ``lookup``/``read`` half (touches go through the writer's queue), over its
     context: lookups and reads on the request path, bounded by the socket timeout, never
     raising."""
 

@@ -27,7 +27,7 @@ from promptcache.core.tiers.shared.write import SharedWriter, Tag
 
 
 class SharedSessions:
-    """The shared tier's session half of ``TierAdmin``, over its context and its writer (tags
+    """The shared tier's half of ``SessionAdmin`` (and ``delete_blocks``), over its context and its writer (tags
     are queued on the writer; deletions wait for its queue)."""
 
     def __init__(self, ctx: SharedContext, writer: SharedWriter) -> None:

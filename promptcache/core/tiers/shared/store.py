@@ -5,7 +5,8 @@ from server A to server B still hits. Blocks are stored as the exact bytes of a 
 (``block_file.encode_block``: metadata + tensors + checksum); ``index`` has the key layout
 and the chain lookup. Contract (what a tier adapter relies on):
 
-A ``LowerTier`` (``core.tiers.base``), registered as ``"shared"``:
+A ``BlockStore`` (``core.tiers.base``) with feedback, session admin, stats, checks and a
+warm-up source, registered as ``"shared"`` (``entry``):
 
 - ``lookup(seq, start, parent, requires_checkpoint) -> list[StoredBlock]``: the core's one walk
   (``chain``) over entries fetched in one round trip (Lua) or two (pipelined); [] when down,
@@ -39,7 +40,7 @@ from promptcache.core.block import BlockMeta
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
-from promptcache.core.tiers.base import register_tier
+from promptcache.core.tiers.base import StoredBlock
 from promptcache.core.tiers.parts import PartsTier
 from promptcache.core.tiers.shared.context import SharedContext
 from promptcache.core.tiers.shared.index import Keys
@@ -57,7 +58,7 @@ DEFAULT_TTL_S = 24 * 3600.0
 
 
 class ValkeyStore(PartsTier):
-    """A ``LowerTier`` composed of explicit parts over one ``SharedContext``: ``reader``
+    """A ``BlockStore`` composed of explicit parts over one ``SharedContext``: ``reader``
     (lookups, verified reads), ``writer`` (write-behind queue: puts, touches, tags; reconnects),
     ``sessions`` (session blocks, deletion)."""
 
@@ -124,7 +125,7 @@ class ValkeyStore(PartsTier):
     def lookup_mode(self) -> str:
         return self.reader.lookup_mode
 
-    # -- TierReads, TierWrites: the parts' ---------------------------------------------------
+    # -- LookupFeedback (the rest of BlockStore is the parts') -------------------------------
 
     def touch(self, hashes: Iterable[BlockHash], root: BlockHash | None = None) -> None:
         self.writer.touch(hashes, root)
@@ -135,7 +136,7 @@ class ValkeyStore(PartsTier):
     def delete(self, metas: list[BlockMeta], data: bool = True) -> None:
         self.ctx.delete(metas, data)
 
-    # -- TierAdmin ---------------------------------------------------------------------------
+    # -- SessionAdmin ------------------------------------------------------------------------
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
         """Tenant names are for display only (the root is the key): kept in this process."""
@@ -191,6 +192,16 @@ class ValkeyStore(PartsTier):
                 "evicted_keys": int(info.get("evicted_keys", 0)),
                 "expired_keys": int(info.get("expired_keys", 0))}  # fmt: skip
 
+    # -- WarmSource ----------------------------------------------------------------------------
+
+    def hottest_blocks(self, byte_budget: int, time_limit_s: float) -> list[StoredBlock]:
+        from promptcache.core.tiers.shared.check import hottest_prefixes
+
+        return [e.stored() for e in hottest_prefixes(self, byte_budget, time_limit_s)]
+
+    def note_warmed(self, num_blocks: int, nbytes: int) -> None:
+        self.stats.add(num_warmed_blocks=num_blocks, warmed_bytes=nbytes)
+
     def close(self) -> None:
         if self.ctx.is_closed:
             return
@@ -199,7 +210,5 @@ class ValkeyStore(PartsTier):
         self.writer.close()
         self.link.close()
 
-
-register_tier("shared", ValkeyStore)
 
 __all__ = ["SharedBlockMissingError", "SharedBlockRaceError", "ValkeyStore"]

@@ -39,7 +39,7 @@ class Tag(NamedTuple):
 
 
 class SharedWriter:
-    """The shared tier's ``TierWrites`` half (and its touches and tags): one write-behind
+    """The shared tier's ``put``/``flush`` half (and its touches and tags): one write-behind
     queue (``write_behind``) whose writer thread also probes the server while the link is
     down, so the tier reconnects by itself (``on_reconnect`` then runs)."""
 

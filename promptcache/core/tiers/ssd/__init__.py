@@ -3,4 +3,4 @@ and, working on a folder without a running tier (``promptcache cache``), ``index
 ``reconcile`` and ``sessions.remove_rows``; ``folder``, ``read``, ``write``, ``capacity`` and
 ``stats`` are the tier's own parts."""
 
-__all__ = ["index", "lock", "reconcile", "sessions", "tier"]
+__all__ = ["entry", "index", "lock", "reconcile", "sessions", "tier"]

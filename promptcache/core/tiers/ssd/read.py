@@ -42,7 +42,7 @@ class BlockEvictedError(CorruptBlockError):
 
 
 class SsdReader:
-    """The SSD tier's ``TierReads`` half, over its folder."""
+    """The SSD tier's ``lookup``/``read`` half, over its folder."""
 
     def __init__(self, folder: SsdFolder) -> None:
         self.folder = folder

@@ -43,7 +43,7 @@ def expire_rows(folder: SsdFolder, index: SsdIndex, now: float) -> int:
 
 
 class SsdSessions:
-    """The SSD tier's ``TierAdmin`` session half, over its folder and its writer (deletions
+    """The SSD tier's ``SessionAdmin`` half (and ``delete_blocks``), over its folder and its writer (deletions
     wait for the writer's queue; tags of queued blocks wait in the writer)."""
 
     def __init__(self, folder: SsdFolder, writer: SsdWriter) -> None:

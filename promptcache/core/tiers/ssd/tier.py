@@ -21,7 +21,6 @@ from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE
-from promptcache.core.tiers.base import register_tier
 from promptcache.core.tiers.parts import PartsTier
 from promptcache.core.tiers.ssd.folder import SsdFolder
 from promptcache.core.tiers.ssd.index import Row, SsdIndex
@@ -36,7 +35,7 @@ RETRY_S = 5.0  # first cool-down after a write error (it doubles while errors go
 
 
 class SsdTier(PartsTier):
-    """A ``LowerTier`` composed of explicit parts over one ``SsdFolder``: ``reader`` (lookup,
+    """A ``BlockStore`` (with feedback, session admin, stats and checks) composed of explicit parts over one ``SsdFolder``: ``reader`` (lookup,
     verified reads), ``writer`` (write-behind queue, back-off), ``sessions`` (tags, deletion,
     expiry)."""
 
@@ -118,12 +117,12 @@ class SsdTier(PartsTier):
     def num_queued_writes(self) -> int:
         return self.writer.queue.num_queued
 
-    # -- TierReads, TierWrites: the parts' -----------------------------------------------------
+    # -- LookupFeedback (the rest of BlockStore is the parts') ---------------------------------
 
     def touch(self, hashes: list[BlockHash]) -> None:
         self.reader.touch(hashes)
 
-    # -- TierAdmin -----------------------------------------------------------------------------
+    # -- SessionAdmin ---------------------------------------------------------------------------
 
     def register_namespace(self, root: BlockHash, tenant: str) -> None:
         self.folder.register_namespace(root, tenant)
@@ -179,9 +178,6 @@ class SsdTier(PartsTier):
         return {**self.stats.to_dict(), **_health(self.folder.health), "num_blocks": n, "used_bytes": used,
                 "budget_bytes": self.budget_bytes, "queued_writes": self.num_queued_writes,
                 "enabled": index is not None, "encrypted": self.folder.cipher is not None}  # fmt: skip
-
-
-register_tier("ssd", SsdTier)
 
 
 def _health(health: Backoff) -> dict[str, Any]:
