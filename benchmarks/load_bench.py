@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import httpx  # noqa: E402
 import psutil  # noqa: E402
 from peer_bench import agent_turns  # noqa: E402
 from peer_server import PeerServer, free_port  # noqa: E402
@@ -160,6 +161,7 @@ def run_cell(
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
+    phases = server_phases(server, len(rows)) if name.startswith("promptcache") else {}
     later = [r["ttft_s"] for r in rows if r["turn"] >= 2]
     first = [r["ttft_s"] for r in rows if r["turn"] == 1]
     prompt = sum(r["prompt_tokens"] or 0 for r in rows)
@@ -170,12 +172,34 @@ def run_cell(
         "ttft_p50_s": pct(later, 50), "ttft_p99_s": pct(later, 99),
         "first_ttft_p50_s": pct(first, 50), "cached_share": cached / prompt if prompt else None,
         "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
-        "load": os.getloadavg()[0], "rows": rows,
+        "load": os.getloadavg()[0], "phases_s": phases, "rows": rows,
     }  # fmt: skip
     print(f"  N={n:>3} {name:<14} {out['output_tok_s']:6.1f} tok/s  TTFT p50 "
           f"{fmt_s(out['ttft_p50_s'])} p99 {fmt_s(out['ttft_p99_s'])}  cached "
           f"{out['cached_share'] or 0:.2f}  RSS {rss.peak_bytes / 2**30:.2f} GiB  "
           f"errors {len(errors)}  load {out['load']:.1f}", flush=True)  # fmt: skip
+    if phases:
+        print("      engine TTFT by phase (s, summed over requests): " + ", ".join(
+            f"{k} {v:.1f}" for k, v in phases.items()), flush=True)  # fmt: skip
+    return out
+
+
+def server_phases(server: PeerServer, num_requests: int) -> dict[str, float]:
+    """Where a promptcache server's TTFTs went in this cell (its ``/v1/cache/requests``
+    records, summed): each phase of the requests' own work, and the rest of their engine TTFT
+    (``other_work``: steps spent on other requests' prefill and decode while they waited)."""
+    url = f"http://127.0.0.1:{server.port}/v1/cache/requests"
+    try:
+        recs = httpx.get(url, params={"limit": num_requests}, timeout=30).json()["requests"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return {}
+    out: dict[str, float] = {"engine_ttft": 0.0}
+    for rec in recs:
+        out["engine_ttft"] += rec.get("ttft_s") or 0.0
+        for key, ms in (rec.get("phases") or {}).items():
+            if key.endswith("_ms"):
+                out[key[:-3]] = out.get(key[:-3], 0.0) + ms / 1e3
+    out["other_work"] = out["engine_ttft"] - sum(v for k, v in out.items() if k != "engine_ttft")
     return out
 
 
