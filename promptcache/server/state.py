@@ -31,6 +31,7 @@ from promptcache.server.metrics import ServerMetrics
 from promptcache.server.records import CacheRecord, RequestRecords
 from promptcache.server.response_store import ResponseStore
 from promptcache.server.script import ReplyScript
+from promptcache.server.session_registry import CallHolder, SessionRegistry
 from promptcache.server.streaming import run_events
 from promptcache.server.tool_kinds import ignored_header
 from promptcache.serving.context import fit_output
@@ -134,6 +135,11 @@ class ServerState:
             allow_urls=self.limits.allow_image_urls,
             max_image_bytes=self.limits.max_image_bytes,
         )
+        # everything holding session data, forgotten together when a session is deleted
+        self.sessions = SessionRegistry(engine.cache_admin)
+        for holder in (self.prompts, self.formatter.replies, self.records, self.responses):
+            self.sessions.register(holder)
+        self.sessions.register(CallHolder("image_embeddings", engine.forget_images))
 
     def tenant_of(self, request: Request, user: str | None = None) -> str:
         """Cache namespace of a request: with API keys the key's tenant only; without, the
@@ -362,19 +368,6 @@ class ServerState:
                 rid, tenant or "default", fin.cached_tokens, fin.prompt_tokens, reason, detail,
             )  # fmt: skip
         return rec
-
-    def forget(self, tenant: str, session: str | None, force: bool = False) -> dict[str, int]:
-        """What the server remembers of a deleted session (None: of a whole tenant) besides
-        cached blocks: prompts kept for miss diagnosis, replies kept for continuity, request
-        records (their miss details quote the prompt's text), its images' encoder outputs.
-        Returns the counts removed."""
-        return {
-            "prompts": self.prompts.forget(tenant, session),
-            "replies": self.formatter.replies.forget(tenant, session, force),
-            "records": self.records.forget(tenant, session),
-            "responses": self.responses.forget(tenant, session),
-            "image_embeddings": self.engine.forget_images(tenant, session, force),
-        }
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()
