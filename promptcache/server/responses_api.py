@@ -151,7 +151,9 @@ class ResponseWire:
         return [self.event("response.created", response=self.base)]
 
     def started(self, prefill: PrefillDone | None) -> list[str]:
-        return [self.event("response.in_progress", response=self.base)] if prefill else []
+        return (
+            [self.event("response.in_progress", response=self.base)] if prefill is not None else []
+        )
 
     def delta(self, reasoning: str, text: str) -> list[str]:
         return self._piece("reasoning", reasoning) + self._piece("message", text)
