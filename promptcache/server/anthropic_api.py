@@ -7,27 +7,22 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
+from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams
+from promptcache.server import pipeline
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, anthropic_image, image_part
+from promptcache.server.pipeline import Reply
+from promptcache.server.routes import SSE, ApiRoute
 from promptcache.server.schemas import CountTokensRequest, MessagesRequest
 from promptcache.server.sessions import session_of, ttl_hint
-from promptcache.server.state import Reply, ServerState
-from promptcache.server.streaming import (
-    await_finished,
-    error_as_line,
-    keep_alive,
-    start_first,
-)
+from promptcache.server.state import ServerState
 from promptcache.server.tool_kinds import set_aside
-from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
 
@@ -246,101 +241,113 @@ async def messages(state: ServerState, request: Request, req: MessagesRequest) -
     )
     params.session = session_of(request, (req.metadata or {}).get("user_id"))
     params.cache_ttl_s = ttl_hint(req)
-    prep = await run_in_threadpool(state.prepare, request, chat, params)
+    gen = await pipeline.open_chat(state, request, chat, params, call_prefix="toolu_")
     mid = "msg_" + uuid.uuid4().hex[:24]
     model = req.model or state.model_id
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
+    prep = gen.prep
+    is_clamped = prep.clamped_from is not None
     if not req.stream:
-        fin = await await_finished(events)
-        reply = state.finish_reply(chat, prep, fin, "toolu_")
-        reason, seq = stop_info(fin, reply, prep.is_capped, prep.clamped_from is not None)
+        out = await gen.outcome()
+        fin, reply = out.fin, out.reply
+        reason, seq = stop_info(fin, reply, prep.is_capped, is_clamped)
         return JSONResponse(
             {"id": mid, "type": "message", "role": "assistant", "model": model,
              "content": content_blocks(reply), "stop_reason": reason, "stop_sequence": seq,
              "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)},
-            headers=prep.headers,
+            headers=gen.headers,
         )  # fmt: skip
+    wire = MessageWire(mid, model, prep.is_capped, is_clamped)
+    lines = await gen.stream(wire)  # early errors are still a 4xx, not a broken stream
+    return StreamingResponse(lines, media_type="text/event-stream", headers=gen.headers)
 
-    opening = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    parser = state.formatter.parser if chat.can_call_tools else None
-    streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
 
-    def error(message: str, kind: str) -> str:
-        return event("error", {"error": {"type": kind, "message": message}})
+class MessageWire:
+    """Anthropic's message events: thinking and text blocks as they stream, then the
+    ``tool_use`` blocks, the stop reason and usage."""
 
-    async def body() -> AsyncIterator[str]:
-        async for line in keep_alive(opening, event("ping", {})):  # SDKs skip pings
-            yield line
-        first = opening.result()
-        if not isinstance(first, PrefillDone):  # cancelled while queued: nobody is listening
-            return
-        message = {"id": mid, "type": "message", "role": "assistant", "model": model, "content": [],
-                   "stop_reason": None, "stop_sequence": None,
-                   "usage": usage(first.prompt_tokens, first.cached_tokens, 0)}  # fmt: skip
-        yield event("message_start", {"message": message})
-        yield event("ping", {})
-        index, open_kind, thought = 0, "", ""
+    keep_alive = event("ping", {})  # SDKs skip pings
 
-        def close() -> list[str]:
-            nonlocal index, open_kind, thought
-            if not open_kind:
-                return []
-            out = []
-            if open_kind == "thinking":  # the signature closes a thinking block
-                delta = {"type": "signature_delta", "signature": signature(thought)}
-                out.append(event("content_block_delta", {"index": index, "delta": delta}))
-            out.append(event("content_block_stop", {"index": index}))
-            index, open_kind, thought = index + 1, "", ""
-            return out
+    def __init__(self, mid: str, model: str, is_capped: bool, is_clamped: bool) -> None:
+        self.stream_id, self.model = mid, model
+        self.is_capped, self.is_clamped = is_capped, is_clamped
+        self.index, self.open_kind, self.thought = 0, "", ""
+        self.has_text = False  # a text block was streamed
 
-        def piece(kind: str, text: str) -> list[str]:
-            """A text or thinking delta, in a block of its kind (opened, the other closed)."""
-            nonlocal open_kind, thought
-            out = []
-            if open_kind != kind:
-                out += close()
-                open_kind = kind
-                block = {"type": "text", "text": ""} if kind == "text" else {
-                    "type": "thinking", "thinking": "", "signature": ""}  # fmt: skip
-                out.append(event("content_block_start", {"index": index, "content_block": block}))
-            if kind == "thinking":
-                thought += text
-                delta = {"type": "thinking_delta", "thinking": text}
-            else:
-                delta = {"type": "text_delta", "text": text}
+    def begin(self) -> list[str]:
+        return []
+
+    def started(self, prefill: PrefillDone | None) -> list[str]:
+        if prefill is None:
+            return []
+        message = {"id": self.stream_id, "type": "message", "role": "assistant",
+                   "model": self.model, "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": usage(prefill.prompt_tokens, prefill.cached_tokens, 0)}  # fmt: skip
+        return [event("message_start", {"message": message}), event("ping", {})]
+
+    def delta(self, reasoning: str, text: str) -> list[str]:
+        return (self._piece("thinking", reasoning) if reasoning else []) + (
+            self._piece("text", text) if text else []
+        )
+
+    def done(self, fin: Finished, reply: Reply) -> list[str]:
+        out = []
+        if not self.has_text and not reply.calls:  # an empty reply is still one text block
+            out += self._piece("text", "")
+        out += self._close()
+        for cid, call in reply.calls:
+            index = self.index
+            block = {"type": "tool_use", "id": cid, "name": call.name, "input": {}}
+            out.append(event("content_block_start", {"index": index, "content_block": block}))
+            delta = {"type": "input_json_delta", "partial_json": call.arguments}
             out.append(event("content_block_delta", {"index": index, "delta": delta}))
-            return out
+            out.append(event("content_block_stop", {"index": index}))
+            self.index += 1
+        reason, seq = stop_info(fin, reply, self.is_capped, self.is_clamped)
+        out.append(event(
+            "message_delta",
+            {"delta": {"stop_reason": reason, "stop_sequence": seq},
+             "usage": usage(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens)},
+        ))  # fmt: skip
+        out.append(event("message_stop", {}))
+        return out
 
-        async for ev in events:
-            if isinstance(ev, TextDelta):
-                reasoning, text = streamer.push(ev.text)
-                for line in (piece("thinking", reasoning) if reasoning else []) + (
-                    piece("text", text) if text else []
-                ):
-                    yield line
-            elif isinstance(ev, Finished):
-                reply = state.finish_reply(chat, prep, ev, "toolu_")
-                reasoning, rest = streamer.left(ParsedReply(reply.content, [], reply.reasoning))
-                lines = piece("thinking", reasoning) if reasoning else []
-                if rest or (not streamer.shown and not reply.calls):
-                    lines += piece("text", rest)
-                for line in lines + close():
-                    yield line
-                for cid, call in reply.calls:
-                    block = {"type": "tool_use", "id": cid, "name": call.name, "input": {}}
-                    yield event("content_block_start", {"index": index, "content_block": block})
-                    delta = {"type": "input_json_delta", "partial_json": call.arguments}
-                    yield event("content_block_delta", {"index": index, "delta": delta})
-                    yield event("content_block_stop", {"index": index})
-                    index += 1
-                reason, seq = stop_info(ev, reply, prep.is_capped, prep.clamped_from is not None)
-                yield event(
-                    "message_delta",
-                    {"delta": {"stop_reason": reason, "stop_sequence": seq},
-                     "usage": usage(ev.prompt_tokens, ev.cached_tokens, ev.completion_tokens)},
-                )  # fmt: skip
-                yield event("message_stop", {})
+    def failed(self, message: str, kind: str) -> list[str]:
+        return [event("error", {"error": {"type": kind, "message": message}})]
 
-    return StreamingResponse(
-        error_as_line(body(), mid, error), media_type="text/event-stream", headers=prep.headers
-    )
+    def end(self) -> list[str]:
+        return []
+
+    def _close(self) -> list[str]:
+        if not self.open_kind:
+            return []
+        out = []
+        if self.open_kind == "thinking":  # the signature closes a thinking block
+            delta = {"type": "signature_delta", "signature": signature(self.thought)}
+            out.append(event("content_block_delta", {"index": self.index, "delta": delta}))
+        out.append(event("content_block_stop", {"index": self.index}))
+        self.index, self.open_kind, self.thought = self.index + 1, "", ""
+        return out
+
+    def _piece(self, kind: str, text: str) -> list[str]:
+        """A text or thinking delta, in a block of its kind (opened, the other closed)."""
+        out = []
+        if self.open_kind != kind:
+            out += self._close()
+            self.open_kind = kind
+            block = {"type": "text", "text": ""} if kind == "text" else {
+                "type": "thinking", "thinking": "", "signature": ""}  # fmt: skip
+            out.append(event("content_block_start", {"index": self.index, "content_block": block}))
+        if kind == "thinking":
+            self.thought += text
+            delta = {"type": "thinking_delta", "thinking": text}
+        else:
+            self.has_text = True
+            delta = {"type": "text_delta", "text": text}
+        out.append(event("content_block_delta", {"index": self.index, "delta": delta}))
+        return out
+
+
+ROUTES = (
+    ApiRoute("/v1/messages", messages, MessagesRequest, streams=SSE),
+    ApiRoute("/v1/messages/count_tokens", count_tokens, CountTokensRequest),
+)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Any
@@ -30,70 +29,25 @@ from promptcache.server import (
 )
 from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
 from promptcache.server.guard import BodyTooLarge, CatchAll, Guard
-from promptcache.server.schemas import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    CountTokensRequest,
-    MessagesRequest,
-    OllamaChatRequest,
-    OllamaGenerateRequest,
-    OllamaShowRequest,
-    ResponsesRequest,
-)
+from promptcache.server.routes import ApiRoute, endpoint
 from promptcache.server.state import QueueFullError, ServerState
 from promptcache.server.streaming import cancel_all
 
 log = logging.getLogger("promptcache.server")
 
-ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-    "/v1/models",
-    "/api/chat",
-    "/api/generate",
-    "/api/tags",
-    "/api/show",
-    "/api/version",
-    "/api/ps",
-    "/v1/cache/stats",
-    "/v1/cache/requests",
-    "/dashboard",
-    "/health",
-    "/metrics",
-)
-
-
-STREAMING_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
-NDJSON_PATHS = ("/api/chat", "/api/generate")  # Ollama streams: one JSON object a line
+# the APIs: each module's ROUTES (a new API is its module and one entry here); the Ollama API
+# serves Open WebUI, Continue and IDE plugins
+API_MODULES = (openai_api, anthropic_api, responses_api, models_api, ollama_api)
+API_ROUTES: tuple[ApiRoute, ...] = tuple(r for m in API_MODULES for r in m.ROUTES)
+# the paths counted by name in the metrics (any other: "other")
+OWN_ENDPOINTS = ("/v1/cache/stats", "/v1/cache/requests", "/dashboard", "/health", "/metrics")
+ENDPOINTS = tuple(r.path for r in API_ROUTES if not r.path_params) + OWN_ENDPOINTS
+STREAM_TYPES = {r.path: r.streams for r in API_ROUTES if r.streams}  # path -> media type
 DASHBOARD_ASSETS = {"dashboard.js": "text/javascript", "dashboard.css": "text/css"}
 
 
 def dashboard_file(name: str) -> str:
     return (resources.files("promptcache.server") / "dashboard" / name).read_text("utf-8")
-
-
-def body_route(
-    state: ServerState, handler: Callable[..., Awaitable[Any]], body_model: type
-) -> Callable[..., Awaitable[Any]]:
-    """An endpoint taking ``body_model`` as its JSON body (FastAPI validates it: a 4xx with the
-    field otherwise) that returns ``handler(state, request, body)``."""
-
-    async def endpoint(request: Request, body: Any) -> Any:
-        return await handler(state, request, body)
-
-    # FastAPI reads the body's model from the signature: this route's model, not Any
-    params = inspect.signature(endpoint).parameters
-    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [
-            params["request"].replace(annotation=Request),
-            params["body"].replace(annotation=body_model),
-        ]
-    )
-    endpoint.__name__ = endpoint.__qualname__ = handler.__name__
-    return endpoint
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -188,58 +142,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run
         return {"status": "ok", "model": state.model_id}
 
-    # the generation APIs: a validated body, handed to its API module with the request; the
-    # Ollama API serves Open WebUI, Continue and IDE plugins
-    for path, handler, body_model in (
-        ("/v1/chat/completions", openai_api.chat_completions, ChatCompletionRequest),
-        ("/v1/completions", openai_api.completions, CompletionRequest),
-        ("/v1/messages", anthropic_api.messages, MessagesRequest),
-        ("/v1/messages/count_tokens", anthropic_api.count_tokens, CountTokensRequest),
-        ("/v1/responses", responses_api.create, ResponsesRequest),
-        ("/api/chat", ollama_api.chat, OllamaChatRequest),
-        ("/api/generate", ollama_api.generate, OllamaGenerateRequest),
-    ):
-        app.post(path)(body_route(state, handler, body_model))
-
-    # one route for both methods, so a 405 names both in Allow
-    @app.api_route(
-        "/v1/responses/{response_id}",
-        methods=["GET", "DELETE"],
-        responses={404: {"description": "No such stored response for this tenant"}},
-    )
-    async def stored_response(request: Request, response_id: str) -> Any:
-        """A stored response (``store`` was not false) of the caller's tenant: GET returns it,
-        DELETE removes it."""
-        if request.method == "DELETE":
-            return await responses_api.delete(state, request, response_id)
-        return await responses_api.get(state, request, response_id)
-
-    @app.get("/v1/models")
-    async def models(request: Request) -> Any:
-        """The served model with its context length, engine and capabilities (OpenAI's list
-        and Anthropic's page in one body)."""
-        return models_api.list_models(state, "anthropic-version" in request.headers)
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(request: Request, model_id: str) -> Any:
-        """Any id names the served model (requests are served whatever ``model`` says)."""
-        return models_api.model_card(state, model_id, "anthropic-version" in request.headers)
-
-    @app.get("/api/tags")
-    async def ollama_tags() -> Any:
-        return ollama_api.tags(state)
-
-    @app.post("/api/show")
-    async def ollama_show(body: OllamaShowRequest) -> Any:
-        return ollama_api.show(state, body)
-
-    @app.get("/api/ps")
-    async def ollama_ps() -> Any:
-        return ollama_api.ps(state)
-
-    @app.get("/api/version")
-    async def ollama_version() -> Any:
-        return ollama_api.version()
+    for route in API_ROUTES:
+        app.api_route(route.path, methods=list(route.methods), responses=route.errors)(
+            endpoint(state, route)
+        )
 
     @app.get("/health")
     async def health() -> Any:
@@ -326,10 +232,8 @@ def openapi_schema(app: FastAPI) -> dict[str, Any]:
                     bad["description"] = "Invalid request"
                     responses["400"] = bad
                 ok = responses.get("200", {}).setdefault("content", {})
-                if path in STREAMING_PATHS:  # "stream": true answers with server-sent events
-                    ok["text/event-stream"] = {}
-                elif path in NDJSON_PATHS:  # streamed by default
-                    ok["application/x-ndjson"] = {}
+                if path in STREAM_TYPES:  # server-sent events, or NDJSON (Ollama's default)
+                    ok[STREAM_TYPES[path]] = {}
                 elif path == "/metrics":
                     ok.clear()
                     ok["text/plain"] = text

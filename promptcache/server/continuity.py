@@ -56,6 +56,8 @@ def _key(tenant: str, content: str, calls: list[ToolCall]) -> tuple[Any, ...]:
 class ReplyMemory:
     """Bounded (``capacity`` replies, LRU) and per tenant: one tenant never gets another's text."""
 
+    name = "replies"  # a SessionHolder (server/session_registry.py)
+
     def __init__(self, capacity: int = 128, num_gaps: int = 20) -> None:
         self._replies: OrderedDict[tuple[Any, ...], _Reply] = OrderedDict()
         self._capacity = capacity

@@ -74,6 +74,8 @@ class PromptMemory:
     Bounded: ``per_namespace`` sequences each, ``max_tokens`` and ``max_namespaces`` in all
     (the oldest sequence, or the namespace used least recently, goes first). Thread-safe."""
 
+    name = "prompts"  # a SessionHolder (server/session_registry.py)
+
     def __init__(
         self, per_namespace: int = 32, max_tokens: int = 4_000_000, max_namespaces: int = 1024
     ) -> None:
@@ -117,9 +119,10 @@ class PromptMemory:
                     del self._by_ns[ns]
                 self._forget(rid)
 
-    def forget(self, namespace: str, session: str | None = None) -> int:
+    def forget(self, namespace: str, session: str | None = None, force: bool = False) -> int:
         """Drop the namespace's remembered requests of ``session`` (None: all of them); returns
-        how many. A deleted session's tokens must not outlive its blocks here."""
+        how many. A deleted session's tokens must not outlive its blocks here. (``force``: each
+        entry is one request's, never shared: nothing more to remove.)"""
         with self._lock:
             ids = self._by_ns.get(namespace)
             if not ids:

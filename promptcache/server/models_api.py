@@ -9,6 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
+from starlette.requests import Request
+
+from promptcache.server.routes import ApiRoute
 from promptcache.server.state import ServerState
 
 CREATED = 0  # unknown release date: the epoch, as both APIs allow
@@ -88,3 +91,19 @@ def list_models(state: ServerState, anthropic: bool = False) -> dict[str, Any]:
         "last_id": card["id"],
         "has_more": False,
     }
+
+
+async def models(state: ServerState, request: Request) -> dict[str, Any]:
+    return list_models(state, "anthropic-version" in request.headers)
+
+
+async def model(state: ServerState, request: Request, model_id: str) -> dict[str, Any]:
+    return model_card(state, model_id, "anthropic-version" in request.headers)
+
+
+ROUTES = (
+    ApiRoute("/v1/models", models, methods=("GET",), doc="The served model with its context "
+             "length, engine and capabilities (OpenAI's list and Anthropic's page in one body)."),
+    ApiRoute("/v1/models/{model_id:path}", model, methods=("GET",), doc="Any id names the "
+             "served model (requests are served whatever ``model`` says)."),
+)  # fmt: skip

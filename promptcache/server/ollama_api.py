@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -17,9 +16,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from promptcache.engines.base import Finished, PrefillDone, RequestError, TextDelta
+from promptcache.engines.base import Finished, PrefillDone, RequestError
 from promptcache.server import ollama_items as items
+from promptcache.server import pipeline
 from promptcache.server.chat import Chat
+from promptcache.server.pipeline import Generation, Reply
+from promptcache.server.routes import NDJSON, ApiRoute
 from promptcache.server.schemas import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -27,12 +29,9 @@ from promptcache.server.schemas import (
     OllamaShowRequest,
 )
 from promptcache.server.sessions import session_of
-from promptcache.server.state import Prepared, Reply, ServerState
-from promptcache.server.streaming import keep_alive, start_first, stream_error
-from promptcache.tools import ParsedReply, ReplyStreamer
+from promptcache.server.state import ServerState
 
 IGNORED_HEADER = "x-promptcache-ignored-options"
-NDJSON = "application/x-ndjson"
 
 
 def now_iso() -> str:
@@ -80,8 +79,8 @@ async def chat(state: ServerState, request: Request, req: OllamaChatRequest) -> 
     opts = items.read_options(req, state)
     chat_ = items.chat_of(req, state.image_policy)
     opts.params.session = session_of(request)
-    prep = await run_in_threadpool(state.prepare, request, chat_, opts.params, opts.explicit_max)
-    return await _respond(state, request, req, prep, chat_, opts.ignored, "message")
+    gen = await pipeline.open_chat(state, request, chat_, opts.params, opts.explicit_max)
+    return await _respond(gen, req.model or state.model_id, req.stream, opts.ignored, "message")
 
 
 async def generate(state: ServerState, request: Request, req: OllamaGenerateRequest) -> Any:
@@ -101,38 +100,50 @@ async def generate(state: ServerState, request: Request, req: OllamaGenerateRequ
     if req.raw:
         prompt = await run_in_threadpool(state.engine.encode_text, req.prompt)
         tenant = state.tenant_of(request)
-        prep = state.prepare_ids(request, prompt, opts.params, tenant, opts.explicit_max)
-        return await _respond(state, request, req, prep, None, opts.ignored, "response")
+        gen = pipeline.open_prompt(state, request, prompt, opts.params, tenant, opts.explicit_max)
+        return await _respond(gen, model, req.stream, opts.ignored, "response")
     messages = [{"role": "system", "content": req.system}] if req.system else []
     user = OllamaMessage(role="user", content=req.prompt, images=req.images)
     messages += items.to_messages([user], state.image_policy)
     chat_ = Chat(messages)
     items.apply_format(chat_, req.format)
     items.apply_think(chat_, req.think)
-    prep = await run_in_threadpool(state.prepare, request, chat_, opts.params, opts.explicit_max)
-    return await _respond(state, request, req, prep, chat_, opts.ignored, "response")
+    gen = await pipeline.open_chat(state, request, chat_, opts.params, opts.explicit_max)
+    return await _respond(gen, model, req.stream, opts.ignored, "response")
 
 
 async def _respond(
-    state: ServerState,
-    request: Request,
-    req: Any,
-    prep: Prepared,
-    chat_: Chat | None,
-    ignored: list[str],
-    field: str,
+    gen: Generation, model: str, stream: bool, ignored: list[str], field: str
 ) -> Any:
     """``field``: "message" (/api/chat) or "response" (/api/generate)."""
     clock = Clock()
-    model = req.model or state.model_id
-    headers = dict(prep.headers)
+    headers = dict(gen.headers)
     if ignored:
         headers[IGNORED_HEADER] = ",".join(ignored)
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat_, prep.images)
+    wire = LineWire(model, field, clock)
+    if not stream:
+        out = await gen.outcome()
+        if out.prefill is not None:
+            clock.prefilled(out.prefill)
+        reply = out.reply
+        body = wire.body(reply.content, reply.reasoning, ollama_calls(reply))
+        return JSONResponse({**body, "done": True, **clock.stats(out.fin)}, headers=headers)
+    lines = await gen.stream(wire)  # early errors are still a 4xx, not a broken stream
+    return StreamingResponse(lines, media_type=NDJSON, headers=headers)
 
-    def body(text: str, thinking: str = "", calls: list[Any] | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": model, "created_at": now_iso()}
-        if field == "message":
+
+class LineWire:
+    """Ollama's stream: one JSON object a line, the last with ``done`` and the durations."""
+
+    stream_id = "ollama"
+    keep_alive = ""  # NDJSON has no comments: just wait
+
+    def __init__(self, model: str, field: str, clock: Clock) -> None:
+        self.model, self.field, self.clock = model, field, clock
+
+    def body(self, text: str, thinking: str = "", calls: list[Any] | None = None) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "created_at": now_iso()}
+        if self.field == "message":
             msg: dict[str, Any] = {"role": "assistant", "content": text}
             if thinking:
                 msg["thinking"] = thinking
@@ -145,65 +156,29 @@ async def _respond(
                 out["thinking"] = thinking
         return out
 
-    def reply_of(fin: Finished) -> Reply:
-        if chat_ is None:
-            return Reply(fin.text, [])
-        return state.finish_reply(chat_, prep, fin, "call_")
+    def begin(self) -> list[str]:
+        return []
 
-    if not req.stream:
-        fin = None
-        async for ev in events:
-            if isinstance(ev, PrefillDone):
-                clock.prefilled(ev)
-            elif isinstance(ev, Finished):
-                fin = ev
-        assert fin is not None
-        reply = reply_of(fin)
-        out = body(reply.content, reply.reasoning, ollama_calls(reply))
-        return JSONResponse({**out, "done": True, **clock.stats(fin)}, headers=headers)
+    def started(self, prefill: PrefillDone | None) -> list[str]:
+        if prefill is not None:
+            self.clock.prefilled(prefill)
+        return []
 
-    first = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    streamer = None
-    if chat_ is not None:
-        parser = state.formatter.parser if chat_.can_call_tools else None
-        streamer = ReplyStreamer(state.formatter.reasoning, parser, chat_.reasoning_open)
-    stream = _stream(first, events, streamer, clock, body, reply_of)
-    return StreamingResponse(stream, media_type=NDJSON, headers=headers)
+    def delta(self, reasoning: str, text: str) -> list[str]:
+        return [line({**self.body(text, reasoning), "done": False})]
 
+    def done(self, fin: Finished, reply: Reply) -> list[str]:
+        out = []
+        if reply.calls:
+            out.append(line({**self.body("", "", ollama_calls(reply)), "done": False}))
+        out.append(line({**self.body(""), "done": True, **self.clock.stats(fin)}))
+        return out
 
-async def _stream(
-    first: Any,
-    events: AsyncIterator[Any],
-    streamer: ReplyStreamer | None,
-    clock: Clock,
-    body: Callable[..., dict[str, Any]],
-    reply_of: Callable[[Finished], Reply],
-) -> AsyncIterator[str]:
-    try:
-        async for _ in keep_alive(first, ""):  # NDJSON has no comments: just wait
-            pass
-        ev = first.result()
-        if not isinstance(ev, PrefillDone):  # cancelled while queued: nobody is listening
-            return
-        clock.prefilled(ev)
-        async for ev in events:
-            if isinstance(ev, TextDelta):
-                thought, piece = streamer.push(ev.text) if streamer else ("", ev.text)
-                if thought or piece:
-                    yield line({**body(piece, thought), "done": False})
-            elif isinstance(ev, Finished):
-                reply = reply_of(ev)
-                if streamer is not None:
-                    left = ParsedReply(reply.content, [], reply.reasoning)
-                    thought, rest = streamer.left(left)
-                    if thought or rest:
-                        yield line({**body(rest, thought), "done": False})
-                if reply.calls:
-                    yield line({**body("", "", ollama_calls(reply)), "done": False})
-                yield line({**body(""), "done": True, **clock.stats(ev)})
-    except Exception as exc:  # once streaming, an error is a line of its own
-        message, _ = stream_error(exc, "ollama")
-        yield line({"error": message})
+    def failed(self, message: str, kind: str) -> list[str]:
+        return [line({"error": message})]
+
+    def end(self) -> list[str]:
+        return []
 
 
 # -- the model ---------------------------------------------------------------------------------
@@ -215,17 +190,17 @@ def _entry(state: ServerState) -> dict[str, Any]:
             "digest": items.digest(state), "details": items.details(state)}  # fmt: skip
 
 
-def tags(state: ServerState) -> dict[str, Any]:
+async def tags(state: ServerState, request: Request) -> dict[str, Any]:
     return {"models": [_entry(state)]}
 
 
-def ps(state: ServerState) -> dict[str, Any]:
+async def ps(state: ServerState, request: Request) -> dict[str, Any]:
     loaded = {**_entry(state), "expires_at": "2999-01-01T00:00:00Z", "size_vram": 0,
               "context_length": state.engine_limits.max_context}  # fmt: skip
     return {"models": [loaded]}
 
 
-def show(state: ServerState, req: OllamaShowRequest) -> dict[str, Any]:
+async def show(state: ServerState, request: Request, req: OllamaShowRequest) -> dict[str, Any]:
     """Any name shows the served model (requests are served whatever ``model`` says)."""
     arch = items.family(state)
     template = getattr(state.engine.tokenizer, "chat_template", None)
@@ -244,5 +219,15 @@ def show(state: ServerState, req: OllamaShowRequest) -> dict[str, Any]:
     }
 
 
-def version() -> dict[str, str]:
+async def version(state: ServerState, request: Request) -> dict[str, str]:
     return {"version": items.VERSION}
+
+
+ROUTES = (
+    ApiRoute("/api/chat", chat, OllamaChatRequest, streams=NDJSON),
+    ApiRoute("/api/generate", generate, OllamaGenerateRequest, streams=NDJSON),
+    ApiRoute("/api/tags", tags, methods=("GET",)),
+    ApiRoute("/api/show", show, OllamaShowRequest),
+    ApiRoute("/api/ps", ps, methods=("GET",)),
+    ApiRoute("/api/version", version, methods=("GET",)),
+)

@@ -6,32 +6,23 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
-from promptcache.engines.base import (
-    Finished,
-    RequestError,
-    SamplingParams,
-    TextDelta,
-)
+from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams
+from promptcache.server import pipeline
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
+from promptcache.server.pipeline import Generation, Reply
+from promptcache.server.routes import SSE, ApiRoute
 from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
 from promptcache.server.sessions import session_of
-from promptcache.server.state import Prepared, Reply, ServerState
-from promptcache.server.streaming import (
-    await_finished,
-    error_as_line,
-    keep_alive,
-    start_first,
-)
+from promptcache.server.state import ServerState
 from promptcache.server.tool_kinds import function_tools
-from promptcache.tools import ParsedReply, ReplyStreamer
 
 log = logging.getLogger("promptcache.server")
 
@@ -134,8 +125,8 @@ def usage(fin: Finished) -> dict[str, Any]:
     }
 
 
-def finish_reason(fin: Finished, reply: Reply | None = None) -> str:
-    if reply is not None and reply.calls and fin.reason != "cancelled":
+def finish_reason(fin: Finished, reply: Reply) -> str:
+    if reply.calls and fin.reason != "cancelled":
         return "tool_calls"
     return "length" if fin.reason in ("length", "context", "timeout") else "stop"
 
@@ -157,8 +148,8 @@ async def chat_completions(state: ServerState, request: Request, req: ChatComple
     params = sampling_from(req, state.output_budget(asked))
     params.session = session_of(request, req.prompt_cache_key, req.user)
     chat = to_chat(req, state.image_policy)
-    prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
-    return await _respond(state, request, req, prep, chat)
+    gen = await pipeline.open_chat(state, request, chat, params, explicit)
+    return await _respond(gen, req, state.model_id, is_chat=True)
 
 
 async def completions(state: ServerState, request: Request, req: CompletionRequest) -> Any:
@@ -177,8 +168,9 @@ async def completions(state: ServerState, request: Request, req: CompletionReque
             p = p[0]
         prompt = await run_in_threadpool(state.engine.encode_text, str(p))
     tenant = state.tenant_of(request, req.user)
-    prep = state.prepare_ids(request, prompt, params, tenant, req.max_tokens is not None)
-    return await _respond(state, request, req, prep, None)
+    explicit = req.max_tokens is not None
+    gen = pipeline.open_prompt(state, request, prompt, params, tenant, explicit)
+    return await _respond(gen, req, state.model_id, is_chat=False)
 
 
 def apply_format(chat: Chat, kind: Any, schema: Any, field: str, schema_field: str) -> None:
@@ -194,19 +186,16 @@ def apply_format(chat: Chat, kind: Any, schema: Any, field: str, schema_field: s
         raise RequestError(f"{field}.type must be text, json_object or json_schema, not {kind!r}")
 
 
-async def _respond(
-    state: ServerState, request: Request, req: Any, prep: Prepared, chat: Chat | None
-) -> Any:
-    rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+async def _respond(gen: Generation, req: Any, model_id: str, is_chat: bool) -> Any:
+    rid = ("chatcmpl-" if is_chat else "cmpl-") + uuid.uuid4().hex[:24]
     created = int(time.time())
-    model = req.model or state.model_id
-    obj = "chat.completion" if chat else "text_completion"
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
+    model = req.model or model_id
+    obj = "chat.completion" if is_chat else "text_completion"
     if not req.stream:
-        fin = await await_finished(events)
+        out = await gen.outcome()
+        fin, reply = out.fin, out.reply
         choice: dict[str, Any] = {"index": 0, "logprobs": None}
-        if chat is not None:
-            reply = state.finish_reply(chat, prep, fin, "call_")
+        if is_chat:
             message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
             if reply.reasoning:
                 message["reasoning_content"] = reply.reasoning
@@ -215,69 +204,78 @@ async def _respond(
             else:
                 message["content"] = reply.content
             choice["message"] = message
-            choice["finish_reason"] = finish_reason(fin, reply)
         else:
             choice["text"] = fin.text
-            choice["finish_reason"] = finish_reason(fin)
+        choice["finish_reason"] = finish_reason(fin, reply)
         body = {"id": rid, "object": obj, "created": created, "model": model,
                 "choices": [choice], "usage": usage(fin)}  # fmt: skip
-        return JSONResponse(body, headers=prep.headers)
-
+        return JSONResponse(body, headers=gen.headers)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    first = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    streamer = None
-    if chat is not None:
-        parser = state.formatter.parser if chat.can_call_tools else None
-        streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
+    wire = ChunkWire(rid, created, model, obj, is_chat, include_usage)
+    lines = await gen.stream(wire)  # early errors are still a 4xx, not a broken stream
+    return StreamingResponse(lines, media_type="text/event-stream", headers=gen.headers)
 
-    def chunk(delta: dict[str, Any] | None, text: str | None, reason: str | None) -> dict[str, Any]:
+
+@dataclass(slots=True)
+class ChunkWire:
+    """Chat completion chunks (``delta``) or text completion chunks (``text``) as SSE."""
+
+    stream_id: str
+    created: int
+    model: str
+    obj: str
+    is_chat: bool
+    include_usage: bool
+    keep_alive: str = ": prefill\n\n"  # an SSE comment: clients skip it
+
+    def chunk(self, delta: dict[str, Any], text: str | None, reason: str | None) -> str:
         choice: dict[str, Any] = {"index": 0, "finish_reason": reason, "logprobs": None}
-        if chat:
-            choice["delta"] = delta or {}
+        if self.is_chat:
+            choice["delta"] = delta
         else:
             choice["text"] = text or ""
-        out = {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
-               "model": model, "choices": [choice]}  # fmt: skip
-        if include_usage:
+        out = {"id": self.stream_id, "object": self.obj + (".chunk" if self.is_chat else ""),
+               "created": self.created, "model": self.model, "choices": [choice]}  # fmt: skip
+        if self.include_usage:
             out["usage"] = None
+        return sse(out)
+
+    def begin(self) -> list[str]:
+        return []
+
+    def started(self, prefill: PrefillDone | None) -> list[str]:
+        # the first chunk marks the end of the prefill, as clients measuring TTFT expect
+        return [self.chunk({"role": "assistant", "content": ""}, "", None)]
+
+    def delta(self, reasoning: str, text: str) -> list[str]:
+        out = [self.chunk({"reasoning_content": reasoning}, None, None)] if reasoning else []
+        if text:
+            out.append(self.chunk({"content": text}, text, None))
         return out
 
-    def error(message: str, kind: str) -> str:
-        return sse({"error": {"message": message, "type": kind, "param": None, "code": None}})
+    def done(self, fin: Finished, reply: Reply) -> list[str]:
+        out = []
+        for i, (cid, call) in enumerate(reply.calls):
+            head = {"index": i, "id": cid, "type": "function",
+                    "function": {"name": call.name, "arguments": ""}}  # fmt: skip
+            out.append(self.chunk({"tool_calls": [head]}, None, None))
+            args = {"index": i, "function": {"arguments": call.arguments}}
+            out.append(self.chunk({"tool_calls": [args]}, None, None))
+        out.append(self.chunk({}, "", finish_reason(fin, reply)))
+        if self.include_usage:
+            out.append(sse({"id": self.stream_id, "object": self.obj + (".chunk" if self.is_chat
+                            else ""), "created": self.created, "model": self.model,
+                            "choices": [], "usage": usage(fin)}))  # fmt: skip
+        return out
 
-    async def body() -> AsyncIterator[str]:
-        async for line in keep_alive(first, ": prefill\n\n"):  # an SSE comment: clients skip it
-            yield line
-        first.result()
-        # the first chunk marks the end of the prefill, as clients measuring TTFT expect
-        yield sse(chunk({"role": "assistant", "content": ""}, "", None))
-        async for ev in events:
-            if isinstance(ev, TextDelta):
-                thought, piece = streamer.push(ev.text) if streamer else ("", ev.text)
-                if thought:
-                    yield sse(chunk({"reasoning_content": thought}, None, None))
-                if piece:
-                    yield sse(chunk({"content": piece}, piece, None))
-            elif isinstance(ev, Finished):
-                reply = state.finish_reply(chat, prep, ev, "call_") if chat else None
-                if reply is not None and streamer is not None:
-                    thought, rest = streamer.left(ParsedReply(reply.content, [], reply.reasoning))
-                    if thought:
-                        yield sse(chunk({"reasoning_content": thought}, None, None))
-                    if rest:
-                        yield sse(chunk({"content": rest}, rest, None))
-                    for i, (cid, call) in enumerate(reply.calls):
-                        head = {"index": i, "id": cid, "type": "function",
-                                "function": {"name": call.name, "arguments": ""}}  # fmt: skip
-                        yield sse(chunk({"tool_calls": [head]}, None, None))
-                        args = {"index": i, "function": {"arguments": call.arguments}}
-                        yield sse(chunk({"tool_calls": [args]}, None, None))
-                yield sse(chunk({}, "", finish_reason(ev, reply)))
-                if include_usage:
-                    yield sse(
-                        {"id": rid, "object": obj + (".chunk" if chat else ""), "created": created,
-                         "model": model, "choices": [], "usage": usage(ev)}
-                    )  # fmt: skip
+    def failed(self, message: str, kind: str) -> list[str]:
+        return [sse({"error": {"message": message, "type": kind, "param": None, "code": None}})]
 
-    lines = error_as_line(body(), rid, error, end="data: [DONE]\n\n")
-    return StreamingResponse(lines, media_type="text/event-stream", headers=prep.headers)
+    def end(self) -> list[str]:
+        return ["data: [DONE]\n\n"]
+
+
+ROUTES = (
+    ApiRoute("/v1/chat/completions", chat_completions, ChatCompletionRequest, streams=SSE),
+    ApiRoute("/v1/completions", completions, CompletionRequest, streams=SSE),
+)

@@ -84,6 +84,8 @@ class RequestRecords:
     """The last ``capacity`` records, per-reason counts and the windowed hit-rate alert.
     Thread-safe: records come from the generation threads."""
 
+    name = "records"  # a SessionHolder (server/session_registry.py)
+
     def __init__(self, capacity: int = 1000, alert_below: float = 0.8, window: int = 50) -> None:
         if not 0 <= alert_below <= 1:
             raise ValueError(f"the hit-rate alert must be in [0, 1], got {alert_below}")
@@ -134,9 +136,10 @@ class RequestRecords:
         with self._lock:
             return self._window_rate()
 
-    def forget(self, tenant: str, session: str | None = None) -> int:
+    def forget(self, tenant: str, session: str | None = None, force: bool = False) -> int:
         """Remove the tenant's records of ``session`` (None: all); per-reason counts stay (they
-        hold no content). Returns how many were removed."""
+        hold no content). Returns how many were removed (``force``: a record is one request's,
+        never shared)."""
         with self._lock:
             kept = [
                 r

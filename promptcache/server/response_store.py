@@ -26,6 +26,8 @@ class StoredResponse:
 
 
 class ResponseStore:
+    name = "responses"  # a SessionHolder (server/session_registry.py)
+
     def __init__(self, max_per_tenant: int = 1000, ttl_s: float = 24 * 3600) -> None:
         self.max_per_tenant = max_per_tenant
         self.ttl_s = ttl_s
@@ -59,8 +61,9 @@ class ResponseStore:
             entries = self._by_tenant.get(tenant)
             return entries is not None and entries.pop(response_id, None) is not None
 
-    def forget(self, tenant: str, session: str | None) -> int:
-        """Remove a session's entries (``None``: the whole tenant's); returns how many."""
+    def forget(self, tenant: str, session: str | None, force: bool = False) -> int:
+        """Remove a session's entries (``None``: the whole tenant's); returns how many (``force``:
+        a stored response is one session's, never shared)."""
         with self._lock:
             entries = self._by_tenant.get(tenant)
             if not entries:

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams, TextDelta
-from promptcache.server.chat import Chat
+from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams
+from promptcache.server import pipeline
+from promptcache.server.pipeline import Reply
 from promptcache.server.responses_items import (
     message_item,
     new_id,
@@ -29,16 +29,10 @@ from promptcache.server.responses_items import (
     to_chat,
 )
 from promptcache.server.responses_tools import ToolSet, call_item, read_tools
+from promptcache.server.routes import SSE, ApiRoute
 from promptcache.server.schemas import ResponsesRequest
 from promptcache.server.sessions import session_of
-from promptcache.server.state import Prepared, Reply, ServerState
-from promptcache.server.streaming import (
-    await_finished,
-    keep_alive,
-    start_first,
-    stream_error,
-)
-from promptcache.tools import ParsedReply, ReplyStreamer
+from promptcache.server.state import ServerState
 
 REASONING_PART = {"type": "reasoning_text", "text": ""}
 
@@ -107,43 +101,41 @@ async def create(state: ServerState, request: Request, req: ResponsesRequest) ->
     )
     params.session = session_of(request, req.prompt_cache_key, req.user)
     explicit = req.max_output_tokens is not None
-    prep = await run_in_threadpool(state.prepare, request, chat, params, explicit)
+    gen = await pipeline.open_chat(state, request, chat, params, explicit)
     rid = new_id("resp_")
-    base = skeleton(req, rid, req.model or state.model_id, prep.params)
-    headers = prep.headers
+    base = skeleton(req, rid, req.model or state.model_id, gen.prep.params)
     conversation = [*history, *added]
 
-    def finish(fin: Finished, output_of: Any) -> tuple[dict[str, Any], Reply]:
-        reply = state.finish_reply(chat, prep, fin, "call_")
-        body = finished_body(base, fin, output_of(reply), state.is_cache_on)
+    def finish(fin: Finished, reply: Reply, output: list[Any]) -> dict[str, Any]:
+        """The response's final body, stored with the conversation through it."""
+        body = finished_body(base, fin, output, state.is_cache_on)
         if req.store is not False and fin.reason != "cancelled":
             state.responses.put(tenant, body, [*conversation, reply_message(reply)], params.session)
-        return body, reply
+        return body
 
-    events = state.events(request, prep.prompt, prep.params, prep.tenant, chat, prep.images)
     if not req.stream:
-        fin = await await_finished(events)
-        status = "completed" if fin.reason == "stop" else "incomplete"
-        body, _ = finish(fin, lambda reply: output_items(reply, tools, status))
-        return JSONResponse(body, headers=headers)
-    opening = await start_first(events)  # early errors are still a 4xx, not a broken stream
-    stream = ResponseStream(state, chat, prep, tools, base, finish)
-    return StreamingResponse(
-        stream.lines(opening, events), media_type="text/event-stream", headers=headers
-    )
+        out = await gen.outcome()
+        status = "completed" if out.fin.reason == "stop" else "incomplete"
+        body = finish(out.fin, out.reply, output_items(out.reply, tools, status))
+        return JSONResponse(body, headers=gen.headers)
+    lines = await gen.stream(ResponseWire(tools, base, finish))  # early errors: still a 4xx
+    return StreamingResponse(lines, media_type="text/event-stream", headers=gen.headers)
 
 
-class ResponseStream:
+class ResponseWire:
     """The typed server-sent events of one streamed response: a reasoning item (when the
     model's reasoning parser finds any), the message, then the calls."""
 
+    keep_alive = ": prefill\n\n"  # an SSE comment: clients skip it
+
     def __init__(
-        self, state: ServerState, chat: Chat, prep: Prepared, tools: ToolSet,
-        base: dict[str, Any], finish: Any,
-    ) -> None:  # fmt: skip
+        self,
+        tools: ToolSet,
+        base: dict[str, Any],
+        finish: Callable[[Finished, Reply, list[Any]], dict[str, Any]],
+    ) -> None:
         self.base, self.tools, self.finish = base, tools, finish
-        parser = state.formatter.parser if chat.can_call_tools else None
-        self.streamer = ReplyStreamer(state.formatter.reasoning, parser, chat.reasoning_open)
+        self.stream_id = str(base["id"])
         self.seq = 0
         self.items: list[dict[str, Any]] = []  # output items done so far
         self.open: dict[str, Any] | None = None  # the reasoning or message item being streamed
@@ -155,34 +147,44 @@ class ResponseStream:
         self.seq += 1
         return f"event: {kind}\ndata: {json.dumps(payload)}\n\n"
 
-    async def lines(self, opening: Any, events: AsyncIterator[Any]) -> AsyncIterator[str]:
-        try:
-            async for line in self._lines(opening, events):
-                yield line
-        except Exception as exc:  # once streaming, an error is an event and a failed response
-            message, kind = stream_error(exc, self.base["id"])
-            code = "rate_limit_exceeded" if kind == "overloaded_error" else "server_error"
-            yield self.event("error", code=kind, message=message, param=None)
-            failed = {**self.base, "status": "failed", "output": self.items,
-                      "error": {"code": code, "message": message}}  # fmt: skip
-            yield self.event("response.failed", response=failed)
+    def begin(self) -> list[str]:
+        return [self.event("response.created", response=self.base)]
 
-    async def _lines(self, opening: Any, events: AsyncIterator[Any]) -> AsyncIterator[str]:
-        yield self.event("response.created", response=self.base)
-        async for line in keep_alive(opening, ": prefill\n\n"):  # an SSE comment: clients skip it
-            yield line
-        first = opening.result()
-        if not isinstance(first, PrefillDone):  # cancelled while queued: nobody is listening
-            return
-        yield self.event("response.in_progress", response=self.base)
-        async for ev in events:
-            if isinstance(ev, TextDelta):
-                thought, piece = self.streamer.push(ev.text)
-                for line in self._piece("reasoning", thought) + self._piece("message", piece):
-                    yield line
-            elif isinstance(ev, Finished):
-                for line in self._finish(ev):
-                    yield line
+    def started(self, prefill: PrefillDone | None) -> list[str]:
+        return (
+            [self.event("response.in_progress", response=self.base)] if prefill is not None else []
+        )
+
+    def delta(self, reasoning: str, text: str) -> list[str]:
+        return self._piece("reasoning", reasoning) + self._piece("message", text)
+
+    def done(self, fin: Finished, reply: Reply) -> list[str]:
+        """The items still to stream after the last token, then the final response."""
+        out: list[str] = []
+        is_message_open = self.open is not None and self.open["type"] == "message"
+        if not reply.calls and "message" not in self.kinds_done and not is_message_open:
+            out += self._empty_message()
+        if self.open is not None:
+            out += self._close("completed" if fin.reason == "stop" else "incomplete")
+        for cid, call in reply.calls:
+            out += self._call(cid, call.name, call.arguments)
+        body = self.finish(fin, reply, self.items)
+        kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
+        out.append(self.event(kind, response=body))
+        return out
+
+    def failed(self, message: str, kind: str) -> list[str]:
+        """An error event and a failed response."""
+        code = "rate_limit_exceeded" if kind == "overloaded_error" else "server_error"
+        failed = {**self.base, "status": "failed", "output": self.items,
+                  "error": {"code": code, "message": message}}  # fmt: skip
+        return [
+            self.event("error", code=kind, message=message, param=None),
+            self.event("response.failed", response=failed),
+        ]
+
+    def end(self) -> list[str]:
+        return []
 
     def _piece(self, kind: str, piece: str) -> list[str]:
         """Events for a piece of reasoning or message text (opening its item when needed)."""
@@ -229,43 +231,25 @@ class ResponseStream:
         self.open = None
         return out
 
-    def _finish(self, fin: Finished) -> list[str]:
-        out: list[str] = []
-        body, reply = self.finish(fin, lambda reply: self._output(reply, fin, out))
-        kind = "response.completed" if body["status"] == "completed" else "response.incomplete"
-        out.append(self.event(kind, response=body))
+    def _call(self, cid: str, name: str, arguments: str) -> list[str]:
+        item_id, index = new_id("fc_"), len(self.items)
+        head = call_item(item_id, cid, name, arguments, self.tools, "in_progress")
+        out = [self.event("response.output_item.added", output_index=index, item=head)]
+        done = call_item(item_id, cid, name, arguments, self.tools)
+        where = {"item_id": item_id, "output_index": index}
+        if done["type"] == "function_call":
+            out.append(self.event("response.function_call_arguments.delta", **where,
+                                  delta=arguments))  # fmt: skip
+            out.append(self.event("response.function_call_arguments.done", **where,
+                                  arguments=arguments))  # fmt: skip
+        else:
+            out.append(self.event("response.custom_tool_call_input.delta", **where,
+                                  delta=done["input"]))  # fmt: skip
+            out.append(self.event("response.custom_tool_call_input.done", **where,
+                                  input=done["input"]))  # fmt: skip
+        out.append(self.event("response.output_item.done", output_index=index, item=done))
+        self.items.append(done)
         return out
-
-    def _output(self, reply: Reply, fin: Finished, out: list[str]) -> list[dict[str, Any]]:
-        """The items still to stream after the last token (appending their events to ``out``);
-        returns every output item."""
-        thought, rest = self.streamer.left(ParsedReply(reply.content, [], reply.reasoning))
-        out += self._piece("reasoning", thought)
-        out += self._piece("message", rest)
-        is_message_open = self.open is not None and self.open["type"] == "message"
-        if not reply.calls and "message" not in self.kinds_done and not is_message_open:
-            out += self._empty_message()
-        if self.open is not None:
-            out += self._close("completed" if fin.reason == "stop" else "incomplete")
-        for cid, call in reply.calls:
-            item_id, index = new_id("fc_"), len(self.items)
-            head = call_item(item_id, cid, call.name, call.arguments, self.tools, "in_progress")
-            out.append(self.event("response.output_item.added", output_index=index, item=head))
-            done = call_item(item_id, cid, call.name, call.arguments, self.tools)
-            where = {"item_id": item_id, "output_index": index}
-            if done["type"] == "function_call":
-                out.append(self.event("response.function_call_arguments.delta", **where,
-                                      delta=call.arguments))  # fmt: skip
-                out.append(self.event("response.function_call_arguments.done", **where,
-                                      arguments=call.arguments))  # fmt: skip
-            else:
-                out.append(self.event("response.custom_tool_call_input.delta", **where,
-                                      delta=done["input"]))  # fmt: skip
-                out.append(self.event("response.custom_tool_call_input.done", **where,
-                                      input=done["input"]))  # fmt: skip
-            out.append(self.event("response.output_item.done", output_index=index, item=done))
-            self.items.append(done)
-        return self.items
 
     def _empty_message(self) -> list[str]:
         """An empty reply is still one message item (as the unstreamed response has)."""
@@ -295,3 +279,23 @@ async def delete(state: ServerState, request: Request, response_id: str) -> Any:
     _stored(state, request, response_id)
     state.responses.delete(state.tenant_of(request), response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+async def stored_response(state: ServerState, request: Request, response_id: str) -> Any:
+    if request.method == "DELETE":
+        return await delete(state, request, response_id)
+    return await get(state, request, response_id)
+
+
+ROUTES = (
+    ApiRoute("/v1/responses", create, ResponsesRequest, streams=SSE),
+    # one route for both methods, so a 405 names both in Allow
+    ApiRoute(
+        "/v1/responses/{response_id}",
+        stored_response,
+        methods=("GET", "DELETE"),
+        errors={404: {"description": "No such stored response for this tenant"}},
+        doc="A stored response (``store`` was not false) of the caller's tenant: GET returns "
+        "it, DELETE removes it.",
+    ),
+)

@@ -12,9 +12,9 @@ from promptcache.engines.base import RequestError
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
 from promptcache.server.openai_api import apply_format
+from promptcache.server.pipeline import Reply
 from promptcache.server.responses_tools import ToolSet, call_item, read_tools
 from promptcache.server.schemas import ResponsesRequest
-from promptcache.server.state import Reply
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
 

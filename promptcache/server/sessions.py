@@ -17,7 +17,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 
-from promptcache.core.admin import CacheAdmin
 from promptcache.core.sessions import TTL_HINTS, longer_ttl
 from promptcache.engines.base import RequestError
 from promptcache.server.schemas import MessagesRequest
@@ -69,11 +68,9 @@ def _longest(ttls: Iterable[float | None]) -> float | None:
     return out
 
 
-def _cache(state: ServerState) -> CacheAdmin:
-    admin = state.engine.cache_admin
-    if admin is None:
+def _check_cache(state: ServerState) -> None:
+    if state.sessions.blocks is None:
         raise StarletteHTTPException(404, "the prompt cache is off on this server")
-    return admin
 
 
 async def delete_session(
@@ -83,15 +80,9 @@ async def delete_session(
     if not session_id:
         raise RequestError("a session id is needed")
     tenant = state.tenant_of(request)
-    report = await run_in_threadpool(_cache(state).delete_session, session_id, tenant, force)
-    memory = state.forget(tenant, session_id, force)
-    return {
-        "session": session_id,
-        "tenant": tenant,
-        "force": force,
-        **report.to_dict(),
-        "forgotten": memory,
-    }
+    _check_cache(state)
+    deletion = await run_in_threadpool(state.sessions.delete, tenant, session_id, force)
+    return {"session": session_id, "tenant": tenant, "force": force, **deletion.to_dict()}
 
 
 async def delete_tenant(state: ServerState, request: Request, tenant: str) -> dict[str, Any]:
@@ -99,5 +90,6 @@ async def delete_tenant(state: ServerState, request: Request, tenant: str) -> di
     grant = request.scope.get("state", {}).get("grant")
     if grant is not None and not grant.is_admin:
         raise StarletteHTTPException(403, "deleting a tenant's cache needs an admin key")
-    report = await run_in_threadpool(_cache(state).delete_tenant, tenant)
-    return {"tenant": tenant, **report.to_dict(), "forgotten": state.forget(tenant, None, True)}
+    _check_cache(state)
+    deletion = await run_in_threadpool(state.sessions.delete, tenant, None, True)
+    return {"tenant": tenant, **deletion.to_dict()}

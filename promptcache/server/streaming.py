@@ -104,30 +104,6 @@ async def keep_alive(first: asyncio.Future[Event], line: str) -> AsyncIterator[s
             first.cancel()
 
 
-async def await_finished(events: AsyncIterator[Event]) -> Finished:
-    """Run a non-streamed generation to its end: its Finished event (the others are dropped)."""
-    fin = None
-    async for ev in events:
-        if isinstance(ev, Finished):
-            fin = ev
-    assert fin is not None  # every generation ends with Finished or raises
-    return fin
-
-
-async def error_as_line(
-    lines: AsyncIterator[str], stream_id: str, error_line: Callable[[str, str], str], end: str = ""
-) -> AsyncIterator[str]:
-    """lines, then `end`; once streaming, an error is one error_line(message, type) and a clean
-    end, never a broken connection."""
-    try:
-        async for line in lines:
-            yield line
-    except Exception as exc:
-        yield error_line(*stream_error(exc, stream_id))
-    if end:
-        yield end
-
-
 def stream_error(exc: Exception, stream_id: str) -> tuple[str, str]:
     """(message, error type) for an error event in a started stream; logged here."""
     if isinstance(exc, EngineTimeoutError):
