@@ -343,3 +343,42 @@ def test_ignore_eos_decodes_past_an_end_of_turn_and_keeps_it_out_of_the_text():
     fin = reply(engine, prompt, SamplingParams(max_tokens=4, forced_ids=forced, ignore_eos=True))
     assert len(fin.completion_ids) == 4 and fin.reason == "length"
     check_clean(engine)
+
+
+def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones():
+    """Many sessions at once: short prompts keep arriving while a long one prefills. The budget
+    goes to the prompt passed over most often, so the long one finishes within a bounded number
+    of steps (shortest-remaining-first alone would leave it waiting while shorts keep coming)."""
+    from promptcache.serving.batching import Batcher
+    from promptcache.serving.request import Moved, Phase, Request
+
+    class Steps:  # the batcher's view of the engine: chunk ends and prefill pieces, no model
+        can_split_chunks, prefill_chunk, has_cache = True, 64, False
+
+        def chunk_end(self, req):
+            return min(req.num_prompt, (req.pos // self.prefill_chunk + 1) * self.prefill_chunk)
+
+        def prefill_step(self, req, end):
+            req.pos = end
+            return Moved(Phase.PREFILL if end < req.num_prompt else Phase.DECODE)
+
+    batcher = Batcher(Steps(), step_tokens=96, min_shared=10**9)
+    params = SamplingParams(max_tokens=1)
+
+    def arrive(n):
+        req = Request(list(range(n)), params)
+        req.phase = Phase.PREFILL
+        return req
+
+    long = arrive(2000)
+    active = [long]
+    for step in range(400):
+        active += [arrive(40), arrive(40)]  # a faster stream of short prompts than the budget
+        moved = batcher.advance_batch(active)
+        for req, m in moved.items():
+            req.phase = m.outcome
+        active = [r for r in active if r.phase is Phase.PREFILL]
+        if long.phase is Phase.DECODE:
+            break
+    assert long.phase is Phase.DECODE, f"the long prompt got {long.pos} of 2000 in 400 steps"
+    assert step < 350  # 2000 tokens at what the shorts leave of the budget (~16 a step): ~125

@@ -14,8 +14,8 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    tokens per step in all, the one-token steps of step 4 counted first. Prefill goes to the
    prompts with the fewest tokens left (a short request is not stuck behind a long prompt), and
    a step in which some prompt completes takes no further partial pieces (its first token goes
-   out a step sooner); a request that did not get its share goes first next step (a long prompt
-   is not starved either). On attention-only models a chunk runs in budget-sized pieces, so the
+   out a step sooner); a request that did not get its share goes first next step, the one
+   passed over most often first (a long prompt is not starved by a stream of shorter ones). On attention-only models a chunk runs in budget-sized pieces, so the
    budget bounds a step's length (how long a newcomer waits); with snapshot layers (sliding
    window, SSM) whole chunks run, since splitting an SSM's scan changes its numerics. A request
    alone in the engine runs whole chunks too (fewer forwards: each one streams every weight and
@@ -182,8 +182,9 @@ class Batcher:
     def _prefill_chunks(
         self, reqs: list[Request], budget: int, moved: dict[Request, Moved]
     ) -> None:
-        # skipped last step first, then the fewest tokens left (shortest remaining first)
-        order = sorted(reqs, key=lambda r: (r.skipped == 0, r.num_prompt - r.pos))
+        # the most skipped first (shortest-first alone starves a long prompt while shorter ones
+        # keep arriving: many sessions at once), then the fewest tokens left
+        order = sorted(reqs, key=lambda r: (-r.skipped, r.num_prompt - r.pos))
         ran = delivered = False
         for req in order:
             if req in moved and moved[req].outcome is not Phase.PREFILL:
