@@ -345,7 +345,7 @@ def test_ignore_eos_decodes_past_an_end_of_turn_and_keeps_it_out_of_the_text():
     check_clean(engine)
 
 
-def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones():
+def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones(monkeypatch):
     """Many sessions at once: short prompts keep arriving while a long one prefills. The budget
     goes to the prompt passed over most often, so the long one finishes within a bounded number
     of steps (shortest-remaining-first alone would leave it waiting while shorts keep coming)."""
@@ -362,6 +362,9 @@ def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones():
             req.pos = end
             return Moved(Phase.PREFILL if end < req.num_prompt else Phase.DECODE)
 
+    from promptcache.serving import batching
+
+    monkeypatch.setattr(batching, "ROW_SHARE", 0)  # a fixed budget: the one they compete for
     batcher = Batcher(Steps(), step_tokens=96, min_shared=10**9)
     params = SamplingParams(max_tokens=1)
 
@@ -382,3 +385,11 @@ def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones():
         num_steps += 1
     assert long.phase is Phase.DECODE, f"the long prompt got {long.pos} of 2000 in 400 steps"
     assert num_steps < 350  # 2000 tokens at what the shorts leave of the budget (~16 a step)
+
+
+def test_the_step_budget_grows_with_the_requests_in_a_step():
+    from promptcache.serving.batching import MAX_STEP_TOKENS, Batcher
+
+    batcher = Batcher(torch_engine("llama").steps, step_tokens=128, min_shared=32)
+    assert [batcher.step_budget(n) for n in (1, 2, 4, 16)] == [128, 192, 384, 1536]
+    assert batcher.step_budget(1000) == MAX_STEP_TOKENS
