@@ -71,19 +71,38 @@ class LeanDecoder:
     ) -> Output:
         cache = kwargs[self.cache_arg]
         rows = input_ids.shape[0]
-        h = self.embed(input_ids)
         if position_ids is None:
-            position_ids = torch.full((rows, 1), cache.get_seq_length(), device=h.device)
+            n = cache.get_seq_length()
+            position_ids = torch.full((rows, 1), n, device=input_ids.device)
+        mask = None
+        if attention_mask is not None and rows > 1:  # one row has no padding to hide
+            mask = attention_mask.bool()[:, None, None, :]
+        gqa = self.num_heads != self.num_kv_heads
+
+        def attend(
+            i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+        ) -> torch.Tensor:
+            keys, values = cache.layers[i].update(k, v)
+            return F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
+            )
+
+        return self.run_layers(input_ids, position_ids, attend)
+
+    def run_layers(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Any
+    ) -> Output:
+        """The step with its attention left to ``attend(i, layer, q, k, v)`` (rows x heads x 1
+        x dim each, RoPE applied; returns the attention output, rows x heads x 1 x dim): the
+        cache's update and the attention call are the caller's."""
+        rows = input_ids.shape[0]
+        h = self.embed(input_ids)
         cos, sin = self.rotary(h, position_ids)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), 1, dim]
         half = sin.shape[-1] // 2
         # rotate_half(x) * sin == roll(x, half) * signed_sin: two ops fewer per layer
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
-        mask = None
-        if attention_mask is not None and rows > 1:  # one row has no padding to hide
-            mask = attention_mask.bool()[:, None, None, :]
         heads, kv_heads = self.num_heads, self.num_kv_heads
-        gqa = heads != kv_heads
         for i, layer in enumerate(self.layers):
             x = _rms(layer.norm1, h)
             qkv = layer.project_qkv(x)
@@ -95,10 +114,7 @@ class LeanDecoder:
                 qk = qkv[:, :, : heads + kv_heads].transpose(1, 2)
             qk = qk * cos + qk.roll(half, -1) * signed_sin
             v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
-            keys, values = cache.layers[i].update(qk[:, heads:], v)
-            o = F.scaled_dot_product_attention(
-                qk[:, :heads], keys, values, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
-            )
+            o = attend(i, layer, qk[:, :heads], qk[:, heads:], v)
             h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
             h = h + layer.mlp(_rms(layer.norm2, h))
         return Output(self.model.lm_head(self.norm(h)))

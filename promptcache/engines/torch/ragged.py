@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from promptcache.engines.torch.lean import LeanDecoder, Output, _rms
+from promptcache.engines.torch.lean import LeanDecoder, LeanLayer
 from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS
 
 ROOM = 128  # positions allocated ahead of a row (a reallocation every ROOM decode steps)
@@ -106,36 +106,20 @@ def ragged_decode(
     Every layer of every state is full attention (a ``RowLayer`` appends in place; a plain
     ``DynamicLayer`` would concatenate, correct but a copy)."""
     device = states[0].layers[0].keys.device
-    lengths = [s.get_seq_length() for s in states]
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
-    position_ids = torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
-    h = decoder.embed(ids)
-    cos, sin = decoder.rotary(h, position_ids)
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), 1, dim]
-    half = sin.shape[-1] // 2
-    signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
-    heads, kv_heads = decoder.num_heads, decoder.num_kv_heads
-    gqa = heads != kv_heads
-    rows = len(states)
-    for i, layer in enumerate(decoder.layers):
-        x = _rms(layer.norm1, h)
-        qkv = layer.project_qkv(x)
-        if layer.q_norm is not None:
-            q = _rms(layer.q_norm, qkv[:, :, :heads])
-            k = _rms(layer.k_norm, qkv[:, :, heads : heads + kv_heads])
-            qk = torch.cat((q, k), 2).transpose(1, 2)
-        else:
-            qk = qkv[:, :, : heads + kv_heads].transpose(1, 2)
-        qk = qk * cos + qk.roll(half, -1) * signed_sin
-        v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
+    positions = torch.tensor([[s.get_seq_length()] for s in states], device=device)
+    gqa = decoder.num_heads != decoder.num_kv_heads
+
+    def attend(
+        i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         outs = []
-        for r, state in enumerate(states):
-            keys, values = state.layers[i].update(qk[r : r + 1, heads:], v[r : r + 1])
+        for r, state in enumerate(states):  # each row over its own positions: no padding
+            keys, values = state.layers[i].update(k[r : r + 1], v[r : r + 1])
             outs.append(F.scaled_dot_product_attention(
-                qk[r : r + 1, :heads], keys, values, scale=layer.scaling, enable_gqa=gqa
+                q[r : r + 1], keys, values, scale=layer.scaling, enable_gqa=gqa
             ))  # fmt: skip
-        o = outs[0] if rows == 1 else torch.cat(outs, 0)
-        h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
-        h = h + layer.mlp(_rms(layer.norm2, h))
-    logits = Output(decoder.model.lm_head(decoder.norm(h))).logits
-    return [logits[r, -1] for r in range(rows)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+    logits = decoder.run_layers(ids, positions, attend).logits
+    return [logits[r, -1] for r in range(len(states))]
