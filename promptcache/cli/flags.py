@@ -96,7 +96,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "a step is looked up and prefilled in the next one, and its first token streams before "
         "that step's decode forward), then every decoding request's next token in one forward; "
         "a smaller budget means shorter steps (newcomers wait less, decoding streams pause less) "
-        "and slower long prefills (default 128; under load a step's budget grows to 0.75x this "
+        "and slower long prefills (default 128; under load a step's budget grows to 1.5x this "
         "per request in the step, at most 4096: many sessions spend fewer decode forwards per "
         "prefilled token)",
         int,
