@@ -37,6 +37,9 @@ class RowLayer(DynamicLayer):
     handed out (a crop, a restore, a compaction, a padded batch's row), the next update copies
     what they hold into a fresh buffer first."""
 
+    keys: Any  # DynamicLayer's (set by it, unannotated there)
+    values: Any
+
     def __init__(self) -> None:
         super().__init__()
         self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
