@@ -167,9 +167,9 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
     assert stats["policy"] == "adaptive" and stats["policy_leader"] in CANDIDATES
     assert any("2x" in r.getMessage() for r in caplog.records)
 
-    from promptcache.server.metrics import render_cache_stats
+    from promptcache.core.figures import render_series
 
-    text = "\n".join(render_cache_stats(stats))
+    text = "\n".join(render_series(cache.stats().series(), "promptcache_cache_"))
     assert 'promptcache_cache_whatif_hit_rate_by_budget{budget="2x"}' in text
     assert f'promptcache_cache_policy_leader{{policy="{stats["policy_leader"]}"}} 1' in text
 

@@ -12,11 +12,11 @@ torch = pytest.importorskip("torch")
 from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.core.block import payload_nbytes  # noqa: E402
+from promptcache.core.figures import render_series  # noqa: E402
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.quant import TorchPacker, dequantize, quantize  # noqa: E402
 from promptcache.errors import ConfigError  # noqa: E402
-from promptcache.server.metrics import render_cache_stats  # noqa: E402
 from promptcache.serving.block_scheme import BlockScheme, pop_block_scheme  # noqa: E402
 from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
@@ -152,7 +152,7 @@ def test_torch_hits_on_packed_blocks_match_uncached(kind, scheme):
             )
     stats = cached.cache_stats()
     assert stats["quant_bytes_saved"] > 0 and stats["quant_ratio"] > 1.5
-    metrics = "\n".join(render_cache_stats(stats))
+    metrics = "\n".join(render_series(cached.cache_series(), "promptcache_"))
     assert f"promptcache_cache_quant_bytes_saved {stats['quant_bytes_saved']}" in metrics
     if kind == "gemma3":  # sliding-window rings travel in checkpoints, at full precision
         ckpts = [b.checkpoint for b in blocks if b.checkpoint is not None]

@@ -6,6 +6,7 @@ import time
 
 import httpx
 import pytest
+from exposition import read_exposition
 
 pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
@@ -218,6 +219,8 @@ def test_models_health_metrics(servers):
     assert len(models.data) == 1
     assert httpx.get(on.url + "/health").json()["status"] == "ok"
     text = httpx.get(on.url + "/metrics").text
+    families = read_exposition(text)  # a scraper reads all of it
+    assert families["promptcache_cache_num_lookups"]["kind"] == "counter"
     for name in (
         "promptcache_requests_total",
         "promptcache_ttft_seconds_bucket",

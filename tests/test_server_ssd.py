@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 from conftest import ServerProcess  # noqa: E402
+from exposition import read_exposition  # noqa: E402
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 SYSTEM = (
@@ -89,6 +90,7 @@ def test_restart_is_warm_and_replies_equal_uncached(tiny_llama_dir, tmp_path, re
             and stats["tiers"]["ssd"]["num_quarantined"] == 0
         )
         metrics = httpx.get(srv.url + "/metrics").text
+        assert read_exposition(metrics)["promptcache_cache_ssd_used_bytes"]["kind"] == "gauge"
         assert f"promptcache_cache_ssd_num_hits {ssd_hits + 1}" in metrics
     finally:
         srv.stop()

@@ -14,6 +14,7 @@ pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
 from conftest import ServerProcess  # noqa: E402
+from exposition import read_exposition  # noqa: E402
 
 pytestmark = [
     pytest.mark.server,
@@ -135,8 +136,9 @@ def test_conversation_moves_to_another_server_then_warm_up(server, reference):
     record = httpx.get(b.url + "/v1/cache/requests").json()["requests"][0]
     assert record["tokens_by_tier"].get("shared", 0) >= 0.9 * history
     metrics = httpx.get(b.url + "/metrics").text
+    assert read_exposition(metrics)["promptcache_cache_shared_rtt_seconds"]["kind"] == "histogram"
     assert "promptcache_cache_shared_num_hits 1" in metrics
-    assert 'promptcache_cache_shared_rtt_histogram{le="' in metrics
+    assert 'promptcache_cache_shared_rtt_seconds_bucket{le="' in metrics
     assert "promptcache_cache_shared_up 1" in metrics
 
     # a new server warms up from the shared tier: its first request hits from RAM

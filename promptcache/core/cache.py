@@ -356,7 +356,7 @@ class PromptCache:
                 tiers=self.tiers.describe(),
                 block_size=self.block_size,
                 policy=self.ram.policy.name,
-                whatif=self.whatif.snapshot() if self.whatif is not None else {},
+                whatif=self.whatif.snapshot() if self.whatif is not None else None,
                 ram_ttl_s=self.ram.ttl_s,
             )
 

@@ -177,7 +177,7 @@ def replay(
             cache.check_integrity()
     stats = cache.stats()
     return {
-        **stats.whatif,
+        **(stats.whatif or {}),
         "hit_rate": cached_total / prompt_total if prompt_total else 0.0,
         "compute_saved": cost_saved / cost_total if cost_total else 0.0,
         "requests": num,

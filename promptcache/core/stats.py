@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, NamedTuple
 
 from promptcache.core.evictions import Eviction
+from promptcache.core.figures import Series, Snapshot, counter, field_series, gauge, meta
 from promptcache.core.tree import HIT_KINDS
 
 
@@ -49,30 +50,31 @@ class LookupReport(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    num_lookups: int
-    num_hits: int
-    lookup_tokens: int
-    hit_tokens: int
-    hits_by_kind: dict[str, int]
-    num_saves: int
-    num_saved_blocks: int
-    num_saved_checkpoints: int
-    num_save_skipped_blocks: int
-    num_evictions: int
-    num_spills: int
-    num_superseded: int
-    num_blocks: int
-    num_pinned_blocks: int
-    bytes_by_tier: dict[str, int]
-    ram_budget_bytes: int
-    tiers: dict[str, dict[str, Any]]  # lower tiers' own counters (the SSD tier's)
-    block_size: int
-    policy: str
+    num_lookups: int = field(metadata=meta("counter"))
+    num_hits: int = field(metadata=meta("counter"))
+    lookup_tokens: int = field(metadata=meta("counter"))
+    hit_tokens: int = field(metadata=meta("counter"))
+    hits_by_kind: dict[str, int] = field(metadata=meta("counter", "kind"))
+    num_saves: int = field(metadata=meta("counter"))
+    num_saved_blocks: int = field(metadata=meta("counter"))
+    num_saved_checkpoints: int = field(metadata=meta("counter"))
+    num_save_skipped_blocks: int = field(metadata=meta("counter"))
+    num_evictions: int = field(metadata=meta("counter"))
+    num_spills: int = field(metadata=meta("counter"))
+    num_superseded: int = field(metadata=meta("counter"))
+    num_blocks: int = field(metadata=meta("gauge"))
+    num_pinned_blocks: int = field(metadata=meta("gauge"))
+    bytes_by_tier: dict[str, int] = field(metadata=meta("gauge", "tier"))
+    ram_budget_bytes: int = field(metadata=meta("gauge"))
+    # lower tiers' own figures by name (the SSD tier's, the shared tier's)
+    tiers: dict[str, Snapshot] = field()
+    block_size: int = field()
+    policy: str = field()
     # the adaptive policy's what-if simulations: leader, hit rate by budget factor and policy
-    whatif: dict[str, Any] = field(default_factory=dict)
-    num_expired: int = 0
-    num_deleted: int = 0
-    ram_ttl_s: float | None = None
+    whatif: Snapshot | None = None
+    num_expired: int = counter(0)
+    num_deleted: int = counter(0)
+    ram_ttl_s: float | None = gauge(None)
 
     @property
     def hit_rate(self) -> float:
@@ -84,8 +86,22 @@ class CacheStats:
         return self.hit_tokens
 
     def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out.update(out.pop("whatif"))  # flat keys: whatif_hit_rate_by_budget, policy_leader, ...
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["tiers"] = {name: t.to_dict() for name, t in self.tiers.items()}
+        whatif = out.pop("whatif")
+        out.update(whatif.to_dict() if whatif is not None else {})  # flat: policy_leader, ...
         out["hit_rate"] = round(self.hit_rate, 6)
         out["tokens_saved"] = self.tokens_saved
+        return copy.deepcopy(out)
+
+    def series(self) -> list[Series]:
+        out = field_series(CacheStats, {f.name: getattr(self, f.name) for f in fields(self)})
+        out += [
+            Series("hit_rate", "gauge", round(self.hit_rate, 6)),
+            Series("tokens_saved", "counter", self.tokens_saved),
+        ]
+        if self.whatif is not None:
+            out += self.whatif.series()
+        for name, tier in self.tiers.items():
+            out += [s.renamed(f"{name}_") for s in tier.series()]
         return out

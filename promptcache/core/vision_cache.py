@@ -24,6 +24,7 @@ import numpy as np
 from promptcache.core.block import payload_nbytes
 from promptcache.core.block_file import write_atomic
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import digest_bytes
 from promptcache.core.private_fs import make_private_dirs
 from promptcache.core.vision_tags import (
@@ -249,24 +250,20 @@ class VisionCache:
 
     # -- report ---------------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Snapshot:
         with self._lock:
             lookups = self.num_hits + self.num_ssd_hits + self.num_misses
-            return {
-                "entries": len(self._ram),
-                "bytes": self.used_bytes,
-                "budget_bytes": self.budget_bytes,
-                "hits": self.num_hits,
-                "ssd_hits": self.num_ssd_hits,
-                "misses": self.num_misses,
-                "hit_rate": (self.num_hits + self.num_ssd_hits) / lookups if lookups else 0.0,
-                "puts": self.num_puts,
-                "evictions": self.num_evictions,
-                "too_large": self.num_too_large,
-                "ssd_writes": self.num_ssd_writes,
-                "ssd_errors": self.num_ssd_errors,
-                "bad_files": self.num_bad_files,
-            }
+            gauges = {"entries": len(self._ram), "bytes": self.used_bytes,
+                      "budget_bytes": self.budget_bytes,
+                      "hit_rate": (self.num_hits + self.num_ssd_hits) / lookups if lookups else 0.0}  # fmt: skip
+            counts = {"hits": self.num_hits, "ssd_hits": self.num_ssd_hits,
+                      "misses": self.num_misses, "puts": self.num_puts,
+                      "evictions": self.num_evictions, "too_large": self.num_too_large,
+                      "ssd_writes": self.num_ssd_writes, "ssd_errors": self.num_ssd_errors,
+                      "bad_files": self.num_bad_files}  # fmt: skip
+        series = [Series(k, "gauge", v) for k, v in gauges.items()]
+        series += [Series(k, "counter", v) for k, v in counts.items()]
+        return Snapshot({**gauges, **counts}, tuple(series))
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless the RAM accounting holds and every SSD file verifies."""

@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from promptcache.core.budget import format_size
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import MiniCache, sampled_indices
 from promptcache.core.policies import make_policy
@@ -198,22 +199,32 @@ class WhatIf:
             for f, r in zip(FACTORS, rates, strict=True)
         }
 
-    def snapshot(self) -> dict[str, object]:
+    def snapshot(self) -> Snapshot:
         live = self.live
-        return {
-            "policy_leader": self.policy_names[self.leader],
+        leader = self.policy_names[self.leader]
+        by_budget = {k: round(v, 4) for k, v in self.hit_rate_by_budget().items()}
+        by_policy = (
+            {p: round(live.rate(j), 4) for j, p in enumerate(self.policy_names)} if live else {}
+        )
+        rate = 1 / self.rates[0] if self.rates[0] else 0.0
+        volume = round(live.volume, 1) if live else 0.0
+        values = {
+            "policy_leader": leader,
             "num_policy_switches": self.num_switches,
-            "whatif_sample_rate": 1 / self.rates[0] if self.rates[0] else 0.0,
-            "whatif_sampled_lookup_blocks": round(live.volume, 1) if live else 0.0,
-            "whatif_hit_rate_by_budget": {
-                k: round(v, 4) for k, v in self.hit_rate_by_budget().items()
-            },
-            "whatif_sampled_hit_rate_by_policy": {
-                p: round(live.rate(j), 4) for j, p in enumerate(self.policy_names)
-            }
-            if live
-            else {},
+            "whatif_sample_rate": rate,
+            "whatif_sampled_lookup_blocks": volume,
+            "whatif_hit_rate_by_budget": by_budget,
+            "whatif_sampled_hit_rate_by_policy": by_policy,
         }
+        series = (
+            Series("policy_leader", "gauge", {leader: 1}, "policy"),  # the name as a label
+            Series("num_policy_switches", "counter", self.num_switches),
+            Series("whatif_sample_rate", "gauge", rate),
+            Series("whatif_sampled_lookup_blocks", "gauge", volume),
+            Series("whatif_hit_rate_by_budget", "gauge", by_budget, "budget"),
+            Series("whatif_sampled_hit_rate_by_policy", "gauge", by_policy, "policy"),
+        )
+        return Snapshot(values, series)
 
     def recommendation(self) -> str | None:
         """A sentence when 2x the budget would clearly pay, after enough traffic to tell."""

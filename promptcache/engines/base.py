@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from typing import Any, Protocol
 
 from promptcache.core.admin import CacheAdmin
+from promptcache.core.figures import Series
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.errors import (
     CacheSaveError,
@@ -116,6 +117,10 @@ class Engine(Protocol):
 
     def cache_stats(self) -> dict[str, Any]:
         """The prompt cache's counters as JSON-ready values (empty when the cache is off)."""
+
+    def cache_series(self) -> list[Series]:
+        """The same figures for ``/metrics``, each with its kind and label, named by family
+        (``cache_num_hits``, ``memory_rss_bytes``, ``vision_encoder_runs``)."""
 
     def forget_images(self, tenant: str, session: str | None, force: bool = False) -> int:
         """Remove the cached encoder outputs of a deleted session's images (``session`` None: a

@@ -210,7 +210,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(
-            state.metrics.render(state.cache_stats(), state.records),
+            state.metrics.render(state.cache_series(), state.records),
             media_type="text/plain; version=0.0.4",
         )
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
+from promptcache.core.figures import Series, render_series
 from promptcache.server.records import RequestRecords
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -62,7 +62,8 @@ class ServerMetrics:
             if ttft_s is not None:
                 self.ttft.observe(ttft_s)
 
-    def render(self, cache: dict[str, Any], records: RequestRecords | None = None) -> str:
+    def render(self, cache: list[Series], records: RequestRecords | None = None) -> str:
+        """The server's own counters, then the engine's figures as ``promptcache_<family>_*``."""
         with self._lock:
             lines = ["# TYPE promptcache_requests_total counter"]
             for (endpoint, status), n in sorted(self.requests.items()):
@@ -76,7 +77,7 @@ class ServerMetrics:
             ):
                 lines += [f"# TYPE promptcache_{name} counter", f"promptcache_{name} {value}"]
             lines += self.ttft.render("promptcache_ttft_seconds")
-        lines += render_cache_stats(cache)
+        lines += render_series(cache, "promptcache_")
         if records is not None:
             lines += render_records(records)
         return "\n".join(lines) + "\n"
@@ -99,44 +100,4 @@ def render_records(records: RequestRecords) -> list[str]:
         "# TYPE promptcache_hit_rate_alert gauge",
         f"promptcache_hit_rate_alert {int(alert['alerting'])}",
     ]
-    return lines
-
-
-def _label(key: str) -> str:
-    for part, label in (("tier", "tier"), ("histogram", "le"), ("budget", "budget")):
-        if part in key:
-            return label
-    return "policy" if "policy" in key else "kind"
-
-
-def render_cache_stats(stats: dict[str, Any], prefix: str = "promptcache_cache_") -> list[str]:
-    """Numbers become gauges or counters; dicts of numbers become labelled series."""
-    lines: list[str] = []
-    for key, value in sorted(stats.items()):
-        if key == "tiers":
-            for tier, tier_stats in value.items():
-                lines += render_cache_stats(tier_stats, f"{prefix}{tier}_")
-            continue
-        if key == "vision":  # encoder runs and the vision-embedding cache
-            lines += render_cache_stats(value, "promptcache_vision_")
-            continue
-        if key == "memory":  # live request state, the resident set (CachedEngine.memory_stats)
-            lines += render_cache_stats(value, "promptcache_memory_")
-            continue
-        if isinstance(value, bool) or key in ("block_size",):
-            continue
-        if key == "policy_leader":  # a name: exposed as a series labelled with it, value 1
-            value = {str(value): 1}
-        name = prefix + key
-        kind = (
-            "counter"
-            if key.startswith("num_") and key not in ("num_blocks", "num_pinned_blocks")
-            else "gauge"
-        )
-        if isinstance(value, int | float):
-            lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
-        elif isinstance(value, dict) and all(isinstance(v, int | float) for v in value.values()):
-            label = _label(key)
-            lines.append(f"# TYPE {name} {kind}")
-            lines += [f'{name}{{{label}="{k}"}} {v}' for k, v in value.items()]
     return lines

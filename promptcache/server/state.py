@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 from starlette.requests import Request
 
+from promptcache.core.figures import Series
 from promptcache.core.images import ImageSpan
 from promptcache.engines.base import (
     Engine,
@@ -194,6 +195,9 @@ class ServerState:
 
     def cache_stats(self) -> dict[str, Any]:
         return self.engine.cache_stats()
+
+    def cache_series(self) -> list[Series]:
+        return self.engine.cache_series()
 
     def continuity_stats(self) -> dict[str, Any]:
         return self.formatter.replies.stats()

@@ -54,8 +54,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any
 
+from promptcache.core.figures import Series, Snapshot
 from promptcache.serving.request import Moved, Phase, Request
 from promptcache.serving.steps import Steps
 
@@ -144,16 +144,20 @@ class Batcher:
     def cancel(self, req: Request) -> Moved:
         return self.steps.cancel(req)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Snapshot:
         with self._lock:
-            return {
+            counts = {
                 "num_engine_steps": self.num_steps,
                 "num_batched_forwards": self.num_batched_forwards,
                 "batched_rows": self.batched_rows,
-                "max_batch_rows": self.max_batch_rows,
                 "num_inflight_waits": self.num_inflight_waits,
                 "inflight_dedup_tokens": self.inflight_dedup_tokens,
             }
+            peak = self.max_batch_rows
+        series = [Series(k, "counter", v) for k, v in counts.items()]
+        return Snapshot(
+            {**counts, "max_batch_rows": peak}, (*series, Series("max_batch_rows", "gauge", peak))
+        )
 
     # -- the parts of a step ----------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from promptcache.core.figures import Series, Snapshot
 from promptcache.errors import ConfigError
 from promptcache.serving.layers import Layout
 
@@ -204,14 +205,20 @@ def pop_block_scheme(options: dict[str, Any]) -> BlockScheme:
     return scheme
 
 
-def quant_stats(packer: BlockPacker | None, ram_bytes: int) -> dict[str, Any]:
-    """The stats keys for ``/v1/cache/stats`` and ``/metrics``: bytes the packer saved on the
-    blocks it stored, and an estimate of what the RAM tier's blocks would take unpacked."""
+def quant_stats(packer: BlockPacker | None, ram_bytes: int) -> Snapshot:
+    """For ``/v1/cache/stats`` and ``/metrics``: bytes the packer saved on the blocks it stored
+    (counters), and what the RAM tier's blocks would take unpacked, estimated (gauges)."""
     if packer is None:
-        return {}
-    out = packer.stats.to_dict(packer.scheme)
-    out["quant_ram_bytes_saved"] = int(ram_bytes * (out["quant_ratio"] - 1))
-    return out
+        return Snapshot({})
+    counts = packer.stats.to_dict(packer.scheme)
+    gauges = {
+        "quant_ratio": counts.pop("quant_ratio"),
+        "quant_kv_bits": counts.pop("quant_kv_bits"),
+    }
+    gauges["quant_ram_bytes_saved"] = int(ram_bytes * (gauges["quant_ratio"] - 1))
+    series = [Series(k, "counter", v) for k, v in counts.items()]
+    series += [Series(k, "gauge", v) for k, v in gauges.items()]
+    return Snapshot({**counts, **gauges}, tuple(series))
 
 
 def unpack_hit(

@@ -19,6 +19,7 @@ import numpy as np
 from promptcache.core.admin import CacheAdmin
 from promptcache.core.budget import parse_size
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.figures import Figures, Joined, Series, Snapshot
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
@@ -323,16 +324,38 @@ class CachedEngine:
             "rss_bytes": rss_bytes(),
         }
 
-    def cache_stats(self) -> dict[str, Any]:
+    def cache_figures(self) -> dict[str, Figures]:
+        """The prompt cache's figures by family (``cache``, ``memory``, ``vision``); empty when
+        the cache is off. Each is taken consistently on its own."""
         if self.cache is None:
             return {}
-        out = {**self.cache.stats().to_dict(), **self.batcher.stats(), **self.scheduler.stats()}
-        out["memory"] = self.memory_stats()
+        stats = self.cache.stats()
+        parts: list[Figures] = [stats, self.batcher.stats(), self.scheduler.stats()]
+        # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
+        parts.append(quant_stats(self.runner.packer, stats.bytes_by_tier["ram"]))
+        memory = self.memory_stats()
+        out: dict[str, Figures] = {
+            "cache": Joined(tuple(parts)),
+            "memory": Snapshot(memory, tuple(Series(k, "gauge", v) for k, v in memory.items())),
+        }
         if self.feeder is not None:  # encoder runs and the vision-embedding cache
             out["vision"] = self.feeder.stats()
-        # the runner's block packer, when blocks are stored quantized or narrower (block_scheme)
-        out.update(quant_stats(self.runner.packer, out["bytes_by_tier"]["ram"]))
         return out
+
+    def cache_stats(self) -> dict[str, Any]:
+        figures = self.cache_figures()
+        if not figures:
+            return {}
+        out = figures.pop("cache").to_dict()
+        out.update({family: f.to_dict() for family, f in figures.items()})
+        return out
+
+    def cache_series(self) -> list[Series]:
+        return [
+            s.renamed(f"{family}_")
+            for family, f in self.cache_figures().items()
+            for s in f.series()
+        ]
 
     def close(self) -> None:
         if self.cache is not None:

@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Protocol
 
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.worker_threads import start_thread
 from promptcache.errors import EngineFailure, RequestError
 from promptcache.serving.events import Event
@@ -177,13 +178,14 @@ class Scheduler:
                 r.state for r in self._active if r.phase is not Phase.DONE and r.state is not None
             ]
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> Snapshot:
         with self._cond:
-            return {
+            counts = {
                 "num_step_failures": self.num_step_failures,
                 "num_integrity_failures": self.num_integrity_failures,
                 "num_admission_waits": self.num_admission_waits,
             }
+        return Snapshot(counts, tuple(Series(k, "counter", v) for k, v in counts.items()))
 
     def deliver(self, ready: Mapping[Request, Moved]) -> bool:
         """Events a step produced before its end, to their consumers now (their outcomes are

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.vision_cache import VisionCache, VisionKey
 from promptcache.errors import RequestError
@@ -138,16 +139,16 @@ class VisionFeeder:
             return self.cache.forget_tenant(tenant)
         return self.cache.forget_session(tenant, session, force)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> Snapshot:
         with self._lock:
-            out: dict[str, Any] = {
-                "encoder_runs": self.num_encoder_runs,
-                "images_fed": self.num_images_fed,
-            }
-        out["cache_enabled"] = self.cache is not None
-        if self.cache is not None:  # flat: /metrics renders these as promptcache_vision_cache_*
-            out.update({f"cache_{k}": v for k, v in self.cache.stats().items()})
-        return out
+            runs = {"encoder_runs": self.num_encoder_runs, "images_fed": self.num_images_fed}
+        series = [Series(k, "counter", v) for k, v in runs.items()]
+        values: dict[str, Any] = {**runs, "cache_enabled": self.cache is not None}
+        if self.cache is not None:  # flat: /metrics shows promptcache_vision_cache_*
+            cache = self.cache.stats()
+            values.update({f"cache_{k}": v for k, v in cache.items()})
+            series += [s.renamed("cache_") for s in cache.series()]
+        return Snapshot(values, tuple(series))
 
 
 class PlaceholderVision:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from promptcache.core.block import Block, BlockMeta
+from promptcache.core.figures import Snapshot
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse
@@ -152,8 +153,9 @@ class SessionAdmin(Protocol):
 class HasStats(Protocol):
     """A tier with figures to show (``/v1/cache/stats``, ``/metrics``)."""
 
-    def describe(self) -> dict[str, Any]:
-        """Counters and settings for ``/v1/cache/stats`` (empty: nothing to show)."""
+    def describe(self) -> Snapshot:
+        """Counters and settings, typed for ``/metrics`` and read as a mapping for
+        ``/v1/cache/stats`` (empty: nothing to show). Taken at one moment."""
 
     def used_bytes(self) -> int:
         """Bytes this tier holds now."""
@@ -206,8 +208,8 @@ class NullTier:
     def close(self) -> None:
         pass
 
-    def describe(self) -> dict[str, Any]:
-        return {}
+    def describe(self) -> Snapshot:
+        return Snapshot({})
 
     def used_bytes(self) -> int:
         return 0

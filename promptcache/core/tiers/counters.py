@@ -1,6 +1,7 @@
 """Tier counters under one lock: updated from writer threads, reader pools and request threads,
 so no increment is lost and a snapshot is consistent. A tier's stats are a slots dataclass of
-counters deriving from ``TierCounters``; latency histograms share ``bucket_of``/``histogram``.
+counters deriving from ``TierCounters`` (each declared ``counter``/``gauge``, ``core.figures``);
+latency histograms share ``bucket_of``/``bucket_table``.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["TierCounters", "bucket_of", "histogram"]
+from promptcache.core.figures import Series, field_series
+
+__all__ = ["TierCounters", "bucket_of", "bucket_table"]
 
 
 @dataclass(slots=True)
@@ -49,6 +52,10 @@ class TierCounters:
             for name, n in sums.items():
                 setattr(self, name, getattr(self, name) + n)
 
+    def series(self, values: dict[str, Any]) -> list[Series]:
+        """The declared counters of a ``snapshot()`` (a subclass adds its histograms)."""
+        return field_series(type(self), values)
+
     def snapshot(self) -> dict[str, Any]:
         """Every counter (histograms copied), taken under the lock."""
         with self._lock:
@@ -61,6 +68,6 @@ def bucket_of(buckets: tuple[float, ...], seconds: float) -> int:
     return next((k for k, b in enumerate(buckets) if seconds <= b), len(buckets))
 
 
-def histogram(buckets: tuple[float, ...], counts: list[int]) -> dict[str, int]:
+def bucket_table(buckets: tuple[float, ...], counts: list[int]) -> dict[str, int]:
     """``{"le_0.001": n, ..., "le_inf": n}`` for ``/v1/cache/stats`` and the metrics."""
     return {f"le_{b}": c for b, c in zip((*buckets, "inf"), counts, strict=True)}

@@ -14,9 +14,9 @@ nothing, so what was read outside the lock never brings a deleted block back.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from promptcache.core.block import Block
+from promptcache.core.figures import Snapshot
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, merge_session_blocks
@@ -210,7 +210,7 @@ class TierStack:
             **{t.name: t.used_bytes() for t in self._stats},
         }
 
-    def describe(self) -> dict[str, dict[str, Any]]:
+    def describe(self) -> dict[str, Snapshot]:
         """Each lower tier's ``describe()`` that has something to show, by name."""
         return {t.name: d for t in self._stats if (d := t.describe())}
 

@@ -34,7 +34,8 @@ from urllib.parse import parse_qs, urlsplit
 import valkey
 from valkey import exceptions as vex
 
-from promptcache.core.tiers.counters import TierCounters, histogram
+from promptcache.core.figures import Series, counter, histogram
+from promptcache.core.tiers.counters import TierCounters, bucket_table
 from promptcache.core.tiers.write_behind import Backoff
 
 log = logging.getLogger("promptcache.shared")
@@ -48,30 +49,30 @@ _DOWN_ERRORS = (vex.ConnectionError, vex.TimeoutError, vex.ClusterDownError, vex
 
 @dataclass(slots=True)
 class SharedStats(TierCounters):
-    num_lookups: int = 0  # lookups asked of this tier (none while down)
-    num_found: int = 0  # lookups that found blocks
-    num_hits: int = 0  # lookups that promoted blocks from this tier
-    num_misses: int = 0  # lookups that asked this tier and promoted nothing from it
-    promotion_failures: int = 0  # RAM budget could not be reserved for its blocks
-    num_promoted_blocks: int = 0
-    num_blocks_read: int = 0
-    bytes_read: int = 0
-    read_seconds: float = 0.0  # the read round trips, values verified
-    num_writes: int = 0
-    bytes_written: int = 0
-    dropped_writes: int = 0  # queue full, or the link down: never blocks a request
-    skipped_writes: int = 0  # already stored
-    dropped_touches: int = 0  # touches and session tags dropped on a full queue
-    oom_errors: int = 0  # the server refused a write (maxmemory under noeviction)
-    errors: int = 0  # connection errors, timeouts, other error replies
-    num_corrupt: int = 0  # entries whose data failed verification: deleted, never served
-    num_missing: int = 0  # entries whose data had expired or been evicted: index cleaned
-    num_read_races: int = 0  # values rewritten between lookup and read: the hit ends there
-    num_swept: int = 0  # stale index entries removed by puts
-    num_warmed_blocks: int = 0  # pulled into RAM by the start-up warm-up
-    warmed_bytes: int = 0
-    num_disconnects: int = 0
-    num_reconnects: int = 0
+    num_lookups: int = counter(0)  # lookups asked of this tier (none while down)
+    num_found: int = counter(0)  # lookups that found blocks
+    num_hits: int = counter(0)  # lookups that promoted blocks from this tier
+    num_misses: int = counter(0)  # lookups that asked this tier and promoted nothing from it
+    promotion_failures: int = counter(0)  # RAM budget could not be reserved for its blocks
+    num_promoted_blocks: int = counter(0)
+    num_blocks_read: int = counter(0)
+    bytes_read: int = counter(0)
+    read_seconds: float = counter(0.0)  # the read round trips, values verified
+    num_writes: int = counter(0)
+    bytes_written: int = counter(0)
+    dropped_writes: int = counter(0)  # queue full, or the link down: never blocks a request
+    skipped_writes: int = counter(0)  # already stored
+    dropped_touches: int = counter(0)  # touches and session tags dropped on a full queue
+    oom_errors: int = counter(0)  # the server refused a write (maxmemory under noeviction)
+    errors: int = counter(0)  # connection errors, timeouts, other error replies
+    num_corrupt: int = counter(0)  # entries whose data failed verification: deleted, never served
+    num_missing: int = counter(0)  # entries whose data had expired or been evicted: index cleaned
+    num_read_races: int = counter(0)  # values rewritten between lookup and read: the hit ends there
+    num_swept: int = counter(0)  # stale index entries removed by puts
+    num_warmed_blocks: int = counter(0)  # pulled into RAM by the start-up warm-up
+    warmed_bytes: int = counter(0)
+    num_disconnects: int = counter(0)
+    num_reconnects: int = counter(0)
     rtt_seconds: float = 0.0
     rtt_histogram: list[int] = field(default_factory=lambda: [0] * (len(RTT_BUCKETS_S) + 1))
 
@@ -82,9 +83,20 @@ class SharedStats(TierCounters):
         self.add(read_seconds=seconds, bytes_read=nbytes)
 
     def to_dict(self) -> dict[str, Any]:
-        out = self.snapshot()
+        return self._json(self.snapshot())
+
+    def figures(self) -> tuple[dict[str, Any], list[Series]]:
+        """``to_dict()`` and its series, from one snapshot."""
+        values = self.snapshot()
+        hist = histogram(
+            "rtt_seconds", RTT_BUCKETS_S, values["rtt_histogram"], values["rtt_seconds"]
+        )
+        return self._json(values), [*self.series(values), hist]
+
+    def _json(self, out: dict[str, Any]) -> dict[str, Any]:
+        out = dict(out)
         hist = out["rtt_histogram"]
-        out["rtt_histogram"] = histogram(RTT_BUCKETS_S, hist)
+        out["rtt_histogram"] = bucket_table(RTT_BUCKETS_S, hist)
         n = sum(hist)
         out["rtt_mean_s"] = out["rtt_seconds"] / n if n else 0.0
         out["read_bytes_per_s"] = (
@@ -138,12 +150,11 @@ class ValkeyLink:
     def is_up(self) -> bool:
         return self._up
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "state": "connected" if self._up else "down",
-            "up": int(self._up),
-            "retry_in_s": round(self.backoff.seconds_to_retry(), 3),
-        }
+    def describe(self) -> str:
+        """The link's state in words (errors, logs)."""
+        if self._up:
+            return "connected"
+        return f"down (retry in {self.backoff.seconds_to_retry():.2f} s)"
 
     def _down(self, exc: BaseException) -> None:
         with self._lock:

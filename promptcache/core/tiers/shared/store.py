@@ -39,6 +39,7 @@ from typing import Any
 from promptcache.core.block import BlockMeta
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import BlockHash
 from promptcache.core.tiers.base import StoredBlock
 from promptcache.core.tiers.parts import PartsTier
@@ -182,15 +183,19 @@ class ValkeyStore(PartsTier):
         self.flush()
         check_store(self)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Snapshot:
         info = self.server_info(max_age_s=0.1)
-        return {**self.stats.to_dict(), **self.link.describe(), "url": self.link.url,
-                "lookup_mode": self.lookup_mode, "ttl_s": self.ttl_ms / 1000,
-                "queued_writes": self.writer.queue.num_queued, "used_bytes": int(info.get("used_memory", 0)),
-                "maxmemory": int(info.get("maxmemory", 0)),
-                "maxmemory_policy": info.get("maxmemory_policy", ""),
-                "evicted_keys": int(info.get("evicted_keys", 0)),
-                "expired_keys": int(info.get("expired_keys", 0))}  # fmt: skip
+        counts, series = self.stats.figures()
+        own = {"up": int(self.link.is_up), "retry_in_s": round(self.link.backoff.seconds_to_retry(), 3),
+               "ttl_s": self.ttl_ms / 1000, "queued_writes": self.writer.queue.num_queued,
+               "used_bytes": int(info.get("used_memory", 0)), "maxmemory": int(info.get("maxmemory", 0))}  # fmt: skip
+        server = {"evicted_keys": int(info.get("evicted_keys", 0)),
+                  "expired_keys": int(info.get("expired_keys", 0))}  # fmt: skip
+        series += [Series(k, "gauge", v) for k, v in own.items()]
+        series += [Series(k, "counter", v) for k, v in server.items()]
+        texts = {"state": "connected" if self.link.is_up else "down", "url": self.link.url,
+                 "lookup_mode": self.lookup_mode, "maxmemory_policy": info.get("maxmemory_policy", "")}  # fmt: skip
+        return Snapshot({**counts, **own, **server, **texts}, tuple(series))
 
     # -- WarmSource ----------------------------------------------------------------------------
 

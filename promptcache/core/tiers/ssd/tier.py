@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from promptcache.core.cipher import BlockCipher
 from promptcache.core.codec import PayloadCodec, TreeCodec
 from promptcache.core.evictions import EvictionLog
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import BlockHash
 from promptcache.core.private_fs import FILE_MODE
 from promptcache.core.tiers.parts import PartsTier
@@ -172,18 +172,16 @@ class SsdTier(PartsTier):
             f"SSD tier holds {held} bytes over its budget {self.budget_bytes}"
         )
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> Snapshot:
         index = self.index
         n, used = index.totals() if index is not None else (0, 0)
-        return {**self.stats.to_dict(), **_health(self.folder.health), "num_blocks": n, "used_bytes": used,
-                "budget_bytes": self.budget_bytes, "queued_writes": self.num_queued_writes,
-                "enabled": index is not None, "encrypted": self.folder.cipher is not None}  # fmt: skip
-
-
-def _health(health: Backoff) -> dict[str, Any]:
-    """The write back-off as ``/v1/cache/stats`` reports it."""
-    return {
-        "write_state": "backing_off" if health.num_failures else "ok",
-        "consecutive_write_errors": health.num_failures,
-        "retry_in_s": round(health.seconds_to_retry(), 3),
-    }
+        health = self.folder.health
+        counts, series = self.stats.figures()
+        own = {"num_blocks": n, "used_bytes": used, "budget_bytes": self.budget_bytes,
+               "queued_writes": self.num_queued_writes,
+               "consecutive_write_errors": health.num_failures,
+               "retry_in_s": round(health.seconds_to_retry(), 3)}  # fmt: skip
+        series += [Series(k, "gauge", v) for k, v in own.items()]
+        flags = {"write_state": "backing_off" if health.num_failures else "ok",
+                 "enabled": index is not None, "encrypted": self.folder.cipher is not None}  # fmt: skip
+        return Snapshot({**counts, **own, **flags}, tuple(series))
