@@ -1,5 +1,5 @@
 """`promptcache cache stats|ls|verify|clear|delete --cache-dir DIR`: inspect and maintain the
-SSD tier (with ``--shared-tier URL``, the shared tier instead: ``cli.shared``).
+SSD tier (its ``TierAdmin`` command; the shared tier's is ``cli.shared``).
 
 Works on the files and the SQLite index directly, no model needed. ``stats`` and ``ls`` only
 read, so they run beside a server; ``verify``, ``clear`` and ``delete`` move and delete files, so
@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from promptcache.cli.serve import default_cache_dir
 from promptcache.core.block_file import CorruptBlockError, EncryptedBlockError, OldFormatError
 from promptcache.core.cipher import BlockCipher, make_cipher
 from promptcache.core.private_fs import make_private_dirs
@@ -203,11 +204,8 @@ def cmd_delete(
 
 
 def run_cache_command(args: argparse.Namespace) -> int:
-    if getattr(args, "shared_tier", None):
-        from promptcache.cli.shared import run_shared_command
-
-        return run_shared_command(args)
-    cache_dir = Path(args.cache_dir)
+    """The SSD tier's offline command (``TierAdmin``): ``args.cache_dir`` None is the default."""
+    cache_dir = Path(args.cache_dir or default_cache_dir())
     try:
         cipher = make_cipher(getattr(args, "encrypt_key_file", None))
     except (OSError, ValueError) as exc:

@@ -6,10 +6,11 @@ Every serve flag has an environment variable: --ram-budget is PROMPTCACHE_RAM_BU
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from promptcache.cli.flags import (
     add_engine_flags,
@@ -17,7 +18,8 @@ from promptcache.cli.flags import (
     add_format_flags,
     add_switch,
 )
-from promptcache.cli.serve import cmd_serve, default_cache_dir
+from promptcache.cli.serve import cmd_serve
+from promptcache.core.tiers.registry import tier_entries
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -203,17 +205,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="verify, delete: the serve --encrypt-key-file of an encrypted cache",
     )
     cache.add_argument(
-        "--cache-dir", default=None, help="the serve --cache-dir (default: <user cache dir>/blocks)"
-    )
-    cache.add_argument(
         "--limit", type=int, default=50, help="ls: at most this many blocks per model"
     )
-    cache.add_argument(
-        "--shared-tier",
-        default=None,
-        metavar="URL",
-        help="act on this shared tier (valkey://host:port/db) instead of the SSD folder",
-    )
+    for entry in tier_entries():  # each tier with an offline command: the flag that picks it
+        if entry.admin is not None:
+            cache.add_argument(f"--{entry.admin.flag}", default=None, help=entry.admin.help)
     cache.set_defaults(func=cmd_cache)
 
     models = sub.add_parser(
@@ -233,10 +229,19 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from promptcache.cli.cache import run_cache_command
-
-    args.cache_dir = args.cache_dir or default_cache_dir()
-    return run_cache_command(args)
+    """The offline command of the tier whose flag was given (the default tier's without one)."""
+    admins = [e.admin for e in tier_entries() if e.admin is not None]
+    given = [a for a in admins if getattr(args, a.flag.replace("-", "_")) is not None]
+    if len(given) > 1:
+        print(f"promptcache cache: give one of {', '.join('--' + a.flag for a in given)}")
+        return 2
+    picked = given or [a for a in admins if a.is_default]
+    if not picked:
+        print(f"promptcache cache: give one of {', '.join('--' + a.flag for a in admins)}")
+        return 2
+    module, _, function = picked[0].command.partition(":")
+    run: Callable[[argparse.Namespace], int] = getattr(importlib.import_module(module), function)
+    return run(args)
 
 
 def _tokens(text: str) -> int:

@@ -14,7 +14,7 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.tiers.base import BlockStore
 
-__all__ = ["TierContext", "TierEntry", "TierFlag"]
+__all__ = ["TierAdmin", "TierContext", "TierEntry", "TierFlag"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +44,27 @@ class TierContext:
 
 
 @dataclass(frozen=True, slots=True)
+class TierAdmin:
+    """The tier's offline command, ``promptcache cache ACTION`` (stats, ls, sessions, verify,
+    clear, delete) with no server running. ``flag`` picks the tier (``--flag VALUE``; the
+    default tier needs none); ``command``: ``"module:function"``, the function taking the parsed
+    arguments (the flag's value under its dest) and returning the exit code, imported only when
+    the tier is picked."""
+
+    flag: str
+    help: str
+    command: str
+    is_default: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class TierEntry:
     """One tier, registered once. ``order``: its place behind RAM (lower is nearer: SSD 10,
     shared 20). ``options``: the option names its build reads, with their defaults.
     ``from_flags``: the parsed flag values (by dest) and the user cache folder -> its options.
     ``build``: its options (defaults filled in) and the context -> the tier, or None when
-    the options do not ask for it; raises ValueError on a bad setting."""
+    the options do not ask for it; raises ValueError on a bad setting. ``admin``: its offline
+    command, if it has one."""
 
     name: str
     order: int
@@ -57,3 +72,4 @@ class TierEntry:
     flags: tuple[TierFlag, ...]
     from_flags: Callable[[Mapping[str, Any], Path], dict[str, Any]]
     build: Callable[[Mapping[str, Any], TierContext], BlockStore | None]
+    admin: TierAdmin | None = None

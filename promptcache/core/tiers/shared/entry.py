@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.core.tiers.base import BlockStore
-from promptcache.core.tiers.options import TierContext, TierEntry, TierFlag
+from promptcache.core.tiers.options import TierAdmin, TierContext, TierEntry, TierFlag
 
 
 def _from_flags(values: Mapping[str, Any], home: Path) -> dict[str, Any]:
@@ -47,4 +47,6 @@ ENTRY = TierEntry(
     ),
     from_flags=_from_flags,
     build=_build,
+    admin=TierAdmin("shared-tier", "the shared tier on this server (valkey://host:port/db) instead of the SSD folder",
+                    "promptcache.cli.shared:run_shared_command"),
 )  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 from promptcache.core.budget import parse_size
 from promptcache.core.tiers.base import BlockStore
-from promptcache.core.tiers.options import TierContext, TierEntry, TierFlag
+from promptcache.core.tiers.options import TierAdmin, TierContext, TierEntry, TierFlag
 
 DEFAULT_BUDGET = "10GB"
 
@@ -53,4 +53,6 @@ ENTRY = TierEntry(
     ),
     from_flags=_from_flags,
     build=_build,
+    admin=TierAdmin("cache-dir", "the SSD tier: the serve --cache-dir (default: <user cache dir>/blocks)",
+                    "promptcache.cli.cache:run_cache_command", is_default=True),
 )  # fmt: skip
