@@ -236,7 +236,7 @@ class Ideal:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], tool_choice: Any
     ) -> list[int]:
         from promptcache.server.openai_api import to_chat
-        from promptcache.server.schemas import ChatCompletionRequest
+        from promptcache.server.schemas.openai import ChatCompletionRequest
 
         req = ChatCompletionRequest(
             model="any", messages=messages, tools=tools, tool_choice=tool_choice

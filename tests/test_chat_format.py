@@ -8,7 +8,7 @@ from promptcache.engines.base import EngineError
 from promptcache.server.anthropic_api import to_chat
 from promptcache.server.chat import Chat, ChatFormatter
 from promptcache.server.continuity import ReplyMemory
-from promptcache.server.schemas import MessagesRequest
+from promptcache.server.schemas.anthropic import MessagesRequest
 from promptcache.tools import ToolCall
 
 TOOL = {"type": "function", "function": {"name": "ls", "description": "list",

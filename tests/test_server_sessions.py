@@ -101,7 +101,7 @@ def test_session_ids_and_ttl_hints_at_the_edge():
     from starlette.requests import Request
 
     from promptcache.core.sessions import session_key
-    from promptcache.server.schemas import MessagesRequest
+    from promptcache.server.schemas.anthropic import MessagesRequest
     from promptcache.server.sessions import session_of, ttl_hint
 
     def request(headers):

@@ -14,12 +14,14 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from promptcache.engines.base import Finished, PrefillDone, RequestError, SamplingParams
+from promptcache.errors import PromptTooLongError
 from promptcache.server import pipeline
 from promptcache.server.chat import Chat
+from promptcache.server.errors import ApiErrors, error_kind
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, anthropic_image, image_part
 from promptcache.server.pipeline import Reply
 from promptcache.server.routes import SSE, ApiRoute
-from promptcache.server.schemas import CountTokensRequest, MessagesRequest
+from promptcache.server.schemas.anthropic import CountTokensRequest, MessagesRequest
 from promptcache.server.sessions import session_of, ttl_hint
 from promptcache.server.state import ServerState
 from promptcache.server.tool_kinds import set_aside
@@ -346,6 +348,22 @@ class MessageWire:
         out.append(event("content_block_delta", {"index": self.index, "delta": delta}))
         return out
 
+
+def error_body(status: int, message: str, param: str | None, code: str | None) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_kind(status), "message": message}}
+
+
+def too_long(exc: PromptTooLongError) -> tuple[str, dict[str, str]]:
+    if exc.max_tokens:  # --strict-max-tokens: the prompt fits, the output does not
+        return (
+            f"input length and `max_tokens` exceed context limit: {exc.num_tokens} + "
+            f"{exc.max_tokens} > {exc.max_context}, decrease input length or "
+            "`max_tokens` and try again"
+        ), {}
+    return f"prompt is too long: {exc.num_tokens} tokens > {exc.max_context} maximum", {}
+
+
+ERRORS = ApiErrors("/v1/messages", error_body, too_long)
 
 ROUTES = (
     ApiRoute("/v1/messages", messages, MessagesRequest, streams=SSE),

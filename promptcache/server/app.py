@@ -27,7 +27,7 @@ from promptcache.server import (
     responses_api,
     sessions,
 )
-from promptcache.server.errors import describe_validation, error_response, is_anthropic_path
+from promptcache.server.errors import ErrorShapes, describe_validation
 from promptcache.server.guard import BodyTooLarge, CatchAll, Guard
 from promptcache.server.routes import ApiRoute, endpoint
 from promptcache.server.state import QueueFullError, ServerState
@@ -64,9 +64,11 @@ def create_app(state: ServerState) -> FastAPI:
         state.metrics.count_request(path if path in ENDPOINTS else "other", status)
 
     limits = state.limits
-    app.add_middleware(CatchAll)  # inside Guard: its 500s are counted like any response
+    errors = ErrorShapes(m.ERRORS for m in API_MODULES if hasattr(m, "ERRORS"))
+    app.add_middleware(CatchAll, errors=errors)  # inside Guard: its 500s are counted too
     app.add_middleware(
         Guard,
+        errors=errors,
         count=count,
         max_body_bytes=limits.max_body_bytes,
         api_keys=limits.api_keys,
@@ -75,7 +77,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     def reject(request: Request, status: int, message: str, **extra: Any) -> JSONResponse:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, status, message)
-        return error_response(request.url.path, status, message, **extra)
+        return errors.response(request.url.path, status, message, **extra)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -91,23 +93,8 @@ def create_app(state: ServerState) -> FastAPI:
     @app.exception_handler(PromptTooLongError)
     async def on_too_long(request: Request, exc: PromptTooLongError) -> JSONResponse:
         # each API's own wording: clients parse it (Claude Code compacts on Anthropic's)
-        if is_anthropic_path(request.url.path):
-            message = f"prompt is too long: {exc.num_tokens} tokens > {exc.max_context} maximum"
-            if exc.max_tokens:  # --strict-max-tokens: the prompt fits, the output does not
-                message = (
-                    f"input length and `max_tokens` exceed context limit: {exc.num_tokens} + "
-                    f"{exc.max_tokens} > {exc.max_context}, decrease input length or "
-                    "`max_tokens` and try again"
-                )
-            return reject(request, 400, message)
-        message = str(exc)
-        if not message.startswith("This model's"):
-            message = (
-                f"This model's maximum context length is {exc.max_context} tokens. However, your "
-                f"messages resulted in {exc.num_tokens} tokens. Please reduce the length of the "
-                "messages."
-            )
-        return reject(request, 400, message, param="messages", code="context_length_exceeded")
+        message, extra = errors.of(request.url.path).too_long(exc)
+        return reject(request, 400, message, **extra)
 
     @app.exception_handler(BodyTooLarge)
     async def on_body(request: Request, exc: BodyTooLarge) -> JSONResponse:
@@ -136,7 +123,7 @@ def create_app(state: ServerState) -> FastAPI:
     async def on_failure(request: Request, exc: Exception) -> JSONResponse:
         log.error("%s %s failed: %s", request.method, request.url.path, exc, exc_info=exc)
         message = f"the server failed to serve this request ({type(exc).__name__}); see its log"
-        return error_response(request.url.path, 500, message)
+        return errors.response(request.url.path, 500, message)
 
     @app.api_route("/", methods=["GET", "HEAD"])
     async def root() -> Any:  # Claude Code probes the base URL with HEAD / before each run

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from promptcache.errors import ConfigError
-from promptcache.server.errors import error_response
+from promptcache.server.errors import ErrorShapes
 
 log = logging.getLogger("promptcache.server")
 
@@ -92,9 +92,11 @@ class Guard:
         max_body_bytes: int,
         api_keys: dict[str, KeyGrant],
         loopback_only: bool,
+        errors: ErrorShapes,
         admin_paths: frozenset[str] = frozenset({"/v1/cache/stats", "/metrics"}),
     ) -> None:
         self.app = app
+        self.errors = errors
         self.count = count
         self.max_body_bytes = max_body_bytes
         self.api_keys = api_keys
@@ -119,7 +121,7 @@ class Guard:
             if refusal is not None:
                 code, message, headers = refusal
                 log.warning("%s %s -> %d: %s", scope["method"], path, code, message)
-                response = error_response(path, code, message)
+                response = self.errors.response(path, code, message)
                 response.headers.update(headers)
                 await response(scope, receive, counted_send)
                 return
@@ -190,8 +192,9 @@ class CatchAll:
     Starlette's bare text), logged once with its traceback. A response already started (a
     stream) cannot change its status: the stream ends, and its own code reports the error."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, *, errors: ErrorShapes) -> None:
         self.app = app
+        self.errors = errors
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -212,4 +215,4 @@ class CatchAll:
             if is_started:
                 return
             message = f"the server failed to serve this request ({type(exc).__name__}); see its log"
-            await error_response(path, 500, message)(scope, receive, send)
+            await self.errors.response(path, 500, message)(scope, receive, send)

@@ -20,9 +20,10 @@ from promptcache.engines.base import Finished, PrefillDone, RequestError
 from promptcache.server import ollama_items as items
 from promptcache.server import pipeline
 from promptcache.server.chat import Chat
+from promptcache.server.errors import ApiErrors
 from promptcache.server.pipeline import Generation, Reply
 from promptcache.server.routes import NDJSON, ApiRoute
-from promptcache.server.schemas import (
+from promptcache.server.schemas.ollama import (
     OllamaChatRequest,
     OllamaGenerateRequest,
     OllamaMessage,
@@ -222,6 +223,9 @@ async def show(state: ServerState, request: Request, req: OllamaShowRequest) -> 
 async def version(state: ServerState, request: Request) -> dict[str, str]:
     return {"version": items.VERSION}
 
+
+# Ollama's clients read {"error": message}
+ERRORS = ApiErrors("/api/", lambda status, message, param, code: {"error": message})
 
 ROUTES = (
     ApiRoute("/api/chat", chat, OllamaChatRequest, streams=NDJSON),

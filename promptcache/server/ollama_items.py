@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from promptcache.engines.base import RequestError, SamplingParams
 from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
-from promptcache.server.schemas import OllamaBase, OllamaChatRequest, OllamaMessage
+from promptcache.server.schemas.ollama import OllamaBase, OllamaChatRequest, OllamaMessage
 from promptcache.server.state import ServerState
 from promptcache.server.tool_kinds import function_tools
 

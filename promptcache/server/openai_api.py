@@ -19,7 +19,7 @@ from promptcache.server.chat import Chat
 from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, openai_image
 from promptcache.server.pipeline import Generation, Reply
 from promptcache.server.routes import SSE, ApiRoute
-from promptcache.server.schemas import ChatCompletionRequest, CompletionRequest
+from promptcache.server.schemas.openai import ChatCompletionRequest, CompletionRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import ServerState
 from promptcache.server.tool_kinds import function_tools

@@ -30,7 +30,7 @@ from promptcache.server.responses_items import (
 )
 from promptcache.server.responses_tools import ToolSet, call_item, read_tools
 from promptcache.server.routes import SSE, ApiRoute
-from promptcache.server.schemas import ResponsesRequest
+from promptcache.server.schemas.responses import ResponsesRequest
 from promptcache.server.sessions import session_of
 from promptcache.server.state import ServerState
 

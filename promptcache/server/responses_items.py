@@ -14,7 +14,7 @@ from promptcache.server.image_parts import TEXT_ONLY, ImagePolicy, image_part, o
 from promptcache.server.openai_api import apply_format
 from promptcache.server.pipeline import Reply
 from promptcache.server.responses_tools import ToolSet, call_item, read_tools
-from promptcache.server.schemas import ResponsesRequest
+from promptcache.server.schemas.responses import ResponsesRequest
 
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal", "summary_text", "reasoning_text")
 

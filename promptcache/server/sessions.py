@@ -19,7 +19,7 @@ from starlette.requests import Request
 
 from promptcache.core.sessions import TTL_HINTS, longer_ttl
 from promptcache.engines.base import RequestError
-from promptcache.server.schemas import MessagesRequest
+from promptcache.server.schemas.anthropic import MessagesRequest
 from promptcache.server.state import ServerState
 
 SESSION_HEADER = "x-promptcache-session"
