@@ -156,11 +156,12 @@ class Steps:
     def packs(self, reqs: Sequence[Request]) -> bool:
         """Whether ``packed_step`` can run these requests' next tokens in one forward: the
         runner packs their states (``PackedRunner``) and no prompt among them has images (its
-        chunks go through the vision model's forward)."""
+        chunks go through the vision model's forward; a request begun in this step is still
+        ``NEW``, so its phase cannot tell)."""
         packed = self._packed
         return (
             packed is not None
-            and not any(r.images and r.phase is Phase.PREFILL for r in reqs)
+            and not any(r.images for r in reqs)
             and packed.packs([r.state for r in reqs])
         )
 

@@ -155,9 +155,11 @@ def packed_forward(
     positions = torch.cat(
         [torch.arange(p, p + n, device=device) for p, n in zip(pasts, lengths, strict=True)]
     ).view(1, -1)
-    # query j of a piece after p cached positions sees keys 0..p+j; built once for every layer
+    # query j of a piece after p cached positions sees keys 0..p+j: additive masks built once
+    # for every layer (a boolean one is turned into this by every attention call)
+    dtype = decoder.embed.weight.dtype
     masks = [
-        torch.ones(n, p + n, dtype=torch.bool, device=device).tril(p) if n > 1 and p else None
+        _causal_mask(p, n, dtype, device) if n > 1 and p else None
         for p, n in zip(pasts, lengths, strict=True)
     ]
     gqa = decoder.num_heads != decoder.num_kv_heads
@@ -179,3 +181,8 @@ def packed_forward(
     last = torch.tensor(bounds[1:], device=device) - 1
     logits = decoder.run_layers(flat, positions, attend, keep=last).logits
     return [logits[0, r] for r in range(len(states))]
+
+
+def _causal_mask(past: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    hidden = torch.ones(n, past + n, dtype=torch.bool, device=device).triu(past + 1)
+    return torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
