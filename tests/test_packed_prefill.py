@@ -173,7 +173,9 @@ def test_threads_through_the_scheduler_reply_as_alone():
     for t in threads:
         t.join(120)
     assert got == want
-    assert on.cache_stats()["num_pinned_blocks"] == 0
+    stats = on.cache_stats()
+    assert stats["num_packed_forwards"] >= 1, stats  # arrivals a step apart pack with decodes
+    assert stats["num_pinned_blocks"] == 0
 
 
 def test_a_failed_packed_forward_fails_its_requests_and_the_rest_go_on():
