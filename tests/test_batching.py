@@ -173,11 +173,16 @@ def test_identical_prompts_fired_together_compute_the_prefix_once(lib, kind):
     forward = runner.forward
     prefill_tokens = []
 
-    def counted(states, ids):
-        prefill_tokens.extend(len(x) for x in ids if len(x) > 1)
-        return forward(states, ids)
+    def counting(run):
+        def counted(states, ids):
+            prefill_tokens.extend(len(x) for x in ids if len(x) > 1)
+            return run(states, ids)
 
-    runner.forward = counted  # the scheduler's steps call it through the runner
+        return counted
+
+    runner.forward = counting(forward)  # the scheduler's steps call it through the runner
+    if hasattr(runner, "forward_packed"):  # several prefill pieces in one forward (torch)
+        runner.forward_packed = counting(runner.forward_packed)
     rng = random.Random(11)
     shared = [rng.randrange(3, 256) for _ in range(200)]
     ps = [shared + [5, 6, 7], shared + [5, 6, 7], shared + [9, 9]]
@@ -286,11 +291,15 @@ def test_torch_kept_batch_notices_a_member_changed_outside_it():
     assert [s.get_seq_length() for s in batched] == [s.get_seq_length() for s in lone]
 
 
-def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward(packed):
     """Prefill priority: in the step where a newly arrived prompt completes, its consumer is
     woken (first token ready) before the batched decode forward of the requests already
-    decoding; and every reply is still the one it gives alone."""
+    decoding, or, where the runner packs them (``PackedRunner``), with the one forward that
+    prefills it and decodes them; and every reply is still the one it gives alone."""
     engine, alone = torch_engine("llama"), torch_engine("llama")
+    if not packed:  # the steps as on a runner that cannot pack
+        engine.steps.packs = lambda reqs: False
     short = [9, 8, 7, 6, 5]
     params, short_params = SamplingParams(max_tokens=40), SamplingParams(max_tokens=4)
     runs = [(p, reply(alone, p, params).completion_ids) for p in prompts(8, seed=29)]
@@ -298,16 +307,22 @@ def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
     want_short = reply(alone, short, short_params).completion_ids
     log: list[tuple] = []
     forward, wake = engine.runner.forward, engine.batcher.on_events
+    forward_packed = engine.runner.forward_packed
 
     def logged_forward(states, ids):
         log.append(("forward", tuple(len(x) for x in ids)))
         return forward(states, ids)
+
+    def logged_packed(states, ids):
+        log.append(("packed", tuple(len(x) for x in ids)))
+        return forward_packed(states, ids)
 
     def logged_wake(ready):  # the scheduler's deliver: the step's early events, then a wake
         log.append(("wake",))
         return wake(ready)
 
     engine.runner.forward = logged_forward  # looked up per forward
+    engine.runner.forward_packed = logged_packed
     engine.batcher.on_events = logged_wake
     got: list = [None, None]
     threads = [
@@ -323,10 +338,18 @@ def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward():
         t.join(120)
     assert [g.completion_ids for g in got] == list(want)
     assert short_reply.completion_ids == want_short
-    at = log.index(("forward", (len(short),)))  # the newcomer's prefill (it fits the budget)
-    assert log[at + 1] == ("wake",), log[at - 2 : at + 3]
-    # then the step's one-token forward (the decode rows; a reply that ended adds its save)
-    assert log[at + 2][0] == "forward" and set(log[at + 2][1]) == {1}, log[at - 2 : at + 3]
+    if packed:  # the newcomer's prefill and the decode rows (a save perhaps) in one forward
+        at = next(i for i, e in enumerate(log) if e[0] == "packed" and e[1][0] == len(short))
+        assert set(log[at][1][1:]) == {1} and len(log[at][1]) >= 3, log[at - 2 : at + 3]
+        assert log[at + 1] == ("wake",), log[at - 2 : at + 3]
+        assert not any(e[0] == "forward" and len(short) in e[1] for e in log)
+        assert engine.cache_stats()["num_packed_forwards"] >= 1
+    else:
+        at = log.index(("forward", (len(short),)))  # the newcomer's prefill (it fits the budget)
+        assert log[at + 1] == ("wake",), log[at - 2 : at + 3]
+        # then the step's one-token forward (the decode rows; a reply that ended adds its save)
+        assert log[at + 2][0] == "forward" and set(log[at + 2][1]) == {1}, log[at - 2 : at + 3]
+        assert engine.cache_stats()["num_packed_forwards"] == 0
     check_clean(engine)
 
 
@@ -363,6 +386,9 @@ def test_a_long_prompt_is_not_starved_by_a_stream_of_short_ones(monkeypatch):
         def prefill_step(self, req, end):
             req.pos = end
             return Moved(Phase.PREFILL if end < req.num_prompt else Phase.DECODE)
+
+        def packs(self, reqs):  # each piece through prefill_step
+            return False
 
     from promptcache.serving import batching
 

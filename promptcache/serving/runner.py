@@ -9,7 +9,7 @@ per-request model state (``state``, the library's own cache object). ``torch_run
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -75,3 +75,19 @@ class ModelRunner(Protocol):
 
     def codec(self) -> PayloadCodec:
         """How this runner's payloads travel to block files."""
+
+
+@runtime_checkable
+class PackedRunner(Protocol):
+    """An optional capability of a runner (checked by protocol, never by class): several
+    sequences' new tokens in one forward whatever their lengths (prefill pieces of several
+    requests, and decode tokens beside them), so the weights are read once for all of them.
+    ``forward`` runs a mix of lengths one sequence at a time."""
+
+    def packs(self, states: Sequence[Any]) -> bool:
+        """True when ``forward_packed`` runs these states together (else ``forward``)."""
+
+    def forward_packed(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[Any]:
+        """What ``forward(states, ids)`` returns (each sequence's last-position logits, every
+        state appended to), in one forward; results within float noise of ``forward``'s. A
+        failure may leave any of the states part-written: their requests fail together."""

@@ -9,7 +9,7 @@ next and the events for its consumer); the scheduler alone moves ``Request.phase
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from promptcache.core.cache import PromptCache
@@ -19,7 +19,7 @@ from promptcache.errors import CacheSaveError, EngineTimeoutError, RequestError
 from promptcache.serving.decoding import emit_token, finish_reply, sample_after, start_decoding
 from promptcache.serving.events import Event, Finished, PrefillDone
 from promptcache.serving.request import Moved, Phase, Request
-from promptcache.serving.runner import ModelRunner
+from promptcache.serving.runner import ModelRunner, PackedRunner
 from promptcache.serving.vision import VisionFeeder, image_safe_end
 
 
@@ -46,6 +46,8 @@ class Steps:
         # served from it directly (bitwise the same state as restoring the blocks, minus the copy)
         self.live: tuple[Any, TokenSeq] | None = None
         self.checkpoint_last = True  # see chunk_end (off: only chunk and prompt ends, to compare)
+        # several requests' new tokens in one forward, where the runner can (``packed_step``)
+        self._packed = runner if isinstance(runner, PackedRunner) else None
 
     # -- one request's part of a step (``batching.Batcher`` composes the step) ------------------
 
@@ -113,6 +115,10 @@ class Steps:
         """Prefill up to ``end`` (default: the chunk's end); the prompt's last piece sends
         PrefillDone and the first token."""
         self.prefill_chunk_of(req, end)
+        return self._after_piece(req)
+
+    def _after_piece(self, req: Request) -> Moved:
+        """A prompt not done prefills on; at its end: PrefillDone and the first token."""
         if req.pos < req.num_prompt:
             return Moved(Phase.PREFILL)
         report = req.lease.report if req.lease is not None else None
@@ -141,13 +147,53 @@ class Steps:
             logits = runner.forward([r.state for r in reqs], [[r.generated[-1]] for r in reqs])
         except Exception as exc:  # the batch's forward: every request in it fails
             return [Moved(exc)] * len(reqs), batched
-        out: list[Moved] = []
-        for req, row, save in zip(reqs, logits, is_save, strict=True):
-            try:
-                out.append(self.save_reply(req) if save else self.decode_step(req, row))
-            except Exception as exc:
-                out.append(Moved(exc))
+        out = [
+            _attempt(self.save_reply, req) if save else _attempt(self.decode_step, req, row)
+            for req, row, save in zip(reqs, logits, is_save, strict=True)
+        ]
         return out, batched
+
+    def packs(self, reqs: Sequence[Request]) -> bool:
+        """Whether ``packed_step`` can run these requests' next tokens in one forward: the
+        runner packs their states (``PackedRunner``) and no prompt among them has images (its
+        chunks go through the vision model's forward; a request begun in this step is still
+        ``NEW``, so its phase cannot tell)."""
+        packed = self._packed
+        return (
+            packed is not None
+            and not any(r.images for r in reqs)
+            and packed.packs([r.state for r in reqs])
+        )
+
+    def packed_step(
+        self, pieces: Sequence[tuple[Request, int]], one: Sequence[Request], is_save: Sequence[bool]
+    ) -> list[Moved]:
+        """Every prefill piece (its request's prompt up to ``end``: saved at a save point, the
+        prompt's last piece sends PrefillDone and the first token) and every one-token step (as
+        ``one_token_steps``) in one forward (``packs`` said so): the outcomes, pieces first, in
+        order. A failed forward fails them all."""
+        assert self._packed is not None
+        reqs = [r for r, _ in pieces] + list(one)
+        ids = [r.prompt[r.pos : end] for r, end in pieces] + [[r.generated[-1]] for r in one]
+        t = time.perf_counter()
+        try:
+            logits = self._packed.forward_packed([r.state for r in reqs], ids)
+        except Exception as exc:  # the packed forward: every request in it fails
+            return [Moved(exc)] * len(reqs)
+        seconds = time.perf_counter() - t  # each piece waited for the whole forward
+        out = [
+            _attempt(self._piece_done, req, end, row, seconds)
+            for (req, end), row in zip(pieces, logits[: len(pieces)], strict=True)
+        ]
+        for req, row, save in zip(one, logits[len(pieces) :], is_save, strict=True):
+            out.append(
+                _attempt(self.save_reply, req) if save else _attempt(self.decode_step, req, row)
+            )
+        return out
+
+    def _piece_done(self, req: Request, end: int, logits: Any, seconds: float) -> Moved:
+        self._prefilled(req, end, logits, seconds)
+        return self._after_piece(req)
 
     def time_out(self, req: Request) -> Moved:
         """The deadline passed: before the first token the request fails (503), after it the
@@ -215,10 +261,14 @@ class Steps:
             )
         else:  # a prompt without images: the plain text forward
             logits = self.runner.forward([req.state], [ids])[0]
+        self._prefilled(req, end, logits, time.perf_counter() - t)
+
+    def _prefilled(self, req: Request, end: int, logits: Any, seconds: float) -> None:
+        """A piece's forward ran (``seconds``): its logits and position, saved at a save point."""
         req.logits = logits
         req.pos = end
         t1 = time.perf_counter()
-        req.phases.prefill_s += t1 - t
+        req.phases.prefill_s += seconds
         req.phases.num_forwards += 1
         if req.seq is not None and self.is_save_point(req, end):
             self.save(req.seq, req.state, req.pos)
@@ -285,3 +335,11 @@ class Steps:
             and n + len(gen) < self.max_context
         )
         return Moved(Phase.SAVE if save else Phase.DONE, events)
+
+
+def _attempt(action: Callable[..., Moved], req: Request, *args: Any) -> Moved:
+    """One request's part after a shared forward; its exception is its outcome."""
+    try:
+        return action(req, *args)
+    except Exception as exc:
+        return Moved(exc)

@@ -8,7 +8,9 @@ for grouped attention). For decoders whose layers are exactly RMSNorm, attention
 (optionally per-head q/k norms), RMSNorm, gated MLP (llama, mistral, qwen2, qwen3 and their
 fine-tunes, dense or mixture-of-experts) this step calls the model's own weights, rotary
 module and activation directly, reads grouped KV heads in place (``enable_gqa``) and writes
-keys/values through the cache layers' public ``update``. Prefill stays the model's forward.
+keys/values through the cache layers' public ``update``. A request's prefill alone stays the
+model's forward; several requests' pieces packed into one forward run here too
+(``ragged.packed_forward``).
 
 Each decoder is checked at load against the model's forward (``agrees``: a few greedy steps,
 same tokens, logits within float noise); a model that does not match runs its own forward.
@@ -33,12 +35,12 @@ TOLERANCE = 1e-3  # of the largest logit: float32 sums in another order, nothing
 
 
 class Output(NamedTuple):
-    logits: torch.Tensor  # [rows, 1, vocab]
+    logits: torch.Tensor  # [rows, tokens (or the kept ones), vocab]
 
 
 class LeanLayer(NamedTuple):
     norm1: Any
-    project_qkv: Any  # hidden -> [rows, 1, heads + 2 * kv_heads, head_dim]
+    project_qkv: Any  # hidden -> [rows, tokens, heads + 2 * kv_heads, head_dim]
     q_norm: Any  # per-head RMSNorms (qwen3) or None
     k_norm: Any
     o_proj: Any
@@ -90,15 +92,23 @@ class LeanDecoder:
         return self.run_layers(input_ids, position_ids, attend)
 
     def run_layers(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, attend: Any
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attend: Any,
+        keep: torch.Tensor | None = None,
     ) -> Output:
-        """The step with its attention left to ``attend(i, layer, q, k, v)`` (rows x heads x 1
-        x dim each, RoPE applied; returns the attention output, rows x heads x 1 x dim): the
-        cache's update and the attention call are the caller's."""
-        rows = input_ids.shape[0]
+        """The step with its attention left to ``attend(i, layer, q, k, v)`` (rows x heads x
+        tokens x dim each, RoPE applied; returns the attention output, the same shape as ``q``):
+        the cache's update and the attention call are the caller's. ``input_ids`` and
+        ``position_ids`` are rows x tokens (a decode step: one token a row; a packed forward:
+        one row of every sequence's tokens side by side). ``keep``: the token indices whose
+        logits are wanted (the lm head over a whole prefill piece is most of a small model's
+        work), else every position's."""
+        rows, length = input_ids.shape
         h = self.embed(input_ids)
         cos, sin = self.rotary(h, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), 1, dim]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), tokens, dim]
         half = sin.shape[-1] // 2
         # rotate_half(x) * sin == roll(x, half) * signed_sin: two ops fewer per layer
         signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
@@ -115,8 +125,10 @@ class LeanDecoder:
             qk = qk * cos + qk.roll(half, -1) * signed_sin
             v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
             o = attend(i, layer, qk[:, :heads], qk[:, heads:], v)
-            h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, 1, -1))
+            h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, length, -1))
             h = h + layer.mlp(_rms(layer.norm2, h))
+        if keep is not None:
+            h = h[:, keep]
         return Output(self.model.lm_head(self.norm(h)))
 
 

@@ -9,7 +9,12 @@ over all rows at once and only the attention runs row by row. Nothing is gathere
 piece appends in place too (``DynamicLayer`` concatenates: a copy of the whole context per
 forward).
 
-Only the lean step (``lean.LeanDecoder``) runs ``ragged_decode``: it owns the attention call.
+``packed_forward`` goes further: several requests' prefill pieces and decode tokens side by side
+in one forward (one row of all their new tokens), so the weights are read once for all of them
+instead of once per request; each request's tokens attend over its own layers, causally among
+themselves.
+
+Only the lean step (``lean.LeanDecoder``) runs these: it owns the attention call.
 """
 
 from __future__ import annotations
@@ -126,3 +131,58 @@ def ragged_decode(
 
     logits = decoder.run_layers(ids, positions, attend).logits
     return [logits[r, -1] for r in range(len(states))]
+
+
+@torch.inference_mode()
+def packed_forward(
+    decoder: LeanDecoder,
+    states: Sequence[DynamicCache],
+    ids: Sequence[Sequence[int]],
+    device: torch.device,
+) -> list[torch.Tensor]:
+    """Append ``ids[i]`` (a prefill piece, or one decode token) to ``states[i]`` for every i in
+    one forward: each sequence's last-position logits. Projections, norms and MLP run over all
+    the tokens at once; attention per sequence over its own layers (full attention; a
+    ``RowLayer`` appends in place), causal within its new tokens."""
+    lengths = [len(x) for x in ids]
+    if min(lengths) < 1:
+        raise ValueError("packed_forward: every sequence needs at least one new token")
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    pasts = [s.get_seq_length() for s in states]
+    flat = torch.tensor([[t for x in ids for t in x]], dtype=torch.long, device=device)
+    positions = torch.cat(
+        [torch.arange(p, p + n, device=device) for p, n in zip(pasts, lengths, strict=True)]
+    ).view(1, -1)
+    # query j of a piece after p cached positions sees keys 0..p+j: additive masks built once
+    # for every layer (a boolean one is turned into this by every attention call)
+    dtype = decoder.embed.weight.dtype
+    masks = [
+        _causal_mask(p, n, dtype, device) if n > 1 and p else None
+        for p, n in zip(pasts, lengths, strict=True)
+    ]
+    gqa = decoder.num_heads != decoder.num_kv_heads
+
+    def attend(
+        i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        outs = []
+        for r, state in enumerate(states):
+            a, b = bounds[r], bounds[r + 1]
+            keys, values = state.layers[i].update(k[:, :, a:b], v[:, :, a:b])
+            outs.append(F.scaled_dot_product_attention(
+                q[:, :, a:b], keys, values, attn_mask=masks[r],
+                is_causal=masks[r] is None and b - a > 1,  # a first piece: keys = its queries
+                scale=layer.scaling, enable_gqa=gqa,
+            ))  # fmt: skip
+        return outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+
+    last = torch.tensor(bounds[1:], device=device) - 1
+    logits = decoder.run_layers(flat, positions, attend, keep=last).logits
+    return [logits[0, r] for r in range(len(states))]
+
+
+def _causal_mask(past: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    hidden = torch.ones(n, past + n, dtype=torch.bool, device=device).triu(past + 1)
+    return torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))

@@ -31,7 +31,12 @@ from promptcache.engines.torch.layouts import choose_weight_layouts
 from promptcache.engines.torch.lean import LeanDecoder, make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
-from promptcache.engines.torch.ragged import RowLayer, ragged_decode, use_row_layers
+from promptcache.engines.torch.ragged import (
+    RowLayer,
+    packed_forward,
+    ragged_decode,
+    use_row_layers,
+)
 from promptcache.engines.torch.state import (
     compact_views,
     crop_positional,
@@ -315,6 +320,19 @@ class TorchRunner:
         return [
             self._forward_one(state, seq_ids) for state, seq_ids in zip(states, ids, strict=True)
         ]
+
+    def packs(self, states: Sequence[Any]) -> bool:
+        """Several requests' prefill pieces and decode tokens run in one lean forward
+        (``forward_packed``) on the models the lean step covers (every layer full attention)."""
+        return self._ragged
+
+    @torch.inference_mode()
+    def forward_packed(
+        self, states: Sequence[Any], ids: Sequence[Sequence[int]]
+    ) -> list[torch.Tensor]:
+        if self.threads is not None:
+            self.threads.apply()
+        return packed_forward(self._decoder, states, ids, self.device)
 
     def _has_keys(self, state: DynamicCache) -> bool:
         """Whether a decode step can append in place: some full-attention layer has keys."""
