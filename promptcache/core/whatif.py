@@ -6,13 +6,14 @@ The curve is anchored on the live cache's measured hit rate (plus the miniatures
 between budgets): a sample can miss a few very hot blocks (one shared system prompt), which
 shifts every budget's estimate alike.
 
-Sampling rate 1/R: R is the largest power of two (at most 64) leaving at least
-``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x miniature, but at least ``MIN_RATE`` while that
-leaves ``MIN_TINY_BLOCKS``: a small cache turns over every few requests, so simulating it at
-full size would cost each candidate the live cache's whole upkeep, while a quarter-size
-miniature still ranks the candidates (replay_bench.py, tests/test_adaptive.py). The curve's 1x
-miniature is the leader's candidate miniature when both have one rate, so the what-if work
-costs about (K + 2)/R of the live cache's upkeep, (K + 3)/R when the curve is sparser. Hits
+Sampling rate 1/R: R is the largest power of two (at most 16, more only while a miniature would
+hold over ``MAX_SAMPLED_BLOCKS``) leaving at least ``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x
+miniature, but at least ``MIN_RATE`` while that leaves ``MIN_TINY_BLOCKS``: a small cache turns
+over every few requests, so simulating it at full size would cost each candidate the live
+cache's whole upkeep, while a quarter-size miniature still ranks the candidates
+(replay_bench.py, tests/test_adaptive.py). The curve's 1x miniature is the leader's candidate
+miniature when both have one rate, so the what-if work costs about (K + 2)/R of the live cache's
+upkeep, (K + 3)/R when the curve is sparser. Hits
 are counted with an exponential decay over ``horizon`` sampled lookups, so the curve follows
 the recent workload; the leader is picked by the candidates' ``Race`` (``core/race.py``).
 """
@@ -38,15 +39,19 @@ MIN_SAMPLED_BLOCKS = 256  # in the 1x miniatures, which pick the leader (128 mis
 MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
-MAX_RATE = 64
+MAX_RATE = 16  # sparser miniatures of chat traffic (1/32, 1/64) overstate frecency's lead
+MAX_SAMPLED_BLOCKS = 4096  # ... but a huge cache's miniatures are sparser than 1/16 still
 FIT_FULLS = 2.0  # the census's image is averaged over this many miniature cache-fulls
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
 
 def _rate(budget_blocks: float, min_blocks: int, max_rate: int) -> int:
-    """The largest power of two <= max_rate leaving at least ``min_blocks`` sampled blocks."""
+    """The largest power of two <= max_rate leaving at least ``min_blocks`` sampled blocks,
+    or a larger one while more than ``MAX_SAMPLED_BLOCKS`` would be left."""
     rate = 1
-    while rate * 2 <= max_rate and budget_blocks / (rate * 2) >= min_blocks:
+    while budget_blocks / (rate * 2) >= min_blocks and (
+        rate * 2 <= max_rate or budget_blocks / rate > MAX_SAMPLED_BLOCKS
+    ):
         rate *= 2
     return rate
 
