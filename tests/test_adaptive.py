@@ -96,6 +96,46 @@ def test_unsampled_miniature_equals_the_full_size_cache(policy):
     assert cache.stats().num_evictions > 100
 
 
+def one_off_tails_trace(seed, n=600, block=8):
+    """Questions on a few shared documents: each prompt is a document and a one-off half block
+    (a partial last block), a third of them asked again word for word."""
+    rng = random.Random(seed)
+    docs = [list(range(100 * d, 100 * d + rng.randrange(2, 6))) for d in range(12)]
+    asked, out = [], []
+    for i in range(n):
+        if asked and rng.random() < 0.3:
+            ids = rng.choice(asked)
+        else:
+            ids = rng.choice(docs) + [10_000 + i]
+            asked.append(ids)
+        out.append(TraceRequest(i, len(ids) * block - block // 2, 0, list(ids)))
+    return out
+
+
+@pytest.mark.parametrize("policy", FIXED)
+def test_unsampled_miniature_with_partial_blocks_equals_the_full_size_cache(policy):
+    """A prompt's partial last block takes the live budget and is evicted like any block: at
+    sampling rate 1 a miniature that holds it too (its hash is the last of the chain, its
+    size the fraction of a block it holds) is hit for hit the real cache."""
+    block, capacity = 8, 40
+    cache = PromptCache("m", block_size=block, ram_budget=capacity * block, policy=policy)
+    mini = MiniCache(make_policy(policy), capacity, block)
+    for i, req in enumerate(one_off_tails_trace(4)):
+        seq = cache.sequence(prompt_tokens(req, block))
+        tail = seq.num_tokens % block / block
+        chain = [*seq.full_hashes(), seq.partial_hash(seq.num_tokens)]
+        with cache.lookup(seq) as hit:
+            got = mini.lookup(chain, tail) * block
+            # a full hit leaves the last token to compute
+            assert got == hit.num_tokens or got == seq.num_tokens == hit.num_tokens + 1, i
+        cache.save(seq, None, null_slicer)
+        mini.save(seq.root, chain, tail)
+        if i % 50 == 0:
+            mini.check_integrity()
+            cache.check_integrity()
+    assert cache.stats().num_evictions > 100
+
+
 def test_sampled_chains_form_a_prefix_tree():
     cache = PromptCache("s", block_size=4, ram_budget=1 << 20)
     a = cache.sequence(list(range(400)))

@@ -20,6 +20,7 @@ from promptcache.core.budget import default_ram_budget, parse_size
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import Namespace
 from promptcache.core.lease import Lease, SaveResult
+from promptcache.core.minisim import Census
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse, DeleteReport, session_key
@@ -68,6 +69,9 @@ class PromptCache:
         self.clock = clock
         self._last_sweep = clock()
         self.whatif = attach_whatif(self.ram.policy, budget, block_size)
+        if self.whatif is not None:
+            self.ram.census = Census()
+            self.whatif.follow(self.ram.census, self.ram.used_bytes)
         self._lock = threading.RLock()
 
     def sequence(

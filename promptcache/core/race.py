@@ -42,7 +42,7 @@ class Race:
         self.volume = 0.0  # decayed sampled lookup blocks since the first miniature filled
         self.horizon = horizon
 
-    def add(self, got: list[int], num_blocks: int) -> None:
+    def add(self, got: list[float], num_blocks: float) -> None:
         """One lookup of ``num_blocks`` sampled blocks; ``got[j]``: candidate j's hits."""
         keep = math.exp(-num_blocks / self.horizon)
         self.volume = self.volume * keep + num_blocks
@@ -85,20 +85,22 @@ class Decayed:
         self.horizon = horizon
         self.race = Race(len(sims), race_horizon) if race_horizon else None
 
-    def lookup(self, chain: list[BlockHash]) -> None:
-        keep = math.exp(-len(chain) / self.horizon)
-        self.volume = self.volume * keep + len(chain)
+    def lookup(self, chain: list[BlockHash], tail: float = 0.0) -> None:
+        """``tail``: the last hash is a partial block of that fraction of a block."""
+        size = len(chain) - (1.0 - tail if tail else 0.0)
+        keep = math.exp(-size / self.horizon)
+        self.volume = self.volume * keep + size
         hits = self.hits
-        got = [sim.lookup(chain) for sim in self.sims]
+        got = [sim.lookup(chain, tail) for sim in self.sims]
         for j, h in enumerate(got):
             hits[j] = hits[j] * keep + h
         race = self.race
         if race is not None and (race.volume or any(s.used + s.unit > s.budget for s in self.sims)):
-            race.add(got, len(chain))
+            race.add(got, size)
 
-    def save(self, root: BlockHash, chain: list[BlockHash]) -> None:
+    def save(self, root: BlockHash, chain: list[BlockHash], tail: float = 0.0) -> None:
         for sim in self.sims:
-            sim.save(root, chain)
+            sim.save(root, chain, tail)
 
     def rate(self, j: int) -> float:
         return self.hits[j] / self.volume if self.volume > 0 else 0.0

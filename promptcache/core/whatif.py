@@ -6,13 +6,14 @@ The curve is anchored on the live cache's measured hit rate (plus the miniatures
 between budgets): a sample can miss a few very hot blocks (one shared system prompt), which
 shifts every budget's estimate alike.
 
-Sampling rate 1/R: R is the largest power of two (at most 64) leaving at least
-``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x miniature, but at least ``MIN_RATE`` while that
-leaves ``MIN_TINY_BLOCKS``: a small cache turns over every few requests, so simulating it at
-full size would cost each candidate the live cache's whole upkeep, while a quarter-size
-miniature still ranks the candidates (replay_bench.py, tests/test_adaptive.py). The curve's 1x
-miniature is the leader's candidate miniature when both have one rate, so the what-if work
-costs about (K + 2)/R of the live cache's upkeep, (K + 3)/R when the curve is sparser. Hits
+Sampling rate 1/R: R is the largest power of two (at most 16, more only while a miniature would
+hold over ``MAX_SAMPLED_BLOCKS``) leaving at least ``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x
+miniature, but at least ``MIN_RATE`` while that leaves ``MIN_TINY_BLOCKS``: a small cache turns
+over every few requests, so simulating it at full size would cost each candidate the live
+cache's whole upkeep, while a quarter-size miniature still ranks the candidates
+(replay_bench.py, tests/test_adaptive.py). The curve's 1x miniature is the leader's candidate
+miniature when both have one rate, so the what-if work costs about (K + 2)/R of the live cache's
+upkeep, (K + 3)/R when the curve is sparser. Hits
 are counted with an exponential decay over ``horizon`` sampled lookups, so the curve follows
 the recent workload; the leader is picked by the candidates' ``Race`` (``core/race.py``).
 """
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from promptcache.core.budget import format_size
 from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import BlockHash
-from promptcache.core.minisim import MiniCache, sampled_indices
+from promptcache.core.minisim import Census, MiniCache, sampled_indices
 from promptcache.core.policies import make_policy
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.race import RACE_FULLS, Decayed
@@ -39,14 +40,19 @@ MIN_SAMPLED_BLOCKS = 256  # in the 1x miniatures, which pick the leader (128 mis
 MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
-MAX_RATE = 64
+MAX_RATE = 16  # sparser miniatures of chat traffic (1/32, 1/64) overstate frecency's lead
+MAX_SAMPLED_BLOCKS = 4096  # ... but a huge cache's miniatures are sparser than 1/16 still
+FIT_FULLS = 2.0  # the census's image is averaged over this many miniature cache-fulls
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
 
 def _rate(budget_blocks: float, min_blocks: int, max_rate: int) -> int:
-    """The largest power of two <= max_rate leaving at least ``min_blocks`` sampled blocks."""
+    """The largest power of two <= max_rate leaving at least ``min_blocks`` sampled blocks,
+    or a larger one while more than ``MAX_SAMPLED_BLOCKS`` would be left."""
     rate = 1
-    while rate * 2 <= max_rate and budget_blocks / (rate * 2) >= min_blocks:
+    while budget_blocks / (rate * 2) >= min_blocks and (
+        rate * 2 <= max_rate or budget_blocks / rate > MAX_SAMPLED_BLOCKS
+    ):
         rate *= 2
     return rate
 
@@ -71,14 +77,56 @@ class WhatIf:
         self._block_bytes = 0
         self._chain_seq: TokenSeq | None = None
         self._chains: list[list[int]] = []
+        self._tail_seq: TokenSeq | None = None  # the sequence and end of _tail_hash
+        self._tail_end = 0
+        self._tail_hash = BlockHash(b"")
         self._since_switch = math.inf  # the first switch needs no settling
         self._lookups_since_log = 0
         self._logged_gain = 0.0
+        # the live cache's sampled image (``follow``): the miniatures hold what it holds
+        self.census: Census | None = None
+        self._held: Callable[[], int] = lambda: 0
+        self._fitted: tuple[int, int] = (0, 0)  # (live, curve) sampled blocks at 1x
+        self._scale = [1.0, 1.0]  # (live, curve): the census's image over budget / block bytes
+
+    def follow(self, census: Census, held_bytes: Callable[[], int]) -> None:
+        """Size the miniatures by the live tier's ``census`` (kept up to date by the tier) and
+        its held bytes, not by budget / block bytes."""
+        self.census = census
+        self._held = held_bytes
 
     # -- setup -------------------------------------------------------------------------------
 
     def _capacity(self, factor: float, rate: int) -> int:
-        return max(1, round(self.budget_bytes * factor / (self._block_bytes * rate)))
+        """Sampled blocks at ``factor`` x the budget: budget / block bytes / rate, scaled by
+        the census (``_fit``) when there is one."""
+        scale = self._scale[0 if rate == self.rates[0] else 1]
+        return max(1, round(factor * scale * self.budget_bytes / (self._block_bytes * rate)))
+
+    def _fit(self, weight: float) -> None:
+        """Follow the live cache's sampled image: per rate, the bytes of its sampled resident
+        blocks plus the free room, over the budget, averaged over ``FIT_FULLS`` miniature
+        cache-fulls of sampled lookups (``weight``: this lookup's share of one). The image
+        swings with which blocks happen to be resident (150 blocks at 1/4: 38 +- 5), which the
+        policies' miniatures do not follow block for block; its lasting part (the working
+        set's own sampled share, checkpoints) is what the miniatures must hold."""
+        assert self.live is not None and self.curve is not None and self.census is not None
+        nominal = self.budget_bytes / self._block_bytes
+        free = max(0, self.budget_bytes - self._held()) / self._block_bytes
+        keep = math.exp(-weight / FIT_FULLS)
+        for j, rate in enumerate(self.rates):
+            sampled = self.census.sampled(256 // rate) / self._block_bytes
+            now = (sampled + free / rate) / (nominal / rate)
+            self._scale[j] = self._scale[j] * keep + now * (1.0 - keep)
+        fitted = (self._capacity(1.0, self.rates[0]), self._capacity(1.0, self.rates[1]))
+        if fitted == self._fitted:
+            return
+        self._fitted = fitted
+        for sim in self.live.sims:
+            sim.resize(fitted[0])
+        for f, k in zip(FACTORS, self._curve_at, strict=True):
+            if k >= 0:
+                self.curve.sims[k].resize(self._capacity(f, self.rates[1]))
 
     def _new_curve(self) -> Decayed:
         """The leader's miniatures at each factor; at 1x its candidate miniature (simulated
@@ -134,13 +182,32 @@ class WhatIf:
 
     # -- the live request stream --------------------------------------------------------------
 
-    def _sampled(self, seq: TokenSeq, num_blocks: int) -> list[list[BlockHash]]:
-        """(live, curve) sampled full blocks among the first ``num_blocks`` of ``seq``."""
+    def _sampled(self, seq: TokenSeq, end: int) -> list[tuple[list[BlockHash], float]]:
+        """(live, curve): the sampled blocks among ``seq``'s first ``end`` tokens, and the
+        fraction of a block the last one holds when it is the partial block ending at ``end``
+        (else 0). A partial block takes the live budget like any other (one per distinct
+        prompt: in a trace of one-off questions on shared documents, most of what is evicted);
+        its hash, like a full block's, covers the prefix, so it samples the same way."""
         hashes = seq.full_hashes()
         if seq is not self._chain_seq:  # a lookup and its saves share one sampling pass
             self._chain_seq = seq
             self._chains = sampled_indices(hashes, [256 // r for r in self.rates])
-        return [[hashes[i] for i in chain if i < num_blocks] for chain in self._chains]
+        num_blocks, rest = divmod(end, self.block_size)
+        tail_hash = None
+        if rest:  # a lookup and the save after it share the tail's hash too
+            if self._tail_seq is not seq or self._tail_end != end:
+                self._tail_seq, self._tail_end = seq, end
+                self._tail_hash = seq.partial_hash(end)
+            tail_hash = self._tail_hash
+        out = []
+        for chain, r in zip(self._chains, self.rates, strict=True):
+            sampled = [hashes[i] for i in chain if i < num_blocks]
+            if tail_hash is not None and tail_hash[-1] < 256 // r:
+                sampled.append(tail_hash)
+                out.append((sampled, rest / self.block_size))
+            else:
+                out.append((sampled, 0.0))
+        return out
 
     def on_lookup(self, seq: TokenSeq, num_hit_tokens: int) -> None:
         """A live lookup of ``seq`` found ``num_hit_tokens`` cached."""
@@ -149,13 +216,15 @@ class WhatIf:
         keep = math.exp(-seq.num_tokens / (self.curve.horizon * self.rates[1] * self.block_size))
         self._actual[0] = self._actual[0] * keep + num_hit_tokens
         self._actual[1] = self._actual[1] * keep + seq.num_tokens
-        live_chain, curve_chain = self._sampled(seq, seq.num_full_blocks)
+        (live_chain, live_tail), (curve_chain, curve_tail) = self._sampled(seq, seq.num_tokens)
+        if self.census is not None and live_chain:
+            self._fit(len(live_chain) * self.live.sims[0].unit / self.live.sims[0].budget)
         if curve_chain:
-            self.curve.lookup(curve_chain)
+            self.curve.lookup(curve_chain, curve_tail)
         if not live_chain:
             return
         live = self.live
-        live.lookup(live_chain)
+        live.lookup(live_chain, live_tail)
         race = live.race
         assert race is not None
         if race.volume:
@@ -180,9 +249,9 @@ class WhatIf:
     def on_save(self, seq: TokenSeq, num_tokens: int) -> None:
         if self.live is None or self.curve is None:
             return
-        live_chain, curve_chain = self._sampled(seq, num_tokens // self.block_size)
-        self.live.save(seq.root, live_chain)
-        self.curve.save(seq.root, curve_chain)
+        (live_chain, live_tail), (curve_chain, curve_tail) = self._sampled(seq, num_tokens)
+        self.live.save(seq.root, live_chain, live_tail)
+        self.curve.save(seq.root, curve_chain, curve_tail)
 
     # -- results -----------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from promptcache.core.block import TICKS_PER_BYTE, Block, BlockMeta, payload_nby
 from promptcache.core.chain import find_partial
 from promptcache.core.evictions import EvictionLog
 from promptcache.core.hashing import BlockHash
+from promptcache.core.minisim import Census
 from promptcache.core.policies import make_policy
 from promptcache.core.policy import EvictionPolicy
 from promptcache.core.sequence import TokenSeq
@@ -77,6 +78,7 @@ class RamTier:
         self.ttl_s = ttl_s  # a block unused this long expires (None: only by its TTL hint)
         # expiry sweeps walk every block: only once a TTL is in play (ttl_s, or a hint seen)
         self.has_ttl = ttl_s is not None
+        self.census: Census | None = None  # set when what-if miniatures follow this tier
 
     def __len__(self) -> int:
         return len(self.tree)
@@ -166,6 +168,8 @@ class RamTier:
             self.policy.remove_evictable(parent)
         self.tree.add(block)
         self.held_bytes += nbytes
+        if self.census is not None:
+            self.census.counts[meta.block_hash[-1]] += nbytes
         self.clock += max(nbytes, 1) * TICKS_PER_BYTE
         block.last_access = self.clock
         self.policy.on_insert(block)
@@ -187,6 +191,8 @@ class RamTier:
         block.checkpoint = checkpoint
         block.nbytes += nbytes
         self.held_bytes += nbytes
+        if self.census is not None:
+            self.census.counts[block.block_hash[-1]] += nbytes
         self._write_through_put(block)
         return True
 
@@ -295,6 +301,8 @@ class RamTier:
         parent = block.parent
         self.tree.remove(block)
         self.held_bytes -= block.nbytes
+        if self.census is not None:
+            self.census.counts[block.block_hash[-1]] -= block.nbytes
         self.policy.on_evict(block)
         if parent is not None and parent.is_evictable:
             self.policy.add_evictable(parent)
@@ -384,3 +392,8 @@ class RamTier:
         for root in self.tree.roots.values():
             assert root.num_children > 0 or root.ref_count > 0, "empty root kept"
         self.policy.check_integrity({id(b) for b in index.values() if b.is_evictable})
+        if self.census is not None:
+            counts = [0] * 256
+            for blk in index.values():
+                counts[blk.block_hash[-1]] += blk.nbytes
+            assert counts == self.census.counts, "census drift"
