@@ -73,7 +73,7 @@ class MiniCache:
         self.clock = 0
         self.index: dict[BlockHash, Block] = {}
         self.roots: dict[BlockHash, Block] = {}
-        self.num_hits = 0
+        self.num_hits = 0.0  # a partial block counts its fraction
         self.num_lookups = 0
 
     def resize(self, capacity_blocks: int) -> None:
