@@ -60,7 +60,9 @@ def test_memory_stats_show_the_live_state_while_requests_run():
     assert max(s["live_state_bytes"] for s in seen) > 0
     assert max(s["live_requests"] for s in seen) == 1
     idle = engine.cache_stats()["memory"]
-    assert idle["live_requests"] == 0 and idle["rss_bytes"] == rss_bytes() > 0
+    assert idle["live_requests"] == 0
+    # the resident set, read when the stats were taken (allocations since move it a little)
+    assert idle["rss_bytes"] > 0 and abs(idle["rss_bytes"] - rss_bytes()) < 64 * 2**20
 
 
 def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
