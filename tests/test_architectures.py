@@ -272,7 +272,7 @@ def test_context_extension_of_a_nested_decoder_is_refused_clearly(engine, checkp
         pytest.importorskip("mlx_lm")
         from promptcache.engines.mlx.runner import load_mlx_weights as load
     else:
-        from promptcache.engines.torch.runner import load_torch_weights as load
+        from promptcache.engines.torch.loading import load_torch_weights as load
     with pytest.raises(
         ContextExtensionError, match="native context of 4096 tokens and cannot be reached"
     ):
@@ -285,7 +285,7 @@ def test_an_architecture_the_library_lacks_is_a_config_error(engine, checkpoints
         pytest.importorskip("mlx_lm")
         from promptcache.engines.mlx.runner import load_mlx_weights as load
     else:
-        from promptcache.engines.torch.runner import load_torch_weights as load
+        from promptcache.engines.torch.loading import load_torch_weights as load
     folder = Path(checkpoints("llama"))
     for item in folder.iterdir():
         (tmp_path / item.name).symlink_to(item)

@@ -311,7 +311,7 @@ def test_start_up_says_which_images_are_served(families, tmp_path, caplog):
 
     from transformers import AutoConfig
 
-    from promptcache.engines.torch.runner import load_torch_processor
+    from promptcache.engines.torch.loading import load_torch_processor
 
     AutoConfig.for_model("mllama").save_pretrained(tmp_path / "mllama")  # cross-attention
     with caplog.at_level(logging.INFO, logger="promptcache"):

@@ -26,7 +26,7 @@ def test_a_family_laid_out_by_its_processor_needs_it(tmp_path, caplog):
     from transformers import AutoConfig
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
 
-    from promptcache.engines.torch.runner import load_torch_processor
+    from promptcache.engines.torch.loading import load_torch_processor
 
     if importlib.util.find_spec("torchvision") is not None:
         pytest.skip("with torchvision the processor may load")

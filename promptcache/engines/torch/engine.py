@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from promptcache.engines.torch.runner import TorchRunner, load_torch_processor, load_torch_weights
+from promptcache.engines.torch.loading import load_torch_processor, load_torch_weights
+from promptcache.engines.torch.runner import TorchRunner
 from promptcache.engines.torch.threads import ThreadTuner
 from promptcache.serving.block_scheme import pop_block_scheme
 from promptcache.serving.cached_engine import CachedEngine
