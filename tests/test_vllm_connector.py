@@ -1,6 +1,7 @@
 """promptcache as vLLM's KV connector, end to end on vLLM's CPU build (``make vllm-env``).
 
-Two phases, two vLLM servers each, started side by side (a start is ~2 min on 2 cores):
+Two phases, two vLLM servers each, started side by side on their own cores (a start is ~45 s
+on 2 cores):
 1. vLLM alone (the reference) and vLLM + promptcache (SSD folder + Valkey): a greedy
    conversation's replies agree turn by turn; another cache_salt reuses nothing.
 2. The promptcache instance restarted on the same folder (prefix caching off: every reused
@@ -90,6 +91,15 @@ def run_turns(chat: Chat, turns: list[str], count: int) -> list[dict]:
     return out
 
 
+def core_halves() -> tuple[str, str]:
+    """This process's cores in two halves (one core each on 2 cores; both the same on 1), so
+    two servers started side by side each compute on their own."""
+    cores = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cores) // 2)
+    first, second = cores[:half], cores[half:] or cores[:half]
+    return ",".join(map(str, first)), ",".join(map(str, second))
+
+
 def start_all(*servers: VllmServer) -> None:
     with ThreadPoolExecutor(len(servers)) as pool:
         for f in [pool.submit(s.start) for s in servers]:
@@ -148,12 +158,14 @@ def scenario(model_dir, tmp_path_factory):
     (tmp / "not-a-folder").write_text("a file where B's cache folder would go")
     kv_b = connector_config(cache_dir=str(tmp / "not-a-folder" / "cache"), shared_tier=valkey.url)
 
-    def server(name: str, **kw) -> VllmServer:
+    first, second = core_halves()
+
+    def server(name: str, cores: str, **kw) -> VllmServer:
         return VllmServer(VLLM_PYTHON, model_dir, free_port(), tmp / f"{name}.log",
-                          extra_args=BLOCK, **kw)  # fmt: skip
+                          extra_args=BLOCK, kv_space_gib=1, cores=cores, **kw)  # fmt: skip
 
     out: dict = {"cache_dir": cache_dir}
-    alone, a1 = server("alone"), server("a1", kv_transfer=kv_a)
+    alone, a1 = server("alone", first), server("a1", second, kv_transfer=kv_a)
     try:
         start_all(alone, a1)
         out["alone_x"] = run_turns(Chat(alone, "alpha"), X_TURNS, len(X_TURNS))
@@ -176,8 +188,8 @@ def scenario(model_dir, tmp_path_factory):
         delete_session(["--shared-tier", valkey.url], "s-del", "deltenant"),
     ]
     x_replies = [o["text"] for o in out["alone_x"]]
-    a2 = server("a2", kv_transfer=kv_a, prefix_caching=False)
-    b = server("b", kv_transfer=kv_b)
+    a2 = server("a2", first, kv_transfer=kv_a, prefix_caching=False)
+    b = server("b", second, kv_transfer=kv_b)
     try:
         start_all(a2, b)
         out["tampered_files"] = tamper_tenant_files(cache_dir, "tamper")

@@ -39,7 +39,7 @@ class VllmServer:
     def __init__(self, python: str, model: str, port: int, log: Path, *,
                  kv_transfer: dict[str, Any] | None = None, prefix_caching: bool = True,
                  max_model_len: int = 4096, kv_space_gib: int = 2,
-                 extra_args: list[str] | None = None) -> None:  # fmt: skip
+                 extra_args: list[str] | None = None, cores: str | None = None) -> None:  # fmt: skip
         self.port = port
         self.log = log
         self.args = [
@@ -57,6 +57,10 @@ class VllmServer:
             # vLLM alone reserves one core per rank; with any connector one more (see
             # ``connector._check_reserved_cpus``): ours needs none
             self.env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+        if cores is not None:
+            # vLLM's automatic binding puts every server's worker on the first free core: two
+            # servers side by side would share one core and leave the other idle
+            self.env["VLLM_CPU_OMP_THREADS_BIND"] = cores
         self.proc: subprocess.Popen | None = None
 
     @property
