@@ -87,13 +87,16 @@ chromium:
 serve: install
 	$(BIN)/promptcache serve $(ARGS)
 
-# the vLLM connector tests run vLLM from .venv-vllm; they skip (saying why) where it cannot be made
+# the vLLM connector tests run vLLM from .venv-vllm; they skip (saying why) where it cannot be made.
+# Two workers, each test file on one (its module fixtures start once): much of the suite waits
+# on servers and clients, so two files at once take ~0.65x the time on 2 cores (TEST_WORKERS=0: serial)
+TEST_WORKERS ?= 2
 test: install agent-clis chromium
 	@$(MAKE) --no-print-directory vllm-env || echo "make vllm-env failed: the vLLM connector tests will be skipped"
 	PROMPTCACHE_VLLM_PYTHON=$$(test -f $(VLLM_STAMP) && echo $(CURDIR)/$(VLLM_VENV)/bin/python) \
 	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) PROMPTCACHE_CODEX=$(CURDIR)/$(CODEX) \
 	PROMPTCACHE_OPENCODE=$(CURDIR)/$(OPENCODE) PROMPTCACHE_QWEN=$(CURDIR)/$(QWEN) \
-		$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+		$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/python benchmarks/core_bench.py

@@ -6,6 +6,16 @@ from promptcache.server.launcher import ServerProcess, free_port  # noqa: F401 (
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # two workers on two cores: a worker's own forwards on one thread each (two pools of two
+    # stall at every op's barrier); the servers it starts pick theirs from the load
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+    except ImportError:
+        pass
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> str:
