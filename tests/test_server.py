@@ -213,7 +213,7 @@ def test_bad_input_gets_4xx_and_server_stays_up(servers, path, body, needle):
     assert httpx.get(on.url + "/health").status_code == 200
 
 
-def test_models_health_metrics(servers):
+def test_models_health_metrics(servers, request):
     on, _ = servers
     models = openai.OpenAI(base_url=on.url + "/v1", api_key="x").models.list()
     assert len(models.data) == 1
@@ -228,6 +228,12 @@ def test_models_health_metrics(servers):
         'promptcache_cache_bytes_by_tier{tier="ram"}',
     ):
         assert name in text
+    if request.node.callspec.params["servers"] == "torch":  # the threads its forwards run on
+        threads = families["promptcache_compute_torch_threads"]
+        assert threads["kind"] == "gauge"
+        assert list(threads["samples"].values())[0] >= 1
+        compute = httpx.get(on.url + "/v1/cache/stats").json()["compute"]
+        assert compute["torch_threads"] >= 1 and compute["thread_changes"] >= 0
 
 
 def test_concurrent_clients_all_served_correctly(servers):

@@ -122,8 +122,9 @@ def test_bad_weights_value_is_a_config_error_and_exit_2(tmp_path):
 
 def test_threads_default_follows_the_other_processes_load():
     assert threads_for(2, 0.0) == 2 and threads_for(2, 0.2) == 2  # a quiet machine: every core
-    assert threads_for(2, 0.9) == 1 and threads_for(2, 5.0) == 1  # at least one
-    assert threads_for(16, 3.1) == 13 and threads_for(16, 3.3) == 12
+    assert threads_for(2, 0.35) == 2  # a client streaming beside it: still both
+    assert threads_for(2, 0.5) == 1 and threads_for(2, 0.9) == 1 and threads_for(2, 5.0) == 1
+    assert threads_for(16, 3.1) == 13 and threads_for(16, 3.5) == 12
     calls = []
     now = [0.0]
     tuner = ThreadTuner(None, cores=2, set_threads=calls.append, clock=lambda: now[0])
@@ -136,6 +137,9 @@ def test_threads_default_follows_the_other_processes_load():
     fixed = ThreadTuner(3, cores=2, set_threads=calls.append, clock=lambda: now[0])
     now[0] += 10.0
     assert fixed.apply() == 3 and fixed.apply() == 3 and calls[-1] == 3
+    assert dict(fixed.stats()) == {"torch_threads": 3, "thread_changes": 0}
+    assert {s.name: s.kind for s in tuner.stats().series()} == {
+        "torch_threads": "gauge", "thread_changes": "counter"}  # fmt: skip
     assert make_thread_tuner(0) is None
     with pytest.raises(ConfigError, match="--threads -1"):
         make_thread_tuner(-1)

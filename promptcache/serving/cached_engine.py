@@ -34,7 +34,7 @@ from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, h
 from promptcache.serving.layers import Layout
 from promptcache.serving.memory import rss_bytes, tune_malloc
 from promptcache.serving.request import Request
-from promptcache.serving.runner import ModelRunner
+from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
 from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
@@ -325,7 +325,7 @@ class CachedEngine:
         }
 
     def cache_figures(self) -> dict[str, Figures]:
-        """The prompt cache's figures by family (``cache``, ``memory``, ``vision``); empty when
+        """The prompt cache's figures by family (``cache``, ``memory``, ``compute``, ``vision``); empty when
         the cache is off. Each is taken consistently on its own."""
         if self.cache is None:
             return {}
@@ -338,6 +338,8 @@ class CachedEngine:
             "cache": Joined(tuple(parts)),
             "memory": Snapshot(memory, tuple(Series(k, "gauge", v) for k, v in memory.items())),
         }
+        if isinstance(self.runner, ComputeFigures):  # threads in force (a core given up?)
+            out["compute"] = self.runner.compute_stats()
         if self.feeder is not None:  # encoder runs and the vision-embedding cache
             out["vision"] = self.feeder.stats()
         return out

@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.figures import Snapshot
 from promptcache.serving.block_scheme import BlockPacker
 from promptcache.serving.layers import Layout
 
@@ -91,3 +92,13 @@ class PackedRunner(Protocol):
         """What ``forward(states, ids)`` returns (each sequence's last-position logits, every
         state appended to), in one forward; results within float noise of ``forward``'s. A
         failure may leave any of the states part-written: their requests fail together."""
+
+
+@runtime_checkable
+class ComputeFigures(Protocol):
+    """An optional capability of a runner: how its forwards use the machine (the ``compute``
+    family of ``/v1/cache/stats`` and ``/metrics``), so a slow step can be told from a step
+    that gave a core up to another process."""
+
+    def compute_stats(self) -> Snapshot:
+        """Counts taken now; cheap (no forward, no lock held long)."""

@@ -14,6 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from promptcache.core.codec import PayloadCodec
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
 from promptcache.engines.torch.attention import use_gqa_attention
@@ -142,6 +143,12 @@ class TorchRunner:
         """The lean step decodes each request where its state is (torch.ragged): its layers
         grow in place, no padded batch to gather again whenever a request joins or leaves."""
         return isinstance(self._decoder, LeanDecoder)
+
+    def compute_stats(self) -> Snapshot:
+        if self.threads is None:  # torch's own default, or OMP_NUM_THREADS
+            n = torch.get_num_threads()
+            return Snapshot({"torch_threads": n}, (Series("torch_threads", "gauge", n),))
+        return self.threads.stats()
 
     def new_state(self) -> DynamicCache:
         state = DynamicCache(config=self.model.config)

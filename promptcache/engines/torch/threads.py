@@ -21,8 +21,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from promptcache.core.figures import Series, Snapshot
+
 RECHECK_S = 2.0  # how often the auto default looks again (a forward on 135M is ~10-70 ms)
-SLACK = 0.25  # cores of other work tolerated before a thread is given up to it
+# cores of other work tolerated before a thread is given up to it: a step on 2 threads beside a
+# process keeping 0.3 of a core busy still ran 1.24-1.47x faster than on 1, at 0.5 0.84-0.86x
+# (benchmarks/threads_bench.py); at 0.25 an agent client's own streaming cost a whole core
+SLACK = 0.4
 
 
 def usable_cores() -> int:
@@ -116,6 +121,15 @@ class ThreadTuner:
         if threads != self.threads:
             self.threads = threads
             self.num_changes += 1
+
+    def stats(self) -> Snapshot:
+        """The threads in force, and how often the adaptive default changed them."""
+        values = {"torch_threads": self.threads, "thread_changes": self.num_changes}
+        series = (
+            Series("torch_threads", "gauge", self.threads),
+            Series("thread_changes", "counter", self.num_changes),
+        )
+        return Snapshot(values, series)
 
     def describe(self) -> str:
         mode = "fixed" if self.fixed is not None else "auto"
