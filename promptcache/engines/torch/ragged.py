@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from promptcache.engines.torch.lean import LeanDecoder, LeanLayer
+from promptcache.engines.torch.lean import LeanDecoder, LeanLayer, attend_one
 from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS
 
 ROOM = 128  # positions allocated ahead of a row (a reallocation every ROOM decode steps)
@@ -124,9 +124,7 @@ def ragged_decode(
         outs = []
         for r, state in enumerate(states):  # each row over its own positions: no padding
             keys, values = state.layers[i].update(k[r : r + 1], v[r : r + 1])
-            outs.append(F.scaled_dot_product_attention(
-                q[r : r + 1], keys, values, scale=layer.scaling, enable_gqa=gqa
-            ))  # fmt: skip
+            outs.append(attend_one(q[r : r + 1], keys, values, layer.scaling, gqa))
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
     logits = decoder.run_layers(ids, positions, attend).logits
@@ -171,6 +169,9 @@ def packed_forward(
         for r, state in enumerate(states):
             a, b = bounds[r], bounds[r + 1]
             keys, values = state.layers[i].update(k[:, :, a:b], v[:, :, a:b])
+            if b - a == 1:  # a decode row
+                outs.append(attend_one(q[:, :, a:b], keys, values, layer.scaling, gqa))
+                continue
             outs.append(F.scaled_dot_product_attention(
                 q[:, :, a:b], keys, values, attn_mask=masks[r],
                 is_causal=masks[r] is None and b - a > 1,  # a first piece: keys = its queries
