@@ -32,7 +32,7 @@ from peer_server import PeerServer, free_port  # noqa: E402
 
 from promptcache.models import resolve_model  # noqa: E402
 
-WORDS_PER_TOKEN = 1.0  # about one word a token on these seeded words (the table shows prompt_tokens)
+WORDS_PER_TOKEN = 1.0  # about one token a word on these seeded words (prompt_tokens shown)
 
 
 def run_size(server: PeerServer, size: int, rep: int, args: argparse.Namespace) -> dict[str, Any]:
