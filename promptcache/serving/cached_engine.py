@@ -325,8 +325,8 @@ class CachedEngine:
         }
 
     def cache_figures(self) -> dict[str, Figures]:
-        """The prompt cache's figures by family (``cache``, ``memory``, ``compute``, ``vision``); empty when
-        the cache is off. Each is taken consistently on its own."""
+        """The prompt cache's figures by family (``cache``, ``memory``, ``compute``, ``vision``);
+        empty when the cache is off. Each is taken consistently on its own."""
         if self.cache is None:
             return {}
         stats = self.cache.stats()

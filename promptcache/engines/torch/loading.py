@@ -12,10 +12,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from promptcache.engines.torch.vision_select import image_families
-from promptcache.engines.torch.weights import (
-    check_weights_mode,
-    quantize_linears,
-)
+from promptcache.engines.torch.weights import check_weights_mode, quantize_linears
 from promptcache.errors import ConfigError
 from promptcache.models import context_extension_note, rope_scaling_for
 

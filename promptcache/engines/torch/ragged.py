@@ -174,7 +174,7 @@ def packed_forward(
                 continue
             outs.append(F.scaled_dot_product_attention(
                 q[:, :, a:b], keys, values, attn_mask=masks[r],
-                is_causal=masks[r] is None and b - a > 1,  # a first piece: keys = its queries
+                is_causal=masks[r] is None,  # a first piece: keys = its queries
                 scale=layer.scaling, enable_gqa=gqa,
             ))  # fmt: skip
         return outs[0] if len(outs) == 1 else torch.cat(outs, 2)

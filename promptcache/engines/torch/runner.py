@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.figures import Series, Snapshot
+from promptcache.core.figures import Snapshot
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
 from promptcache.engines.torch.attention import use_gqa_attention
@@ -46,11 +46,9 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
-from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
+from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread, thread_figures
 from promptcache.engines.torch.vision_select import make_vision
-from promptcache.engines.torch.weights import (
-    weights_mode,
-)
+from promptcache.engines.torch.weights import weights_mode
 from promptcache.serving.block_scheme import BlockScheme
 from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.serving.layers import Layout
@@ -146,8 +144,7 @@ class TorchRunner:
 
     def compute_stats(self) -> Snapshot:
         if self.threads is None:  # torch's own default, or OMP_NUM_THREADS
-            n = torch.get_num_threads()
-            return Snapshot({"torch_threads": n}, (Series("torch_threads", "gauge", n),))
+            return thread_figures(torch.get_num_threads())
         return self.threads.stats()
 
     def new_state(self) -> DynamicCache:

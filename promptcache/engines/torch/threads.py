@@ -124,16 +124,21 @@ class ThreadTuner:
 
     def stats(self) -> Snapshot:
         """The threads in force, and how often the adaptive default changed them."""
-        values = {"torch_threads": self.threads, "thread_changes": self.num_changes}
-        series = (
-            Series("torch_threads", "gauge", self.threads),
-            Series("thread_changes", "counter", self.num_changes),
-        )
-        return Snapshot(values, series)
+        return thread_figures(self.threads, self.num_changes)
 
     def describe(self) -> str:
         mode = "fixed" if self.fixed is not None else "auto"
         return f"{self.threads} ({mode}, {self.cores} cores)"
+
+
+def thread_figures(threads: int, num_changes: int = 0) -> Snapshot:
+    """The ``compute`` family: torch's intra-op threads in force, and how often they changed."""
+    values = {"torch_threads": threads, "thread_changes": num_changes}
+    series = (
+        Series("torch_threads", "gauge", threads),
+        Series("thread_changes", "counter", num_changes),
+    )
+    return Snapshot(values, series)
 
 
 def _torch_set_threads(n: int) -> None:
