@@ -145,6 +145,18 @@ def test_threads_default_follows_the_other_processes_load():
         make_thread_tuner(-1)
 
 
+def test_threads_are_given_up_only_to_lasting_load_and_taken_back_at_once():
+    tuner = ThreadTuner(None, cores=2, set_threads=lambda n: None)
+    tuner.threads, tuner.num_changes = 2, 0
+    assert tuner.decide(0.6) == 2  # one busy window (a client composing its next turns): kept
+    assert tuner.decide(0.1) == 2 and tuner.decide(0.6) == 2  # not in a row: still kept
+    assert [tuner.decide(0.1), tuner.decide(0.6), tuner.decide(0.1)] == [2, 2, 2]
+    assert tuner.decide(0.6) == 2 and tuner.decide(0.7) == 1  # two in a row: given up
+    assert tuner.num_changes == 1
+    assert tuner.decide(0.1) == 2 and tuner.num_changes == 2  # room again: taken back at once
+    assert tuner.decide(2.0) == 2 and tuner.decide(2.0) == 1
+
+
 @pytest.mark.parametrize("kind", ["gemma3", "jamba", "bamba"])
 def test_lone_decode_on_sliding_and_ssm_layouts_appends_in_place(monkeypatch, kind):
     """A lone request on a layout that does not batch (a sliding ring, SSM layers) appends its

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from promptcache.core.worker_threads import start_thread
+from promptcache.core.worker_threads import lower_own_priority, start_thread
 
 __all__ = ["Backoff", "WriteBehind"]
 
@@ -124,6 +124,7 @@ class WriteBehind(Generic[T]):
         self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
+        lower_own_priority()  # its work is deferred by design: the steps' cores come first
         while True:
             wait = self._idle() if self._idle is not None else None
             try:

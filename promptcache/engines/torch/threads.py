@@ -28,6 +28,7 @@ RECHECK_S = 2.0  # how often the auto default looks again (a forward on 135M is 
 # process keeping 0.3 of a core busy still ran 1.24-1.47x faster than on 1, at 0.5 0.84-0.86x
 # (benchmarks/threads_bench.py); at 0.25 an agent client's own streaming cost a whole core
 SLACK = 0.4
+SHORT_WINDOWS = 2  # re-checks in a row that must ask for fewer threads before one is given up
 
 
 def usable_cores() -> int:
@@ -82,6 +83,7 @@ class ThreadTuner:
         self._applied = threading.local()  # the count set in each thread (torch's is per thread)
         self._sample = self._take_sample()
         self.num_changes = 0
+        self._num_short = 0  # windows in a row that asked for fewer threads
 
     def initial(self) -> int:
         """At start this process does nothing yet: the load average is the others' load."""
@@ -117,10 +119,19 @@ class ThreadTuner:
         machine_busy = busy / total * machine_cores  # cores kept busy, on average
         own = (now[2] - prev[2]) / wall
         others = max(0.0, machine_busy - own) * self.cores / max(machine_cores, self.cores)
-        threads = threads_for(self.cores, others)
-        if threads != self.threads:
-            self.threads = threads
+        self.decide(others)
+
+    def decide(self, others: float) -> int:
+        """The threads after a window in which other processes kept ``others`` cores busy:
+        more at once, fewer only after ``SHORT_WINDOWS`` windows in a row asked for fewer (an
+        agent client composing its next turns keeps half a core busy for a second or two, and
+        the forward that follows a drop can run 10-20 s on the lone thread)."""
+        wanted = threads_for(self.cores, others)
+        self._num_short = self._num_short + 1 if wanted < self.threads else 0
+        if wanted > self.threads or self._num_short >= SHORT_WINDOWS:
+            self.threads, self._num_short = wanted, 0
             self.num_changes += 1
+        return self.threads
 
     def stats(self) -> Snapshot:
         """The threads in force, and how often the adaptive default changed them."""
