@@ -44,9 +44,9 @@ def start_thread(target: Callable[[], None], name: str) -> threading.Thread:
     return thread
 
 
-def lower_own_priority(step: int = BACKGROUND_NICE) -> bool:
-    """Make the calling thread yield the CPU to the rest (its niceness raised by ``step``; on
-    Linux a thread's own): a deferred writer that preempts one of the stepping thread's
+def lower_own_priority() -> bool:
+    """Make the calling thread yield the CPU to the rest (its niceness raised by
+    ``BACKGROUND_NICE``; on Linux a thread's own): a deferred writer that preempts one of the stepping thread's
     OpenMP threads stalls the whole team at its next barrier. False where it cannot (another
     OS, a sandbox that refuses)."""
     if not sys.platform.startswith("linux"):  # elsewhere a thread id is no process id
@@ -54,7 +54,7 @@ def lower_own_priority(step: int = BACKGROUND_NICE) -> bool:
     tid = threading.get_native_id()
     try:
         now = os.getpriority(os.PRIO_PROCESS, tid)
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + step))
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, now + BACKGROUND_NICE))
     except OSError:
         return False
     return True

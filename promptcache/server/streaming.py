@@ -63,7 +63,8 @@ async def run_events(
     try:
         while True:
             # one pending get across timeouts (wait_for would wrap and cancel a task per poll)
-            getting = getting or asyncio.ensure_future(queue.get())
+            if getting is None:
+                getting = asyncio.ensure_future(queue.get())
             await asyncio.wait({getting}, timeout=DISCONNECT_POLL_S)
             if not getting.done():
                 if request is not None and await request.is_disconnected():
