@@ -457,6 +457,12 @@ def test_tools_the_server_cannot_run_are_set_aside(servers):
     assert r.headers["x-promptcache-ignored-tools"] == "custom,web_search_preview"
     assert r.json()["usage"]["prompt_tokens"] == plain.json()["usage"]["prompt_tokens"]
     assert "x-promptcache-ignored-tools" not in plain.headers
+    # a kind no header can carry (outside Latin-1, a CR/LF) is set aside too, not a 500
+    weird = [{"type": "r\u00e9sum\u00e9\u2603"}, {"type": "a\r\nx-evil: 1"}]
+    r = post(on, "/v1/chat/completions", {**base, "tools": [*weird, *odd, *TOOLS]})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-promptcache-ignored-tools"] == "custom,web_search_preview"
+    assert "x-evil" not in r.headers
     server = [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5},
               {"type": "code_execution_20250522", "name": "code_execution"},
               {"type": "mcp_toolset", "mcp_server_name": "docs"}]  # fmt: skip

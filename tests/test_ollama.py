@@ -154,6 +154,11 @@ def test_options_tenants_and_errors(servers):
     r = httpx.post(on.url + "/api/chat", json=body, timeout=60)
     assert r.status_code == 200 and r.json()["eval_count"] == 3
     assert r.headers["x-promptcache-ignored-options"] == "num_ctx,repeat_penalty"
+    # option names that cannot go in a header (non-Latin-1, CR/LF) are ignored too, not a 500
+    odd = {**body, "options": {**body["options"], "\u00ee\U0001f600": 1, "a\r\nx-evil: 1": 2}}
+    r = httpx.post(on.url + "/api/chat", json=odd, timeout=60)
+    assert r.status_code == 200 and "x-evil" not in r.headers
+    assert r.headers["x-promptcache-ignored-options"] == "num_ctx,repeat_penalty"
     other = httpx.post(on.url + "/api/chat", json=body, timeout=60,
                        headers={"x-promptcache-tenant": "elsewhere"}).json()  # fmt: skip
     assert other["cached_tokens"] == 0  # tenants never share a cached block

@@ -31,6 +31,7 @@ from promptcache.server.schemas.ollama import (
 )
 from promptcache.server.sessions import session_of
 from promptcache.server.state import ServerState
+from promptcache.server.tool_kinds import names_header
 
 IGNORED_HEADER = "x-promptcache-ignored-options"
 
@@ -119,8 +120,7 @@ async def _respond(
     """``field``: "message" (/api/chat) or "response" (/api/generate)."""
     clock = Clock()
     headers = dict(gen.headers)
-    if ignored:
-        headers[IGNORED_HEADER] = ",".join(ignored)
+    headers.update(names_header(IGNORED_HEADER, ignored))
     wire = LineWire(model, field, clock)
     if not stream:
         out = await gen.outcome()

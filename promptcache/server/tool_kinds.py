@@ -9,6 +9,7 @@ in every response that set it aside, in the ``x-promptcache-ignored-tools`` head
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from promptcache.engines.base import RequestError
@@ -16,6 +17,7 @@ from promptcache.engines.base import RequestError
 log = logging.getLogger("promptcache.server")
 
 IGNORED_TOOLS_HEADER = "x-promptcache-ignored-tools"
+_HEADER_SAFE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 _logged: set[tuple[str, str]] = set()
 
 
@@ -33,7 +35,15 @@ def set_aside(api: str, kind: str, ignored: list[str]) -> None:
 
 def ignored_header(ignored: list[str] | tuple[str, ...]) -> dict[str, str]:
     """The response header naming the kinds set aside (none when nothing was)."""
-    return {IGNORED_TOOLS_HEADER: ",".join(sorted(set(ignored)))} if ignored else {}
+    return names_header(IGNORED_TOOLS_HEADER, ignored)
+
+
+def names_header(header: str, names: list[str] | tuple[str, ...]) -> dict[str, str]:
+    """``header`` listing ``names`` (sorted, once each) that can go in a header: a client's name
+    outside Latin-1 or with a CR/LF would fail the response; those are left out (logged by the
+    caller). Empty when none is left."""
+    safe = sorted({n for n in names if _HEADER_SAFE.fullmatch(n)})
+    return {header: ",".join(safe)} if safe else {}
 
 
 def function_tools(tools: list[Any] | None, api: str) -> tuple[list[dict[str, Any]], list[str]]:
