@@ -37,6 +37,7 @@ def test_the_writer_thread_runs_at_a_lower_priority_than_the_caller():
         lambda _: niceness.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
         max_items=4,
         on_error=lambda item, exc: None,
+        yields_cpu=True,
     )
     writer.offer(1)
     assert writer.flush(timeout=10)

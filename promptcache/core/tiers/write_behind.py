@@ -78,11 +78,15 @@ class WriteBehind(Generic[T]):
         on_error: Callable[[T, Exception], None],
         on_drop: Callable[[T], None] | None = None,
         idle: Callable[[], float | None] | None = None,
+        yields_cpu: bool = False,
     ) -> None:
         self._handle = handle
         self._on_error = on_error
         self._on_drop = on_drop
         self._idle = idle
+        # a local disk's writer may wait for a free core; a network client's must not (its
+        # replies time out while it waits)
+        self._yields_cpu = yields_cpu
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_items)
         self._closed = False
         self._thread = start_thread(self._loop, name)
@@ -124,7 +128,8 @@ class WriteBehind(Generic[T]):
         self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
-        lower_own_priority()  # its work is deferred by design: the steps' cores come first
+        if self._yields_cpu:
+            lower_own_priority()  # deferred by design: the steps' cores come first
         while True:
             wait = self._idle() if self._idle is not None else None
             try:

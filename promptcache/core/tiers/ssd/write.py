@@ -44,6 +44,7 @@ class SsdWriter:
             on_error=self._failed,
             on_drop=lambda _: folder.stats.add(dropped_writes=1),
             idle=self._idle,
+            yields_cpu=True,
         )
 
     def put(self, record: BlockRecord) -> bool:
