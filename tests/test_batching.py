@@ -421,3 +421,10 @@ def test_the_step_budget_grows_with_the_requests_in_a_step():
     batcher = Batcher(torch_engine("llama").steps, step_tokens=128, min_shared=32)
     assert [batcher.step_budget(n) for n in (1, 2, 4, 16)] == [192, 384, 768, 3072]
     assert batcher.step_budget(1000) == MAX_STEP_TOKENS
+    capped = Batcher(
+        torch_engine("llama").steps, step_tokens=128, min_shared=32, max_step_tokens=500
+    )
+    assert [capped.step_budget(n) for n in (1, 2, 4, 1000)] == [192, 384, 500, 500]
+    engine = torch_engine("llama", max_step_tokens=700)  # the option reaches the engine's batcher
+    assert engine.batcher.step_budget(1000) == 700
+    assert Batcher(engine.steps, 128, 32, max_step_tokens=64).step_budget(1000) == 128

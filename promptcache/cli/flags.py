@@ -97,8 +97,17 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "that step's decode forward), then every decoding request's next token in one forward; "
         "a smaller budget means shorter steps (newcomers wait less, decoding streams pause less) "
         "and slower long prefills (default 128; under load a step's budget grows to 1.5x this "
-        "per request in the step, at most 4096: many sessions spend fewer decode forwards per "
-        "prefilled token)",
+        "per request in the step, at most --max-step-tokens: many sessions spend fewer decode "
+        "forwards per prefilled token)",
+        int,
+    )
+    add_flag(
+        p,
+        "max-step-tokens",
+        None,
+        "the most a step's token budget grows to under load (default 4096): lower means "
+        "shorter steps under many sessions (a newcomer's first token waits less), higher means "
+        "fewer decode forwards per prefilled token",
         int,
     )
     add_flag(

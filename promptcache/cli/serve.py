@@ -26,6 +26,7 @@ ENGINE_FLAGS = (
     "ram_budget",
     "prefill_chunk",
     "step_tokens",
+    "max_step_tokens",
     "max_live_bytes",
     "max_context",
     "dtype",

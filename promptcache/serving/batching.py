@@ -13,7 +13,7 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
 3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
    tokens per step in all, the one-token steps of step 4 counted first; under load the budget
    grows with the requests in the step (``ROW_SHARE`` of ``step_tokens`` each, at most
-   ``MAX_STEP_TOKENS``): every step pays one decode forward over every decoding row (on a CPU,
+   ``max_step_tokens``, default ``MAX_STEP_TOKENS``): every step pays one decode forward over every decoding row (on a CPU,
    attention over all their contexts), so many sessions with a small budget spend their time
    on decode forwards between small prefill pieces (16 agent sessions: 15.6 output tok/s at
    128 tokens a step, 23.3 at 1,536). Prefill goes to the
@@ -78,9 +78,16 @@ class Batcher:
     """The scheduler's ``Work``: composes and runs one step over many requests. Errors stay with
     their request (a failed batched forward fails the requests in it)."""
 
-    def __init__(self, steps: Steps, step_tokens: int, min_shared: int) -> None:
+    def __init__(
+        self,
+        steps: Steps,
+        step_tokens: int,
+        min_shared: int,
+        max_step_tokens: int = MAX_STEP_TOKENS,
+    ) -> None:
         self.steps = steps
         self.step_tokens = step_tokens
+        self.max_step_tokens = max(max_step_tokens, step_tokens)  # never below the base budget
         # pieces smaller than a chunk only where the split cannot change the saved state's
         # numerics beyond float noise: attention-only layouts (an SSM's chunked scan would)
         self.splits = steps.can_split_chunks
@@ -151,7 +158,7 @@ class Batcher:
 
     def step_budget(self, num_reqs: int) -> int:
         """Tokens for a step over ``num_reqs`` requests: ``step_tokens``, or more under load."""
-        grown = min(MAX_STEP_TOKENS, int(self.step_tokens * ROW_SHARE * num_reqs))
+        grown = min(self.max_step_tokens, int(self.step_tokens * ROW_SHARE * num_reqs))
         return max(self.step_tokens, grown)
 
     def time_out(self, req: Request) -> Moved:

@@ -37,6 +37,7 @@ class EngineOptions:
     ram_budget: int | str | None = None
     prefill_chunk: int = 512
     step_tokens: int | None = None  # tokens per engine step (batching.py); None: its default
+    max_step_tokens: int | None = None  # the most a step's budget grows to under load
     # the running requests' KV state at most (parse_size); a newcomer past it waits (None: no cap)
     max_live_bytes: int | str | None = None
     max_context: int | None = None
@@ -70,6 +71,8 @@ class EngineOptions:
             raise ConfigError("prefill_chunk must be positive")
         if self.step_tokens is not None and self.step_tokens <= 0:
             raise ConfigError("step_tokens must be positive")
+        if self.max_step_tokens is not None and self.max_step_tokens <= 0:
+            raise ConfigError("max_step_tokens must be positive")
 
 
 def build_vision_cache(opts: EngineOptions, codec: PayloadCodec) -> VisionCache | None:

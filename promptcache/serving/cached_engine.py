@@ -24,7 +24,7 @@ from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.errors import RequestError
-from promptcache.serving.batching import DEFAULT_STEP_TOKENS, Batcher
+from promptcache.serving.batching import DEFAULT_STEP_TOKENS, MAX_STEP_TOKENS, Batcher
 from promptcache.serving.block_scheme import quant_stats
 from promptcache.serving.cache_setup import EngineOptions, build_cache, build_vision_cache
 from promptcache.serving.context import check_prompt_fits
@@ -86,7 +86,10 @@ class CachedEngine:
         )
         # the token budget per step: one-token steps first, prefill chunks in the rest
         self.batcher = Batcher(
-            self.steps, opts.step_tokens or DEFAULT_STEP_TOKENS, min_shared=opts.block_size
+            self.steps,
+            opts.step_tokens or DEFAULT_STEP_TOKENS,
+            min_shared=opts.block_size,
+            max_step_tokens=opts.max_step_tokens or MAX_STEP_TOKENS,
         )
         self.max_live_bytes = (
             parse_size(opts.max_live_bytes) if opts.max_live_bytes is not None else None
