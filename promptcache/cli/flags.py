@@ -105,7 +105,7 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         p,
         "max-step-tokens",
         None,
-        "the most a step's token budget grows to under load (default 1024): lower means "
+        "the most a step's token budget grows to under load (default 512): lower means "
         "shorter steps under many sessions (a newcomer's first token waits less), higher means "
         "fewer decode forwards per prefilled token",
         int,
