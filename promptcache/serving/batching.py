@@ -72,7 +72,7 @@ DEFAULT_STEP_TOKENS = 128  # ~1 s of prefill deep into an 8K prompt of a 135M mo
 MIN_PIECE = 32  # the least prefill a step runs when decode tokens took the whole budget
 ROW_SHARE = 1.5  # of step_tokens per request in a step: the budget grows with the load
 # the most a step's budget grows to: a newcomer waits out the step in progress and then its own;
-# load_bench, 4-32 agent sessions: 512 cut TTFT p50 to 0.35-0.7x of 4,096's; tok/s higher at 4-16
+# load_bench, 4-32 agent sessions: 512 cut TTFT p50 to 0.3-0.7x of 4,096's; tok/s higher at 4-16
 MAX_STEP_TOKENS = 512
 
 
