@@ -13,10 +13,10 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
 3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
    tokens per step in all, the one-token steps of step 4 counted first; under load the budget
    grows with the requests in the step (``ROW_SHARE`` of ``step_tokens`` each, at most
-   ``max_step_tokens``, default ``MAX_STEP_TOKENS``): every step pays one decode forward over every decoding row (on a CPU,
-   attention over all their contexts), so many sessions with a small budget spend their time
-   on decode forwards between small prefill pieces (16 agent sessions: 15.6 output tok/s at
-   128 tokens a step, 23.3 at 1,536). Prefill goes to the
+   ``max_step_tokens``, default ``MAX_STEP_TOKENS``): every step pays one decode forward over
+   every decoding row (on a CPU, attention over all their contexts), so many sessions with a
+   small budget spend their time on decode forwards between small prefill pieces (16 agent
+   sessions: 15.6 output tok/s at 128 tokens a step, 23.3 at 1,536). Prefill goes to the
    prompts with the fewest tokens left (a short request is not stuck behind a long prompt), and
    a step in which some prompt completes takes no further partial pieces (its first token goes
    out a step sooner); a request that did not get its share goes first next step, the one
