@@ -5,7 +5,9 @@ A decode row reads its whole context's keys and values once per layer and does ~
 so many rows of a few thousand positions are bound by how fast the KV streams from memory. Three
 timings, medians over ``--iters`` calls after a warm-up, on the bundled model's shapes (9 query
 heads on 3 KV heads, head dim 64, float32):
-- ``rows``: the serving path, one SDPA call per row over its own buffer (``lean.attend_one``);
+- ``rows``: one SDPA call per row over its own buffer (``lean.attend_one``; the serving path
+  where the kernel cannot be built);
+- ``kernel``: every row in one call of ``rows_kernel.attend_rows`` (the serving path);
 - ``pooled``: every row's KV in one ``[rows, kv_heads, capacity, dim]`` tensor and one SDPA call
   over the longest row, the shorter rows' tails masked (padding read too);
 - ``stream``: a sum over as many bytes as the rows' KV, the rate one pass over memory reaches.
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from promptcache.engines.torch import rows_kernel  # noqa: E402
 from promptcache.engines.torch.lean import attend_one  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
@@ -64,6 +67,18 @@ def measure(num_rows: int, lo: int, hi: int, iters: int, seed: int) -> dict[str,
             for r, ((k, v), n) in enumerate(zip(own, lengths, strict=True))
         ]
 
+    op = rows_kernel.kernel()
+    q_rows = q[:, :, 0].contiguous()
+    keys = [k[:, :, :n] for (k, _), n in zip(own, lengths, strict=True)]
+    values = [v[:, :, :n] for (_, v), n in zip(own, lengths, strict=True)]
+
+    def kernel() -> torch.Tensor:
+        return op(q_rows, keys, values, DIM**-0.5)
+
+    if op is not None:
+        err = (kernel() - torch.cat(rows(), 0)[:, :, 0]).abs().max().item()
+        assert err < 1e-4, f"kernel differs from SDPA by {err}"
+
     def pooled() -> torch.Tensor:
         return F.scaled_dot_product_attention(folded, pool_k, pool_v, attn_mask=mask)
 
@@ -71,6 +86,7 @@ def measure(num_rows: int, lo: int, hi: int, iters: int, seed: int) -> dict[str,
     flat = torch.randn(kv_bytes // 4)
     out = {"kv_mb": kv_bytes / 1e6, "padded_mb": 2 * pool_k.numel() * 4 / 1e6}
     out["rows_ms"] = median_ms(rows, iters)
+    out["kernel_ms"] = median_ms(kernel, iters) if op is not None else float("nan")
     out["pooled_ms"] = median_ms(pooled, iters)
     out["stream_ms"] = median_ms(flat.sum, iters)
     return out
@@ -89,13 +105,14 @@ def main() -> int:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"threads {args.threads}, contexts {args.min_context}-{args.max_context}, one layer")
-    print("| rows | KV MB | rows: ms (GB/s) | pooled: ms (padded MB) | stream: ms (GB/s) |")
-    print("|---|---:|---:|---:|---:|")
+    print("| rows | KV MB | rows: ms (GB/s) | kernel: ms (GB/s) | pooled: ms (padded MB) "
+          "| stream: ms (GB/s) |\n|---|---:|---:|---:|---:|---:|")  # fmt: skip
     for n in args.rows:
         for rep in range(args.repeats):
             m = measure(n, args.min_context, args.max_context, args.iters, seed=rep)
             print(
                 f"| {n} | {m['kv_mb']:.0f} | {m['rows_ms']:.2f} ({m['kv_mb'] / m['rows_ms']:.1f})"
+                f" | {m['kernel_ms']:.2f} ({m['kv_mb'] / m['kernel_ms']:.1f})"
                 f" | {m['pooled_ms']:.2f} ({m['padded_mb']:.0f}) | {m['stream_ms']:.2f}"
                 f" ({m['kv_mb'] / m['stream_ms']:.1f}) |"
             )

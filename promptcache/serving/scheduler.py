@@ -61,6 +61,7 @@ class Scheduler:
     __slots__ = (
         "work", "turns", "_cond", "_active", "_is_stepping", "check_state", "admits",
         "_needs_check", "num_step_failures", "num_integrity_failures", "num_admission_waits",
+        "on_idle",
     )  # fmt: skip
 
     def __init__(
@@ -76,6 +77,8 @@ class Scheduler:
         self.work = work
         self.check_state = check_state
         self.admits = admits
+        # called by the stepping thread as it ends (no request left), outside every lock
+        self.on_idle: Callable[[], object] = _nothing
         self.num_admission_waits = 0  # steps a new request waited for room (``admits``)
         self._needs_check = False
         self.num_step_failures = 0  # steps that raised outside any request's own part
@@ -253,13 +256,7 @@ class Scheduler:
         """The stepping thread: a step whenever some active request can move; it ends when
         none is active (the next registration starts another)."""
         try:
-            while True:
-                with self._cond:
-                    while not self._can_step():
-                        if not any(r.phase is not Phase.DONE for r in self._active):
-                            self._is_stepping = False
-                            return
-                        self._cond.wait(POLL_S)
+            while self._wait_for_work():
                 self._check_after_failure()
                 with self.turns.step():
                     has_moved = self.step()
@@ -271,6 +268,21 @@ class Scheduler:
                 self._is_stepping = False
                 self._cond.notify_all()
             raise
+        try:
+            self.on_idle()
+        except Exception as exc:  # housekeeping: never an error for a request
+            log.warning("the engine's idle hook failed: %r", exc)
+
+    def _wait_for_work(self) -> bool:
+        """Until some active request can move (True); False, and the thread is no longer the
+        stepping one, once none is active."""
+        with self._cond:
+            while not self._can_step():
+                if not any(r.phase is not Phase.DONE for r in self._active):
+                    self._is_stepping = False
+                    return False
+                self._cond.wait(POLL_S)
+        return True
 
     def _can_step(self) -> bool:
         return any(
@@ -308,6 +320,10 @@ class Scheduler:
                 self._cond.notify_all()
             if done:
                 self._release(req)
+
+
+def _nothing() -> None:
+    return None
 
 
 def _is_bug(outcome: object) -> bool:

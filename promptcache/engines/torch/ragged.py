@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from promptcache.engines.torch import rows_kernel
 from promptcache.engines.torch.lean import LeanDecoder, LeanLayer, attend_one
 from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS
 
@@ -117,14 +118,19 @@ def ragged_decode(
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
     positions = torch.tensor([[s.get_seq_length()] for s in states], device=device)
     gqa = decoder.num_heads != decoder.num_kv_heads
+    rows_op = rows_attention(decoder)
 
     def attend(
         i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        outs = []
-        for r, state in enumerate(states):  # each row over its own positions: no padding
-            keys, values = state.layers[i].update(k[r : r + 1], v[r : r + 1])
-            outs.append(attend_one(q[r : r + 1], keys, values, layer.scaling, gqa))
+        kv = [state.layers[i].update(k[r : r + 1], v[r : r + 1]) for r, state in enumerate(states)]
+        if rows_op is not None:  # every row in one parallel region (rows_kernel)
+            keys, values = zip(*kv, strict=True)
+            return rows_op(q[:, :, 0].contiguous(), keys, values, layer.scaling).unsqueeze(2)
+        outs = [  # each row over its own positions: no padding
+            attend_one(q[r : r + 1], keys, values, layer.scaling, gqa)
+            for r, (keys, values) in enumerate(kv)
+        ]
         return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
     logits = decoder.run_layers(ids, positions, attend).logits
@@ -161,23 +167,34 @@ def packed_forward(
         for p, n in zip(pasts, lengths, strict=True)
     ]
     gqa = decoder.num_heads != decoder.num_kv_heads
+    rows_op = rows_attention(decoder)
+    # the decode rows' token indices: their attention runs in one call where the kernel is built
+    decoding = [r for r, n in enumerate(lengths) if n == 1] if rows_op is not None else []
+    at = torch.tensor([bounds[r] for r in decoding], dtype=torch.long, device=device)
 
     def attend(
         i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        outs = []
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        rows_kv = []
         for r, state in enumerate(states):
             a, b = bounds[r], bounds[r + 1]
             keys, values = state.layers[i].update(k[:, :, a:b], v[:, :, a:b])
-            if b - a == 1:  # a decode row
-                outs.append(attend_one(q[:, :, a:b], keys, values, layer.scaling, gqa))
-                continue
-            outs.append(F.scaled_dot_product_attention(
-                q[:, :, a:b], keys, values, attn_mask=masks[r],
-                is_causal=masks[r] is None,  # a first piece: keys = its queries
-                scale=layer.scaling, enable_gqa=gqa,
-            ))  # fmt: skip
-        return outs[0] if len(outs) == 1 else torch.cat(outs, 2)
+            if b - a > 1:
+                out[:, :, a:b] = F.scaled_dot_product_attention(
+                    q[:, :, a:b], keys, values, attn_mask=masks[r],
+                    is_causal=masks[r] is None,  # a first piece: keys = its queries
+                    scale=layer.scaling, enable_gqa=gqa,
+                )  # fmt: skip
+            elif rows_op is None:  # a decode row
+                out[:, :, a:b] = attend_one(q[:, :, a:b], keys, values, layer.scaling, gqa)
+            else:
+                rows_kv.append((keys, values))
+        if rows_kv:
+            keys, values = zip(*rows_kv, strict=True)
+            rows_q = q[0].index_select(1, at).transpose(0, 1).contiguous()
+            out[0].index_copy_(1, at, rows_op(rows_q, keys, values, layer.scaling).transpose(0, 1))
+        return out
 
     last = torch.tensor(bounds[1:], device=device) - 1
     logits = decoder.run_layers(flat, positions, attend, keep=last).logits
@@ -187,3 +204,12 @@ def packed_forward(
 def _causal_mask(past: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     hidden = torch.ones(n, past + n, dtype=torch.bool, device=device).triu(past + 1)
     return torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
+
+
+def rows_attention(decoder: LeanDecoder) -> Any:
+    """The many-rows decode attention kernel (``rows_kernel``) where it serves this model's
+    layers (float32 on a CPU) and is built; else None (one SDPA call per row)."""
+    weight = decoder.embed.weight
+    if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        return None
+    return rows_kernel.kernel()

@@ -35,6 +35,7 @@ from promptcache.engines.torch.ragged import (
     RowLayer,
     packed_forward,
     ragged_decode,
+    rows_attention,
     use_row_layers,
 )
 from promptcache.engines.torch.state import (
@@ -128,6 +129,8 @@ class TorchRunner:
         self._decoder: Any = self.model
         if self._batches:
             self._decoder = make_lean_decoder(model, self._cache_arg, self.layout.kinds) or model
+        if isinstance(self._decoder, LeanDecoder):
+            rows_attention(self._decoder)  # built now, not in the first step (rows_kernel)
         self.vision: Any = None
         if processor is not None:
             self.vision = make_vision(
