@@ -2,6 +2,7 @@
 and the resident set, and ``max_live_bytes`` queueing a newcomer instead of growing past it."""
 
 import threading
+import time
 
 import pytest
 
@@ -10,7 +11,7 @@ torch = pytest.importorskip("torch")
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.state import held_bytes  # noqa: E402
-from promptcache.serving.memory import rss_bytes  # noqa: E402
+from promptcache.serving.memory import IdleTrim, rss_bytes, trim_heap, tune_malloc  # noqa: E402
 from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 PROMPTS = [[3 + (7 * i + j) % 200 for j in range(60 + 9 * i)] for i in range(4)]
@@ -99,3 +100,44 @@ def test_the_state_kept_for_the_next_turn_holds_only_its_own_positions():
     follow = PROMPTS[i] + replies[i] + [5, 6, 7]
     plain = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, cache_enabled=False)
     assert reply(engine, follow) == reply(plain, follow)
+
+
+def test_freed_heap_buffers_leave_when_the_heap_is_trimmed():
+    if not tune_malloc():
+        pytest.skip("not glibc: no thresholds to set, nothing to trim")
+    # 2 MiB buffers (under the mmap threshold: heap) with others between them, big enough to
+    # come after them rather than from an older hole: the freed ones are holes free() cannot
+    # hand back; only a trim returns their pages
+    big, small = [], []
+    for _ in range(150):
+        big.append(torch.ones(2**19))  # 2 MiB, every page touched
+        small.append(torch.ones(2**16))  # 256 KiB
+    held = rss_bytes()
+    big.clear()
+    assert rss_bytes() > held - 100 * 2**20  # still resident: heap holes
+    assert trim_heap()
+    assert rss_bytes() < held - 200 * 2**20
+    assert len(small) == 150
+
+
+def test_the_engine_trims_the_heap_once_a_load_is_over():
+    engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    trim = engine.scheduler.on_idle
+    assert isinstance(trim, IdleTrim) and trim.num_trims == 0
+    trim.delay_s = 0.05  # the engine's own hook, sooner
+    replies = run_concurrently(engine)
+    deadline = time.monotonic() + 10
+    while trim.num_trims == 0 and time.monotonic() < deadline:  # the stepping thread ends, then
+        time.sleep(0.01)
+    assert trim.num_trims >= 1
+    assert run_concurrently(engine) == replies  # and the engine serves on after it
+
+
+def test_an_idle_trim_waits_for_the_engine_to_stay_idle():
+    busy = IdleTrim(lambda: False, delay_s=0.01)
+    idle = IdleTrim(lambda: True, delay_s=0.01)
+    for hook in (busy, idle, idle):  # called twice in a row: the first wait restarts
+        hook()
+    time.sleep(0.3)
+    assert busy.num_trims == 0
+    assert idle.num_trims == 1

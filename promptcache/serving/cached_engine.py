@@ -32,7 +32,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import rss_bytes, trim_heap, tune_malloc
+from promptcache.serving.memory import IdleTrim, rss_bytes, tune_malloc
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
@@ -101,7 +101,8 @@ class CachedEngine:
             self._admits if self.max_live_bytes is not None else None,
         )
         tune_malloc()
-        self.scheduler.on_idle = trim_heap  # what a load freed leaves once it is over
+        # what a load freed leaves once it is over (serving.memory)
+        self.scheduler.on_idle = IdleTrim(lambda: self.scheduler.num_active == 0)
         # a step's first tokens go out before its decode forward
         self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request

@@ -8,7 +8,8 @@ the heap arenas and stays resident once freed: under 12 concurrent sessions that
 1 MiB up (a restored context's layers, a row's growth, a block copy) came as fresh pages: under
 32 agent sessions 7M page faults in two minutes, a tenth of the stepping threads' time in the
 kernel. So the threshold is fixed at 32 MiB (freed buffers are reused while the load lasts) and
-the heap is trimmed whenever the engine goes idle (``trim_heap``): what the load freed leaves.
+the heap is trimmed once the engine has stayed idle a while (``IdleTrim``): what the load freed
+leaves, while the gaps of an agent's tool calls keep it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ import ctypes
 import ctypes.util
 import os
 import threading
+from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # only buffers past glibc's own dynamic ceiling are mapped
 TRIM_THRESHOLD_BYTES = 64 << 20  # free() returns the heap's top past this; trim_heap the rest
+
+IDLE_TRIM_S = 2.0  # idle this long ends a load; trimming every short gap faults pages in again
 
 _lock = threading.Lock()
 _is_tuned = False
@@ -66,3 +70,30 @@ def trim_heap() -> bool:
     again). True when some memory was released."""
     libc = _libc
     return bool(libc.malloc_trim(0)) if libc is not None else False
+
+
+class IdleTrim:
+    """The scheduler's ``on_idle``: trims the heap (``trim_heap``) once ``delay_s`` has passed
+    with ``is_idle()`` still true at the end. Each call restarts the wait; safe from any thread;
+    ``num_trims`` counts the trims done."""
+
+    def __init__(self, is_idle: Callable[[], bool], delay_s: float = IDLE_TRIM_S) -> None:
+        self.is_idle = is_idle
+        self.delay_s = delay_s
+        self.num_trims = 0
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.delay_s, self._fire)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _fire(self) -> None:
+        if self.is_idle():
+            trim_heap()
+            with self._lock:
+                self.num_trims += 1
