@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.state import held_bytes  # noqa: E402
-from promptcache.serving.memory import IdleTrim, rss_bytes, trim_heap, tune_malloc  # noqa: E402
+from promptcache.serving.memory import HeapTrim, rss_bytes, trim_heap, tune_malloc  # noqa: E402
 from promptcache.testing.tiny_models import ByteTokenizer, tiny_model  # noqa: E402
 
 PROMPTS = [[3 + (7 * i + j) % 200 for j in range(60 + 9 * i)] for i in range(4)]
@@ -122,22 +122,38 @@ def test_freed_heap_buffers_leave_when_the_heap_is_trimmed():
 
 def test_the_engine_trims_the_heap_once_a_load_is_over():
     engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
-    trim = engine.scheduler.on_idle
-    assert isinstance(trim, IdleTrim) and trim.num_trims == 0
-    trim.delay_s = 0.05  # the engine's own hook, sooner
+    heap = engine.heap
+    assert engine.scheduler.on_idle == heap.on_idle and heap.num_trims == 0
+    heap.idle_s = 0.05  # the engine's own hook, sooner
     replies = run_concurrently(engine)
     deadline = time.monotonic() + 10
-    while trim.num_trims == 0 and time.monotonic() < deadline:  # the stepping thread ends, then
+    while heap.num_trims == 0 and time.monotonic() < deadline:  # the stepping thread ends, then
         time.sleep(0.01)
-    assert trim.num_trims >= 1
+    assert heap.num_trims >= 1
     assert run_concurrently(engine) == replies  # and the engine serves on after it
 
 
+def test_under_load_the_heap_is_trimmed_when_rss_passes_the_allowance():
+    engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    heap = engine.heap
+    heap.idle_s = 3600  # only the allowance trims here
+    heap.check_s = 0
+    # what the engine accounts for: the process at start, the 4 MB budget, the live state
+    assert heap.allowance() > rss_bytes()
+    replies = run_concurrently(engine)
+    assert heap.num_trims == 0  # a tiny model stays within it
+    engine.heap.allowance = lambda: 0  # an RSS past the allowance: every step trims
+    assert run_concurrently(engine) == replies
+    assert heap.num_trims > 0
+
+
 def test_an_idle_trim_waits_for_the_engine_to_stay_idle():
-    busy = IdleTrim(lambda: False, delay_s=0.01)
-    idle = IdleTrim(lambda: True, delay_s=0.01)
-    for hook in (busy, idle, idle):  # called twice in a row: the first wait restarts
+    busy = HeapTrim(lambda: False, idle_s=0.01)
+    idle = HeapTrim(lambda: True, idle_s=0.01)
+    for hook in (busy.on_idle, idle.on_idle, idle.on_idle):  # twice in a row: the wait restarts
         hook()
     time.sleep(0.3)
     assert busy.num_trims == 0
     assert idle.num_trims == 1
+    busy.after_step()  # no allowance given: never trims under load
+    assert busy.num_trims == 0

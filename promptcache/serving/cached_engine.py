@@ -32,7 +32,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import IdleTrim, rss_bytes, tune_malloc
+from promptcache.serving.memory import HeapTrim, rss_bytes, tune_malloc
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
@@ -40,6 +40,7 @@ from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
+RSS_SLACK_BYTES = 512 << 20  # allocator overhead and a step's own buffers, beyond the accounted
 
 
 class CachedEngine:
@@ -101,8 +102,11 @@ class CachedEngine:
             self._admits if self.max_live_bytes is not None else None,
         )
         tune_malloc()
-        # what a load freed leaves once it is over (serving.memory)
-        self.scheduler.on_idle = IdleTrim(lambda: self.scheduler.num_active == 0)
+        # what a load freed leaves once it is over, or when RSS passes what is accounted for
+        self._base_rss = rss_bytes()  # the model and the process, before any request
+        self.heap = HeapTrim(lambda: self.scheduler.num_active == 0, self._rss_allowance)
+        self.scheduler.on_idle = self.heap.on_idle
+        self.scheduler.after_step = self.heap.after_step
         # a step's first tokens go out before its decode forward
         self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request
@@ -317,6 +321,13 @@ class CachedEngine:
         # admitted but not started yet: their prompts, at the same rate
         pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
         return held + self._bytes_per_token * pending <= self.max_live_bytes
+
+    def _rss_allowance(self) -> int:
+        """What RSS may reach before the heap is trimmed under load: the process at start, the
+        RAM tier's budget, the running requests' state, and ``RSS_SLACK_BYTES``."""
+        ram = self.cache.ram.budget_bytes if self.cache is not None else 0
+        live = self.runner.held_bytes(self.scheduler.live_states())
+        return self._base_rss + ram + live + RSS_SLACK_BYTES
 
     def memory_stats(self) -> dict[str, int]:
         """Where the process's memory is: the running requests' model state (with the decode

@@ -8,8 +8,9 @@ the heap arenas and stays resident once freed: under 12 concurrent sessions that
 1 MiB up (a restored context's layers, a row's growth, a block copy) came as fresh pages: under
 32 agent sessions 7M page faults in two minutes, a tenth of the stepping threads' time in the
 kernel. So the threshold is fixed at 32 MiB (freed buffers are reused while the load lasts) and
-the heap is trimmed once the engine has stayed idle a while (``IdleTrim``): what the load freed
-leaves, while the gaps of an agent's tool calls keep it.
+the heap is trimmed (``HeapTrim``) once the engine has stayed idle a while (what the load freed
+leaves; the gaps of an agent's tool calls keep it), and under load whenever RSS passes what the
+engine can account for (the RAM budget, the live requests' state, the process at start).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import ctypes
 import ctypes.util
 import os
 import threading
+import time
 from collections.abc import Callable
 
 M_TRIM_THRESHOLD = -1
@@ -26,6 +28,7 @@ MMAP_THRESHOLD_BYTES = 32 << 20  # only buffers past glibc's own dynamic ceiling
 TRIM_THRESHOLD_BYTES = 64 << 20  # free() returns the heap's top past this; trim_heap the rest
 
 IDLE_TRIM_S = 2.0  # idle this long ends a load; trimming every short gap faults pages in again
+CHECK_S = 1.0  # under load, RSS against the allowance at most this often (a /proc read)
 
 _lock = threading.Lock()
 _is_tuned = False
@@ -72,28 +75,53 @@ def trim_heap() -> bool:
     return bool(libc.malloc_trim(0)) if libc is not None else False
 
 
-class IdleTrim:
-    """The scheduler's ``on_idle``: trims the heap (``trim_heap``) once ``delay_s`` has passed
-    with ``is_idle()`` still true at the end. Each call restarts the wait; safe from any thread;
-    ``num_trims`` counts the trims done."""
+class HeapTrim:
+    """When freed heap pages go back to the system (``trim_heap``). The scheduler calls
+    ``on_idle`` as its stepping thread ends: a trim once ``idle_s`` has passed with
+    ``is_idle()`` still true (each call restarts the wait). It calls ``after_step`` after every
+    step: at most every ``check_s``, a trim when RSS is above ``allowance()`` bytes (what the
+    engine can account for). Safe from any thread; ``num_trims`` counts the trims done."""
 
-    def __init__(self, is_idle: Callable[[], bool], delay_s: float = IDLE_TRIM_S) -> None:
+    def __init__(
+        self,
+        is_idle: Callable[[], bool],
+        allowance: Callable[[], int] | None = None,
+        idle_s: float = IDLE_TRIM_S,
+        check_s: float = CHECK_S,
+    ) -> None:
         self.is_idle = is_idle
-        self.delay_s = delay_s
+        self.allowance = allowance
+        self.idle_s = idle_s
+        self.check_s = check_s
         self.num_trims = 0
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._next_check = 0.0
 
-    def __call__(self) -> None:
+    def on_idle(self) -> None:
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
-            self._timer = threading.Timer(self.delay_s, self._fire)
+            self._timer = threading.Timer(self.idle_s, self._fire)
             self._timer.daemon = True
             self._timer.start()
 
+    def after_step(self) -> None:
+        if self.allowance is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_check:
+                return
+            self._next_check = now + self.check_s
+        if rss_bytes() > self.allowance():
+            self._trim()
+
     def _fire(self) -> None:
         if self.is_idle():
-            trim_heap()
-            with self._lock:
-                self.num_trims += 1
+            self._trim()
+
+    def _trim(self) -> None:
+        trim_heap()
+        with self._lock:
+            self.num_trims += 1

@@ -61,7 +61,7 @@ class Scheduler:
     __slots__ = (
         "work", "turns", "_cond", "_active", "_is_stepping", "check_state", "admits",
         "_needs_check", "num_step_failures", "num_integrity_failures", "num_admission_waits",
-        "on_idle",
+        "on_idle", "after_step",
     )  # fmt: skip
 
     def __init__(
@@ -77,7 +77,9 @@ class Scheduler:
         self.work = work
         self.check_state = check_state
         self.admits = admits
-        # called by the stepping thread as it ends (no request left), outside every lock
+        # called by the stepping thread after each step and as it ends (no request left),
+        # outside every lock; housekeeping (a failure is logged, never a request's)
+        self.after_step: Callable[[], object] = _nothing
         self.on_idle: Callable[[], object] = _nothing
         self.num_admission_waits = 0  # steps a new request waited for room (``admits``)
         self._needs_check = False
@@ -260,6 +262,7 @@ class Scheduler:
                 self._check_after_failure()
                 with self.turns.step():
                     has_moved = self.step()
+                self._housekeep(self.after_step)
                 if not has_moved:  # what can move waits for room or for its reader
                     with self._cond:
                         self._cond.wait(POLL_S)
@@ -268,10 +271,13 @@ class Scheduler:
                 self._is_stepping = False
                 self._cond.notify_all()
             raise
+        self._housekeep(self.on_idle)
+
+    def _housekeep(self, hook: Callable[[], object]) -> None:
         try:
-            self.on_idle()
-        except Exception as exc:  # housekeeping: never an error for a request
-            log.warning("the engine's idle hook failed: %r", exc)
+            hook()
+        except Exception as exc:  # never an error for a request, never the thread's end
+            log.warning("the engine's housekeeping hook failed: %r", exc)
 
     def _wait_for_work(self) -> bool:
         """Until some active request can move (True); False, and the thread is no longer the
