@@ -2,7 +2,9 @@
 
 A model with the bundled SmolLM2-135M's KV shape (30 layers x 3 KV heads x head 64, float32:
 46 KB a token) and a small MLP, random weights; a 32 MB RAM tier over an SSD tier; N sessions
-of 4 turns (a 350-token first prompt, 30 tokens more a turn, 32-token replies).
+of 4 turns (a 350-token first prompt, 30 tokens more a turn, 32-token replies). RSS over the
+engine's at start: its peak, right after the last reply, and once the engine has been idle long
+enough for its heap trim.
 
     python benchmarks/memory_bench.py --sessions 12 32 [--max-live-bytes 256MB] [--no-malloc-tune]
 """
@@ -59,13 +61,16 @@ def run(num_sessions: int, max_live: str | None, tune: bool) -> dict[str, float]
     for t in threads:
         t.join()
     done.set()
+    end = memory.rss_bytes()
+    time.sleep(memory.IDLE_TRIM_S + 1)  # the engine idle: its heap trim (memory.HeapTrim)
     return {
         "sessions": num_sessions,
         "max_live_bytes": max_live or "none",
         "malloc_tuned": tune,
         "rss_base_mb": round(base / 1e6),
         "rss_peak_over_base_mb": round((peak[0] - base) / 1e6),
-        "rss_end_over_base_mb": round((memory.rss_bytes() - base) / 1e6),
+        "rss_end_over_base_mb": round((end - base) / 1e6),
+        "rss_idle_over_base_mb": round((memory.rss_bytes() - base) / 1e6),
         "live_state_peak_mb": round(live_peak[0] / 1e6),
         "seconds": round(time.perf_counter() - t0, 1),
     }

@@ -44,8 +44,10 @@ class PeerServer:
     def start(self, timeout: float = 900) -> float:
         home = self.work / "home"
         (home / ".cache/huggingface/hub").mkdir(parents=True, exist_ok=True)  # mlx_lm lists it
+        # torch's extension builds stay where a user's are (built once, as on their machine)
+        ext = os.environ.get("TORCH_EXTENSIONS_DIR") or str(Path.home() / ".cache/torch_extensions")
         env = {**os.environ, "HOME": str(home), "PROMPTCACHE_HOME": str(home),
-               "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **self.env}  # fmt: skip
+               "TORCH_EXTENSIONS_DIR": ext, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"), **self.env}  # fmt: skip
         log = open(self.work / f"{self.name}.log", "ab")  # noqa: SIM115 (owned by the child)
         t0 = time.perf_counter()
         self.proc = subprocess.Popen(

@@ -338,6 +338,7 @@ class CachedEngine:
             "live_state_bytes": self.runner.held_bytes(live),
             "max_live_bytes": self.max_live_bytes or 0,
             "rss_bytes": rss_bytes(),
+            "heap_trims": self.heap.num_trims,  # freed pages handed back (idle, or RSS too high)
         }
 
     def cache_figures(self) -> dict[str, Figures]:
