@@ -5,9 +5,10 @@ A padded batch (``batch.py``) copies every row's keys/values into one tensor whe
 joins or leaves; under many sessions at once rows change every step or two and that copy, of
 every live context, is most of the step. Here each request's full-attention layers are
 ``RowLayer``s, growing in place in buffers of their own: the projections, norms and MLP run
-over all rows at once and only the attention runs row by row. Nothing is gathered; a prefill
-piece appends in place too (``DynamicLayer`` concatenates: a copy of the whole context per
-forward).
+over all rows at once and only the attention is per row: every decode row in one call of the
+``rows_kernel`` (each over its own buffer), or one SDPA call a row where that kernel is not
+built. Nothing is gathered; a prefill piece appends in place too (``DynamicLayer``
+concatenates: a copy of the whole context per forward).
 
 ``packed_forward`` goes further: several requests' prefill pieces and decode tokens side by side
 in one forward (one row of all their new tokens), so the weights are read once for all of them
