@@ -13,7 +13,7 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
-from promptcache.engines.torch.batch import GrowingLayer  # noqa: E402
+from promptcache.engines.torch.batch import GrowingLayer, gather  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
 from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402
@@ -178,6 +178,29 @@ def test_lone_decode_on_sliding_and_ssm_layouts_appends_in_place(monkeypatch, ki
         buffers.add(fast.layers[j].keys.untyped_storage().data_ptr())
         assert fast.layers[j].keys.shape == plain.layers[j].keys.shape
     assert len(buffers) <= 4  # 20 tokens in steps of ROOM = 8: the first buffer + 2-3 regrows
+
+
+def test_decode_buffers_room_ahead_is_finite_whatever_memory_held_before(monkeypatch):
+    """A compiled step reads a decode buffer whole, its unwritten room under a -inf mask: that
+    room is zeroed, never left as whatever the allocator held (NaN there made every logit NaN,
+    as 0 * NaN is NaN). The allocator is handed NaN-filled blocks of the buffers' size first."""
+    monkeypatch.setattr(GrowingLayer, "ROOM", 8)
+    runner = TorchRunner(tiny_model("llama"), ByteTokenizer())
+    states = [runner.new_state() for _ in range(2)]
+    for state, prompt in zip(states, ([3, 4, 5, 6, 7], [8, 9]), strict=True):
+        runner.forward([state], [prompt])
+    k0 = states[0].layers[0].keys
+    for _ in range(3):  # batches and regrows get blocks that just held NaN
+        for rows, room in ((2, 5 + 8), (2, 5 + 1 + 8), (1, 5 + 8)):
+            poison = torch.full((rows, k0.shape[1], room, k0.shape[3]), float("nan"))
+            del poison
+        batch = gather(runner.model, states, tuple(range(len(states[0].layers))))
+        for layer in batch.cache.layers:
+            kbuf, vbuf = layer._bufs
+            assert torch.isfinite(kbuf).all() and torch.isfinite(vbuf).all()
+            layer.reserve(kbuf.shape[-2] + 1)  # a regrow: its new room too
+            kbuf, vbuf = layer._bufs
+            assert torch.isfinite(kbuf).all() and torch.isfinite(vbuf).all()
 
 
 @pytest.mark.slow  # one inductor compile (about a minute on 2 cores)

@@ -119,8 +119,9 @@ class GrowingLayer(DynamicLayer):
 
 def _grow(buf: torch.Tensor, used: int, more: int) -> torch.Tensor:
     shape = (*buf.shape[:2], used + more, buf.shape[3])
-    out = buf.new_empty(shape)  # past ``used``: written before it is read
+    out = buf.new_empty(shape)
     out[:, :, :used] = buf[:, :, :used]
+    out[:, :, used:].zero_()  # a compiled step reads (masked) the room ahead: it must be finite
     return out
 
 
@@ -138,10 +139,12 @@ def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
         room = longest + GrowingLayer.ROOM
-        # uninitialised but the left padding: the room ahead is written before it is read,
-        # and padding must be finite (masked scores weigh it by 0, and 0 * NaN is NaN)
+        # the left padding and the room ahead are zeroed: a compiled step reads the whole
+        # buffer under a mask, and masked scores weigh it by 0 (0 * NaN is NaN)
         keys = k0.new_empty((rows, k0.shape[1], room, k0.shape[3]))
         values = v0.new_empty((rows, v0.shape[1], room, v0.shape[3]))
+        keys[:, :, longest:].zero_()
+        values[:, :, longest:].zero_()
         for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
             keys[i, :, : longest - n].zero_()
             values[i, :, : longest - n].zero_()
