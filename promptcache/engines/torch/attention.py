@@ -12,11 +12,13 @@ transformers' public ``AttentionInterface`` (with sdpa's mask) and switches a mo
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
@@ -84,3 +86,17 @@ def _branches_on_name(model: Any) -> bool:
     except (OSError, TypeError):
         return True  # cannot tell: keep sdpa
     return any(f"_attn_implementation {op}" in source for op in ("==", "!=", "in "))
+
+
+# cuDNN's attention plans every new shape on the CPU, and a decode step's key length is new every
+# token: bfloat16 decode on an H200 went 13.6 -> 46-58 tok/s without it (``gpu_check``)
+CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
+def sdpa_backends(device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """Around a runner's forwards: on CUDA, SDPA may pick any kernel but cuDNN's (torch's
+    switches are process-wide: set on entry, restored on exit, so call it from the one thread
+    that steps the model); elsewhere nothing changes."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return sdpa_kernel(CUDA_SDPA)

@@ -17,7 +17,7 @@ from promptcache.core.codec import PayloadCodec
 from promptcache.core.figures import Snapshot
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
-from promptcache.engines.torch.attention import use_gqa_attention
+from promptcache.engines.torch.attention import sdpa_backends, use_gqa_attention
 from promptcache.engines.torch.batch import (
     DecodeBatch,
     batched_decode,
@@ -158,6 +158,10 @@ class TorchRunner:
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         if self.threads is not None:
             self.threads.apply()  # the stepping thread runs every forward: set them there
+        with sdpa_backends(self.device):
+            return self._forward(states, ids)
+
+    def _forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[torch.Tensor]:
         # one-token steps (decode) on a full-attention model: one forward over the rows of a
         # DecodeBatch, appending in place (a lone request too: DynamicCache's concatenation
         # copies the whole context every token); any other mix one sequence at a time
@@ -197,7 +201,8 @@ class TorchRunner:
     ) -> list[torch.Tensor]:
         if self.threads is not None:
             self.threads.apply()
-        return packed_forward(self._decoder, states, ids, self.device)
+        with sdpa_backends(self.device):
+            return packed_forward(self._decoder, states, ids, self.device)
 
     def _has_keys(self, state: DynamicCache) -> bool:
         """Whether a decode step can append in place: some full-attention layer has keys."""
