@@ -215,7 +215,7 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
 
 
 def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
-    """A 150-block cache turns over every few requests: its miniatures run at 1/4 (not at full
+    """A 150-block cache turns over every few requests: its miniatures run at 1/2 (not at full
     size, which would cost each candidate the live cache's upkeep), and the curve's 1x is the
     leader's candidate miniature rather than a copy of it."""
     block = 8
@@ -227,7 +227,7 @@ def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
             pass
         cache.save(seq, None, null_slicer)
     whatif = cache.whatif
-    assert whatif.rates == (4, 4)
+    assert whatif.rates == (2, 2)
     assert len(whatif.live.sims) == len(CANDIDATES) and len(whatif.curve.sims) == 2
     assert whatif._curve_rate(1) == whatif.live.rate(whatif.leader)
     for sim in [*whatif.live.sims, *whatif.curve.sims]:

@@ -39,37 +39,43 @@ def feed(race, diffs, num_blocks):
 
 
 def test_a_big_lead_switches_a_small_one_only_when_consistent():
-    race = Race(2, 1e12)
+    race = Race(2, 1e12, rate=4)
     feed(race, [1] * 10, 100)  # lead 0.01 of the volume, z = sqrt(10)
     assert race.challenger(0) == 1 and race.challenger(1) is None
 
-    lucky = Race(2, 1e12)
+    lucky = Race(2, 1e12, rate=4)
     feed(lucky, [1] * 3, 10)  # the same lead, but three blocks of it: luck
     assert lucky.challenger(0) is None
     feed(lucky, [1] * 6, 10)  # nine
     assert lucky.challenger(0) == 1
 
-    consistent = Race(2, 1e12)
+    consistent = Race(2, 1e12, rate=4)
     feed(consistent, [1] * 30, 333)  # lead 0.003: under the margin, but z = sqrt(30)
     lead = 30 / (30 * 333)
     assert 0.002 < lead < SWITCH_MARGIN
     assert consistent.significance(1, 0) > SWITCH_Z and consistent.challenger(0) == 1
 
-    noisy = Race(2, 1e12)
+    noisy = Race(2, 1e12, rate=4)
     feed(noisy, [1] * 100 + [-1] * 70, 10_000 // 170)  # the same lead, as a coin's luck
     assert noisy.significance(1, 0) < SWITCH_Z
     assert noisy.challenger(0) is None
 
-    tiny = Race(2, 1e12)
+    tiny = Race(2, 1e12, rate=4)
     feed(tiny, [1] * 200, 1000)  # z = 14, but a lead of 0.001 is not worth a hand-over
     assert tiny.challenger(0) is None
+
+    dense = Race(2, 1e12, rate=2)  # a sampled block is 2 live ones: the lead must be 32 of those
+    feed(dense, [1] * 9, 10)
+    assert dense.challenger(0) is None
+    feed(dense, [1] * 8, 10)  # seventeen
+    assert dense.challenger(0) == 1
 
 
 def test_an_early_lead_fades_within_the_race_horizon():
     """Candidate 1 wins the first cache-fulls (a cold start), candidate 0 the steady state:
     the race hands back within a few horizons; a decay as long as the curve's would not."""
     cap = 100
-    short, long = Race(2, RACE_FULLS * cap), Race(2, 32 * RACE_FULLS * cap)
+    short, long = Race(2, RACE_FULLS * cap, 4), Race(2, 32 * RACE_FULLS * cap, 4)
     for race in (short, long):
         feed(race, [1] * 200, 10)  # 2,000 sampled blocks of candidate 1 leading by 10%
     for race in (short, long):

@@ -10,7 +10,7 @@ Sampling rate 1/R: R is the largest power of two (at most 8, more only while a m
 hold over ``MAX_SAMPLED_BLOCKS``) leaving at least ``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x
 miniature, but at least ``MIN_RATE`` while that leaves ``MIN_TINY_BLOCKS``: a small cache turns
 over every few requests, so simulating it at full size would cost each candidate the live
-cache's whole upkeep, while a quarter-size miniature still ranks the candidates
+cache's whole upkeep, while a half-size miniature still ranks the candidates
 (replay_bench.py, tests/test_adaptive.py). The curve's 1x miniature is the leader's candidate
 miniature when both have one rate, so the what-if work costs about (K + 2)/R of the live cache's
 upkeep, (K + 3)/R when the curve is sparser. Hits
@@ -38,7 +38,9 @@ log = logging.getLogger("promptcache.whatif")
 FACTORS = (0.5, 1.0, 2.0)
 MIN_SAMPLED_BLOCKS = 256  # in the 1x miniatures, which pick the leader (128 misranked on chat)
 MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
-MIN_RATE = 4  # below this a small cache's miniatures cost more than the live cache's upkeep
+# below this a small cache's miniatures cost more than the live cache's upkeep; at 1/4 a
+# 300-block cache's 75-block miniatures flipped between frecency and S3-FIFO (scan_wave +.0086)
+MIN_RATE = 2
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
 # sparser miniatures of chat traffic overstate frecency's lead: at 1/16 the race handed
 # mooncake_like_slow 3.1M to LRU a third into the trace (+.0104), at 1/8 sooner (+.0024)
@@ -179,7 +181,7 @@ class WhatIf:
         self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
         cap = self._capacity(1.0, live)
         sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
-        self.live = Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0))
+        self.live = Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0), live)
         self.curve = self._new_curve()
 
     # -- the live request stream --------------------------------------------------------------
