@@ -270,7 +270,7 @@ def main() -> int:
         if args.model:
             path = Path(args.model)
             if args.random_weights:
-                path = materialize(path, Path(tmp) / path.name)
+                path = materialize(path, Path(tmp) / (path.name.lstrip(".") + "-random-weights"))
             for dtype in args.dtypes:
                 try:
                     rows.extend(check_model(args, path, dtype))
