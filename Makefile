@@ -91,8 +91,11 @@ serve: install
 # Two workers, each test file on one (its module fixtures start once): much of the suite waits
 # on servers and clients, so two files at once take ~0.65x the time on 2 cores (TEST_WORKERS=0: serial)
 TEST_WORKERS ?= 2
+# MALLOC_PERTURB_: glibc fills each allocation with 0x7f bytes (huge floats), so a read of memory
+# never written (a buffer's room, a padded row) fails every run, not only when the heap held NaN
 test: install agent-clis chromium
 	@$(MAKE) --no-print-directory vllm-env || echo "make vllm-env failed: the vLLM connector tests will be skipped"
+	MALLOC_PERTURB_=$${MALLOC_PERTURB_:-128} \
 	PROMPTCACHE_VLLM_PYTHON=$$(test -f $(VLLM_STAMP) && echo $(CURDIR)/$(VLLM_VENV)/bin/python) \
 	PROMPTCACHE_CLAUDE=$(CURDIR)/$(CLAUDE) PROMPTCACHE_CODEX=$(CURDIR)/$(CODEX) \
 	PROMPTCACHE_OPENCODE=$(CURDIR)/$(OPENCODE) PROMPTCACHE_QWEN=$(CURDIR)/$(QWEN) \
