@@ -118,10 +118,16 @@ class GrowingLayer(DynamicLayer):
 
 
 def _grow(buf: torch.Tensor, used: int, more: int) -> torch.Tensor:
-    shape = (*buf.shape[:2], used + more, buf.shape[3])
-    out = buf.new_empty(shape)
+    out = _new_buffer(buf, buf.shape[0], used + more, used)
     out[:, :, :used] = buf[:, :, :used]
-    out[:, :, used:].zero_()  # a compiled step reads (masked) the room ahead: it must be finite
+    return out
+
+
+def _new_buffer(like: torch.Tensor, rows: int, length: int, used: int) -> torch.Tensor:
+    """A ``rows`` x heads x ``length`` x dim buffer like ``like``, zero past ``used``: a compiled
+    step reads the room ahead under a mask, and masked scores weigh it by 0 (0 * NaN is NaN)."""
+    out = like.new_empty((rows, like.shape[1], length, like.shape[3]))
+    out[:, :, used:].zero_()
     return out
 
 
@@ -139,12 +145,9 @@ def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
         room = longest + GrowingLayer.ROOM
-        # the left padding and the room ahead are zeroed: a compiled step reads the whole
-        # buffer under a mask, and masked scores weigh it by 0 (0 * NaN is NaN)
-        keys = k0.new_empty((rows, k0.shape[1], room, k0.shape[3]))
-        values = v0.new_empty((rows, v0.shape[1], room, v0.shape[3]))
-        keys[:, :, longest:].zero_()
-        values[:, :, longest:].zero_()
+        # the left padding is zeroed too: masked, and finite for the same reason as the room
+        keys = _new_buffer(k0, rows, room, longest)
+        values = _new_buffer(v0, rows, room, longest)
         for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
             keys[i, :, : longest - n].zero_()
             values[i, :, : longest - n].zero_()
