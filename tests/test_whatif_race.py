@@ -8,7 +8,14 @@ import sys
 from promptcache.core.cache import PromptCache
 from promptcache.core.minisim import MiniCache
 from promptcache.core.policies import make_policy
-from promptcache.core.race import RACE_FULLS, SWITCH_MARGIN, SWITCH_Z, Decayed, Race
+from promptcache.core.race import (
+    MARGIN_Z_PER_SWITCH,
+    RACE_FULLS,
+    SWITCH_MARGIN,
+    SWITCH_Z,
+    Decayed,
+    Race,
+)
 from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
@@ -69,6 +76,30 @@ def test_a_big_lead_switches_a_small_one_only_when_consistent():
     assert dense.challenger(0) is None
     feed(dense, [1] * 8, 10)  # seventeen
     assert dense.challenger(0) == 1
+
+
+def test_each_hand_over_makes_a_lead_won_in_one_lookup_need_more_significance():
+    """One lookup of 30 blocks that only candidate 1 hit, then 20 where candidate 0 hit one
+    more: the lead passes the margin but is a third of its noise. A fresh race takes it; a race
+    that has already changed hands often (an agent's lookups swinging it) does not, while a
+    lead as large that holds lookup after lookup still switches it."""
+
+    def one_big_win():
+        race = Race(2, 1e12, rate=4)
+        feed(race, [30] + [-1] * 20, 50)
+        return race
+
+    race = one_big_win()
+    assert (race.hits[1] - race.hits[0]) / race.volume > SWITCH_MARGIN
+    z = race.significance(1, 0)
+    assert 0 < z < 1
+    assert race.challenger(0) == 1 and race.challenger(0, num_switches=1) == 1
+    many = round(1 / MARGIN_Z_PER_SWITCH)
+    assert one_big_win().challenger(0, num_switches=many) is None
+
+    steady = Race(2, 1e12, rate=4)
+    feed(steady, [1] * 10, 100)  # the same margin, z = sqrt(10)
+    assert steady.challenger(0, num_switches=many) == 1
 
 
 def test_an_early_lead_fades_within_the_race_horizon():

@@ -233,7 +233,7 @@ class WhatIf:
         assert race is not None
         if race.volume:
             self._since_switch += len(live_chain)
-        best = race.challenger(self.leader)
+        best = race.challenger(self.leader, self.num_switches)
         if (
             best is not None
             # evidence from two miniature cache-fulls of lookups since the last hand-over
