@@ -238,7 +238,9 @@ def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
 
 def test_a_frecency_leader_keeps_the_hand_over_state_itself():
     """Under frecency the adaptive policy keeps no residents or history of its own (frecency
-    keeps the same): a hand-over takes them from frecency, hit counts and all."""
+    keeps the same): a hand-over takes them from frecency, hit counts and all, and a hand-over
+    back gives frecency the uses its residents had before they were inserted (without them a
+    detour through another leader cost zipf .0011 after frecency was back in charge)."""
     from core_helpers import churn_conversations
 
     policy = AdaptivePolicy(("frecency", "lru", "s3fifo"))
@@ -252,6 +254,25 @@ def test_a_frecency_leader_keeps_the_hand_over_state_itself():
     policy.hand_over(1)  # to lru: now tracked here, from frecency's state
     assert policy._resident.keys() == resident.keys() and policy._history == history
     churn_conversations(cache, random.Random(4), steps=200, check_every=50)
+    uses = dict(policy._resident)  # each resident's uses from before its insertion
+    assert any(uses.values())
     policy.hand_over(0)  # back to frecency, which adopts the history kept meanwhile
     assert policy.policy._history and not policy._history
+    # and the residents' remembered uses, as if they had been inserted under it
+    assert policy.policy.hand_over_state()[0] == uses
     churn_conversations(cache, random.Random(5), steps=200, check_every=50)
+
+
+def test_the_namespace_moves_the_miniatures_sample_but_no_fixed_policy():
+    """Every block hash covers the cache's name: under another name the miniatures sample other
+    blocks (which is why eviction_shapes --samples replays the default under several), while
+    a fixed policy, which never looks at the hashes' values, decides the same."""
+    block = 8
+    trace = shape_trace("scan_hot", 0.2, block)
+    kw = dict(block_size=block, trace_block_tokens=block)
+    for policy in ("lru", "frecency", "s3fifo"):
+        a, b = (replay(trace, 150 * block, policy=policy, name=n, **kw) for n in ("a", "b"))
+        assert a["cached_tokens"] == b["cached_tokens"] > 0
+    caches = [PromptCache(n, block_size=block, ram_budget=150 * block) for n in ("a", "b")]
+    seqs = [c.sequence(prompt_tokens(trace[0], block)) for c in caches]
+    assert seqs[0].full_hashes() != seqs[1].full_hashes()

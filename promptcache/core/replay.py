@@ -150,11 +150,14 @@ def replay(
     check_every: int = 0,
     before_request: Callable[[int, TraceRequest], None] | None = None,
     attention_context: int = ATTENTION_CONTEXT,
+    name: str = "replay",
 ) -> dict[str, Any]:
     """Replay ``requests``; ``before_request(i, req)`` runs before each one is served (the
     offline reference policies in benchmarks/ use it to see the future). ``compute_saved`` in
-    the result: the fraction of the prompts' prefill compute the hits saved (``prefill_cost``)."""
-    cache = PromptCache("replay", block_size=block_size, ram_budget=capacity_tokens, policy=policy)
+    the result: the fraction of the prompts' prefill compute the hits saved (``prefill_cost``).
+    ``name`` is the cache's namespace, which every block hash covers: the what-if miniatures
+    sample other blocks under another name (a fixed policy decides the same)."""
+    cache = PromptCache(name, block_size=block_size, ram_budget=capacity_tokens, policy=policy)
     t0 = time.perf_counter()
     num = prompt_total = cached_total = 0
     cost_total = cost_saved = 0.0
