@@ -45,10 +45,9 @@ class EvictionPolicy(Protocol):
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         """Take over a tier's resident blocks (oldest ``last_access`` first) on a fresh policy, as
         if they had been inserted under it; the evictable ones become evictable. ``history``:
-        recently evicted hashes, oldest first, with (uses, last_access), then the given blocks'
-        own uses from before their insertion (a policy that remembers uses seeds them from it).
-        Used when the adaptive policy hands the live cache to another policy; what the blocks
-        and the history do not record (queue membership) starts afresh."""
+        recently evicted hashes, oldest first, with (uses, last_access). Used when the adaptive
+        policy hands the live cache to another policy; what the blocks and the history do not
+        record (queue membership) starts afresh."""
 
     def check_integrity(self, evictable: set[int]) -> None:
         """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""

@@ -85,11 +85,7 @@ class AdaptivePolicy:
             self._resident, self._history = self._keeper.hand_over_state()
         self.current = index
         p = make_policy(self.candidate_names[index])
-        history = self._trim_history()
-        # the residents' uses from before their insertion go with the history: as if they had
-        # been inserted under the new leader, which seeds them from its history
-        before = {b.block_hash: (n, b.last_access) for b, n in self._resident.items() if n}
-        p.adopt(sorted(self._resident, key=lambda b: b.last_access), {**history, **before})
+        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._trim_history())
         self._follow(p)
 
     def _track_insert(self, block: Block) -> None:

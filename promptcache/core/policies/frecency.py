@@ -148,7 +148,7 @@ class FrecencyPolicy:
     def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
         self._history = OrderedDict(history)
         for b in blocks:
-            self._metas[b] = _Meta(self._seed_uses(b))
+            self._metas[b] = _Meta(1)
             if b.is_evictable:
                 self.add_evictable(b)
 
