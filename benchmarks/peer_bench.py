@@ -238,11 +238,14 @@ def main() -> int:
                    help="run 1 of every server, then run 2 of every server, ...: a noisy "
                    "machine hits them alike (default: every run of one server, then the next)")  # fmt: skip
     p.add_argument("--peers-home", type=Path, default=PEERS_HOME, help="the peers' venvs")
-    p.add_argument("--out", default="bench-out/peers.json", help="every run's rows (JSON)")
+    p.add_argument("--out", default="bench-out/peers.json",
+                   help="every run's rows (JSON; a folder: peers.json in it)")  # fmt: skip
     p.add_argument("--table-from", default=None,
                    help="only print the table of earlier --out files (comma-separated), merged")  # fmt: skip
     args = p.parse_args()
     args.variants = parse_variants(args.variant)
+    if Path(args.out).is_dir():
+        args.out = str(Path(args.out) / "peers.json")
     if args.table_from:
         merged: dict[str, Any] = {}
         for name in args.table_from.split(","):
