@@ -22,9 +22,9 @@ changed hands 19 times on scan_hot, against 9 at 1/4).
 Each hand-over the race has made raises the significance the margin path needs by
 ``MARGIN_Z_PER_SWITCH``: a lead that one big lookup can win alone (an agent's whole history,
 hit or missed together) passes the margin as easily as it is lost again, and each hand-over
-costs the hits of a cache the new leader did not fill (coding_agent 256K: 168 hand-overs,
-+.0068 against LRU alone; with the rise, 25 and within .0001). A race that picked once or
-twice, as chat traffic does, keeps its quick margin path.
+costs the hits of a cache the new leader did not fill (coding_agent 256K, mean of 3 cache
+namespaces: 157-168 hand-overs, .0045 behind LRU alone; with the rise, 24-25 and .0013 ahead).
+A race that picked once or twice, as chat traffic does, keeps its quick margin path.
 """
 
 from __future__ import annotations
