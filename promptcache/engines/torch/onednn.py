@@ -6,6 +6,12 @@ the rows grow (a prefill chunk), where oneDNN's matmul (shipped in the same buil
 ``torch.ops.mkldnn``) reaches ~250 on the model's own weights, no copy or repacking. Both are
 IEEE float32: only the order of the sums differs (~1e-6 relative), as between chunk sizes.
 
+oneDNN keeps every primitive it builds, one per weight shape and row count (each decode batch
+size, each prefill piece's length), up to 1,024 by default, and torch's ideep layer keeps as many
+of its own per-shape computations: after 32 concurrent sessions the primitives held ~170 MB that
+no trim gives back. ``bound_primitive_cache`` lowers both to ``PRIMITIVE_CACHE_CAPACITY``
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, ``LRU_CACHE_CAPACITY``) where the user has not set them.
+
 The swap keeps the modules' parameters (the same tensors: ``state_dict``, tied embeddings and the
 fingerprint are unchanged) and is refused, leaving ``nn.Linear``, where the kernel is missing or
 disagrees with ``F.linear`` on a probe.
@@ -14,6 +20,7 @@ disagrees with ``F.linear`` on a probe.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
@@ -21,6 +28,9 @@ from torch import nn
 
 log = logging.getLogger("promptcache")
 PROBE_TOLERANCE = 1e-4  # relative: float32 sums in another order, nothing more
+# a rebuilt primitive costs ~0.1 ms beside a 20-60 ms step; 128 hold a decode batch's
+# every row count for a model's few distinct weight shapes (memory_bench: +~130 MB, not +270)
+PRIMITIVE_CACHE_CAPACITY = 128
 
 
 class OneDnnLinear(nn.Linear):
@@ -38,6 +48,7 @@ class OneDnnLinear(nn.Linear):
 
 def can_use_onednn(model: Any) -> bool:
     """A float32 model on CPU, a torch with oneDNN's linear op, agreeing with F.linear."""
+    bound_primitive_cache()  # before the probe builds what may be the process's first primitive
     try:
         param = next(model.parameters())
     except (StopIteration, AttributeError):
@@ -58,6 +69,14 @@ def can_use_onednn(model: Any) -> bool:
         log.info("oneDNN linear unavailable (%s): float32 linears stay on torch's default", exc)
         return False
     return bool(torch.allclose(got, want, rtol=PROBE_TOLERANCE, atol=PROBE_TOLERANCE))
+
+
+def bound_primitive_cache() -> None:
+    """Set oneDNN's and ideep's cache capacities where the user has not. Each is read once,
+    at the process's first primitive: a no-op after that (safe to call again)."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        if not os.environ.get(name):
+            os.environ[name] = str(PRIMITIVE_CACHE_CAPACITY)
 
 
 def use_onednn_linears(model: Any) -> int:
