@@ -117,7 +117,9 @@ def test_a_padded_batch_decodes_as_the_models_forward_does(tmp_path):
         return rows, logits
 
     lean_rows, lean_logits = decode(12)
+    assert runner.compute_stats()["lean_decode"] == 1
     runner._decoder = runner.model
+    assert runner.compute_stats()["lean_decode"] == 0  # what /v1/cache/stats shows then
     model_rows, model_logits = decode(12)
     assert lean_rows == model_rows
     assert all(

@@ -234,6 +234,8 @@ def test_models_health_metrics(servers, request):
         assert list(threads["samples"].values())[0] >= 1
         compute = httpx.get(on.url + "/v1/cache/stats").json()["compute"]
         assert compute["torch_threads"] >= 1 and compute["thread_changes"] >= 0
+        assert compute["lean_decode"] == 1  # a llama: the lean step, not the model's forward
+        assert list(families["promptcache_compute_lean_decode"]["samples"].values()) == [1]
 
 
 def test_concurrent_clients_all_served_correctly(servers):

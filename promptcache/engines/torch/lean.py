@@ -244,7 +244,7 @@ def make_lean_decoder(model: Any, cache_arg: str, kinds: tuple[str, ...]) -> Lea
         log.info("lean decode step unavailable (%s): decode runs the model's forward", exc)
         return None
     if not ok:
-        log.info("lean decode step disagrees with the model: decode runs the model's forward")
+        log.warning("lean decode step disagrees with the model: decode runs the model's forward")
         return None
     return decoder
 

@@ -14,7 +14,7 @@ import torch
 from transformers import DynamicCache
 
 from promptcache.core.codec import PayloadCodec
-from promptcache.core.figures import Snapshot
+from promptcache.core.figures import Series, Snapshot
 from promptcache.core.hashing import fingerprint_model
 from promptcache.core.worker_threads import add_start_hook
 from promptcache.engines.torch.attention import sdpa_backends, use_gqa_attention
@@ -146,9 +146,18 @@ class TorchRunner:
         return isinstance(self._decoder, LeanDecoder)
 
     def compute_stats(self) -> Snapshot:
+        """The threads in force (``threads.thread_figures``) and ``lean_decode``: 1 where decode
+        steps run the lean step, 0 where the model's forward (slower: a model it does not cover,
+        or one whose check failed at load)."""
         if self.threads is None:  # torch's own default, or OMP_NUM_THREADS
-            return thread_figures(torch.get_num_threads())
-        return self.threads.stats()
+            threads = thread_figures(torch.get_num_threads())
+        else:
+            threads = self.threads.stats()
+        lean = int(self._ragged)
+        return Snapshot(
+            {**threads.data, "lean_decode": lean},
+            (*threads.parts, Series("lean_decode", "gauge", lean)),
+        )
 
     def new_state(self) -> DynamicCache:
         state = DynamicCache(config=self.model.config)
