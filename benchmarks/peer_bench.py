@@ -189,13 +189,25 @@ def run_once(name: str, cmd_of: Any, args: argparse.Namespace) -> list[dict[str,
         if args.decode:
             got = server.chat([{"role": "user", "content": DECODE_PROMPT}], args.decode)
             got.pop("text")
+            if is_ours:  # which step decoded: a silent fall back to the model's forward is slower
+                got["lean_decode"] = server_compute(server).get("lean_decode")
             rows.append({"turn": "decode", "tag": "decode", **got, "load": os.getloadavg()[0]})
+            step = {1: ", lean step", 0: ", THE MODEL'S FORWARD"}.get(got.get("lean_decode"), "")
             print(f"  decode: {got['decode_tok_s']:.1f} tok/s over {got['completion_tokens']} "
-                  f"tokens, load {rows[-1]['load']:.2f}", flush=True)  # fmt: skip
+                  f"tokens, load {rows[-1]['load']:.2f}{step}", flush=True)  # fmt: skip
     finally:
         server.stop()
         shutil.rmtree(work, ignore_errors=True)
     return rows
+
+
+def server_compute(server: PeerServer) -> dict[str, Any]:
+    """A promptcache server's ``compute`` figures (threads, ``lean_decode``); {} if none."""
+    url = f"http://127.0.0.1:{server.port}/v1/cache/stats"
+    try:
+        return dict(httpx.get(url, timeout=30).json().get("compute") or {})
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return {}
 
 
 def server_phases(server: PeerServer) -> dict[str, Any]:
