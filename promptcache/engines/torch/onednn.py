@@ -48,7 +48,6 @@ class OneDnnLinear(nn.Linear):
 
 def can_use_onednn(model: Any) -> bool:
     """A float32 model on CPU, a torch with oneDNN's linear op, agreeing with F.linear."""
-    bound_primitive_cache()  # before the probe builds what may be the process's first primitive
     try:
         param = next(model.parameters())
     except (StopIteration, AttributeError):
@@ -82,6 +81,7 @@ def bound_primitive_cache() -> None:
 def use_onednn_linears(model: Any) -> int:
     """Swap every plain ``nn.Linear`` of a float32 CPU model for ``OneDnnLinear`` (in place,
     idempotent; quantized or other linear kinds are left alone). Returns how many were swapped."""
+    bound_primitive_cache()  # before the probe builds what may be the process's first primitive
     if not can_use_onednn(model):
         return 0
     swaps = [
