@@ -170,7 +170,9 @@ def run_cell(
         "server": name, "sessions": n, "repeat": rep, "requests": len(rows), "errors": errors,
         "wall_s": wall, "output_tok_s": sum(r["completion_tokens"] for r in rows) / wall,
         "ttft_p50_s": pct(later, 50), "ttft_p99_s": pct(later, 99),
-        "first_ttft_p50_s": pct(first, 50), "cached_share": cached / prompt if prompt else None,
+        "first_ttft_p50_s": pct(first, 50), "first_ttft_p99_s": pct(first, 99),
+        "ttft_by_turn": {t: {"p50_s": pct(v, 50), "p99_s": pct(v, 99)} for t, v in by_turn(rows).items()},
+        "cached_share": cached / prompt if prompt else None,
         "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
         "load": os.getloadavg()[0], "phases_s": phases, "rows": rows,
     }  # fmt: skip
@@ -181,6 +183,14 @@ def run_cell(
     if phases:
         print("      engine TTFT by phase (s, summed over requests): " + ", ".join(
             f"{k} {v:.1f}" for k, v in phases.items()), flush=True)  # fmt: skip
+    return out
+
+
+def by_turn(rows: list[dict[str, Any]]) -> dict[int, list[float]]:
+    """Each turn index's client TTFTs."""
+    out: dict[int, list[float]] = {}
+    for r in sorted(rows, key=lambda r: r["turn"]):
+        out.setdefault(r["turn"], []).append(r["ttft_s"])
     return out
 
 
@@ -252,6 +262,28 @@ def summarize(runs: list[dict[str, Any]], names: list[str], sizes: list[int]) ->
                 f"{med(cell, 'cached_share') or 0:.2f} | {(rss or 0) / 2**30:.2f} GiB | "
                 f"{sum(len(r['errors']) for r in cell)} | {len(cell)} |"
             )  # fmt: skip
+    return "\n".join(lines) + "\n\n" + summarize_turns(runs, names, sizes)
+
+
+def summarize_turns(runs: list[dict[str, Any]], names: list[str], sizes: list[int]) -> str:
+    """TTFT p50 / p99 at each turn index, each server side by side (medians over repeats)."""
+    lines = ["| N | turn | " + " | ".join(f"{n} p50 / p99" for n in names) + " |",
+             "|---|---|" + "---|" * len(names)]  # fmt: skip
+    for n in sizes:
+        turns = sorted(
+            {int(t) for r in runs if r["sessions"] == n for t in r.get("ttft_by_turn", {})}
+        )
+        for turn in turns:
+            cells = []
+            for name in names:
+                got = [r["ttft_by_turn"].get(turn) or r["ttft_by_turn"].get(str(turn))
+                       for r in runs if r["server"] == name and r["sessions"] == n
+                       and "ttft_by_turn" in r]  # fmt: skip
+                p50 = [g["p50_s"] for g in got if g and g["p50_s"] is not None]
+                p99 = [g["p99_s"] for g in got if g and g["p99_s"] is not None]
+                cells.append(f"{fmt_s(statistics.median(p50)).strip()} / "
+                             f"{fmt_s(statistics.median(p99)).strip()}" if p50 else "-")  # fmt: skip
+            lines.append(f"| {n} | {turn} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
