@@ -46,12 +46,14 @@ def run(
     engine = TorchEngine(model, ByteTokenizer(), block_size=64, ram_budget="32MB",
                          ssd_dir=tempfile.mkdtemp(), max_live_bytes=max_live)  # fmt: skip
     base = memory.rss_bytes()
-    peak, live_peak, done = [base], [0], threading.Event()
+    peak, live_peak, queued_peak, done = [base], [0], [0], threading.Event()
 
     def sample() -> None:
         while not done.is_set():
             peak[0] = max(peak[0], memory.rss_bytes())
-            live_peak[0] = max(live_peak[0], engine.memory_stats()["live_state_bytes"])
+            stats = engine.memory_stats()
+            live_peak[0] = max(live_peak[0], stats["live_state_bytes"])
+            queued_peak[0] = max(queued_peak[0], stats["queued_write_bytes"])
             time.sleep(0.05)
 
     def session(k: int) -> None:
@@ -80,6 +82,7 @@ def run(
         "rss_end_over_base_mb": round((end - base) / 1e6),
         "rss_idle_over_base_mb": round((memory.rss_bytes() - base) / 1e6),
         "live_state_peak_mb": round(live_peak[0] / 1e6),
+        "queued_writes_peak_mb": round(queued_peak[0] / 1e6),  # inside the RAM budget
         "ram_budget_mb": round(engine.cache.ram.budget_bytes / 1e6),
         "rss_slack_mb": cached_engine.RSS_SLACK_BYTES >> 20,
         "heap_trims": engine.heap.num_trims,

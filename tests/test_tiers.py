@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-from core_helpers import make_slicer
+from core_helpers import assert_restores, make_slicer
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.chain import checkpoint_path, match_chain
 from promptcache.core.tiers.base import BlockRecord, NullTier, StoredBlock
 from promptcache.core.tiers.factory import build_tiers
+from promptcache.core.tiers.ssd.tier import SsdTier
 
 BLOCK = 4
 BLOCK_BYTES = BLOCK * 2 * 8  # make_slicer: two int64 per token
@@ -223,3 +224,29 @@ def test_concurrent_ssd_promotions_and_saves_keep_integrity(tmp_path):
     assert cache.ram.reserved_bytes == 0
     cache.check_integrity()
     cache.close()
+
+
+def test_ram_makes_room_for_the_blocks_a_stalled_ssd_writer_still_holds(tmp_path):
+    ssd = SsdTier(tmp_path, "m")
+    budget = 16 * BLOCK_BYTES
+    cache = PromptCache("m", block_size=BLOCK, ram_budget=budget, next_tier=ssd)
+    seqs = [tokens(40 + i, 32) for i in range(6)]  # 8 blocks each
+    with ssd.folder.files_lock:  # the writer waits at its first rename
+        for s in seqs:
+            cache.save(cache.sequence(s), None, make_slicer(s))
+            queued = cache.tiers.queued_bytes()
+            assert queued == ssd.queued_bytes() <= budget
+            # RAM made room for what was queued before this save; the save's own 8 blocks are
+            # counted in both until the next one
+            assert cache.ram.held_bytes + queued <= budget + 8 * BLOCK_BYTES
+            cache.ram.check_integrity()  # the whole check would wait for the SSD's writes
+        assert ssd.describe()["dropped_writes"] > 0
+    assert ssd.flush(10) and cache.tiers.queued_bytes() == 0
+    cache.check_integrity()
+    for s in seqs:  # RAM or SSD serves what each kept, exactly
+        with cache.lookup(cache.sequence(s + [7])) as hit:
+            assert_restores(hit, s)
+    # nothing queued: RAM has its whole budget again
+    big = tokens(99, 16 * BLOCK)
+    assert cache.save(cache.sequence(big), None, make_slicer(big)).num_new_blocks == 16
+    cache.check_integrity()

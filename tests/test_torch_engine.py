@@ -164,3 +164,41 @@ def test_snapshot_models_restart_from_ssd_at_their_last_checkpoint(kind, tmp_pat
     assert (got - want).abs().max().item() <= TOL[kind]
     second.cache.check_integrity()
     second.close()
+
+
+def test_blocks_waiting_for_a_stalled_ssd_writer_stay_inside_the_ram_budget(tmp_path):
+    """Blocks queued for the SSD are still in memory: RAM makes room for them, the queue keeps
+    to the budget (drops past it are counted), and the replies stay those of no cache."""
+    model = tiny_model("llama")
+    cfg = model.config
+    token_bytes = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * 4  # K and V, float32
+    token_bytes *= cfg.hidden_size // cfg.num_attention_heads
+    budget = 24 * BLOCK * token_bytes
+    cached = TorchEngine(model, ByteTokenizer(), block_size=BLOCK, prefill_chunk=CHUNK,
+                         ram_budget=budget, ssd_dir=tmp_path / "ssd")  # fmt: skip
+    plain = TorchEngine(model, ByteTokenizer(), cache_enabled=False, prefill_chunk=CHUNK)
+    ssd = cached.cache.tiers.find("ssd")
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 256) for _ in range(60)] for _ in range(4)]
+    with ssd.folder.files_lock:  # the writer waits at its first rename; nothing is on disk
+        for turn in range(3):
+            for k, prompt in enumerate(prompts):
+                a = list(cached.generate(prompt, SamplingParams(max_tokens=6)))
+                b = list(plain.generate(prompt, SamplingParams(max_tokens=6)))
+                assert token_ids(a) == token_ids(b), f"turn {turn}, conversation {k}"
+                prompts[k] = (
+                    prompt + b[-1].completion_ids + [rng.randrange(3, 256) for _ in range(9)]
+                )
+                queued = cached.memory_stats()["queued_write_bytes"]
+                assert queued == ssd.queued_bytes() <= budget
+                # a request's saves add their blocks to both before RAM next makes room
+                saved = (len(prompt) + 6 + BLOCK) * token_bytes
+                assert cached.cache.ram.held_bytes + queued <= budget + saved
+        assert ssd.describe()["dropped_writes"] > 0
+    assert ssd.flush(10) and ssd.queued_bytes() == 0
+    cached.cache.check_integrity()
+    for prompt in prompts:
+        a = list(cached.generate(prompt, SamplingParams(max_tokens=6)))
+        assert token_ids(a) == token_ids(list(plain.generate(prompt, SamplingParams(max_tokens=6))))
+    cached.cache.check_integrity()
+    cached.close()

@@ -338,6 +338,8 @@ class CachedEngine:
         return {
             "live_requests": len(live),
             "live_state_bytes": self.runner.held_bytes(live),
+            # inside the RAM budget (the RAM tier makes room for them)
+            "queued_write_bytes": self.cache.tiers.queued_bytes() if self.cache is not None else 0,
             "max_live_bytes": self.max_live_bytes or 0,
             "rss_bytes": rss_bytes(),
             "heap_trims": self.heap.num_trims,  # freed pages handed back (idle, or RSS too high)

@@ -171,6 +171,20 @@ class Verifiable(Protocol):
 
 
 @runtime_checkable
+class QueuesWrites(Protocol):
+    """A store whose ``put`` queues the block for a writer thread: until written it stays in
+    this process's memory, so the stack counts it against RAM's budget."""
+
+    def queued_bytes(self) -> int:
+        """Bytes of the blocks accepted and not yet written (the one being written included).
+        Read without the cache's lock: it may fall (a write done) at any moment."""
+
+    def limit_queued_bytes(self, nbytes: int) -> None:
+        """From now on ``put`` drops a block (False, counted as dropped) that would take the
+        queued bytes past ``nbytes``, unless nothing is queued. Calling again replaces it."""
+
+
+@runtime_checkable
 class WarmSource(Protocol):
     """A tier that can name its hottest prefixes for a new server's start-up warm-up."""
 

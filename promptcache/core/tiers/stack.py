@@ -26,6 +26,7 @@ from promptcache.core.tiers.base import (
     BlockStore,
     HasStats,
     NullTier,
+    QueuesWrites,
     ReadResult,
     SessionAdmin,
     StoredBlock,
@@ -36,7 +37,12 @@ from promptcache.core.tiers.promotion import Promoted, PromotionPlan
 from promptcache.core.tiers.ram.tier import RamTier
 from promptcache.core.tree import Match
 
-__all__ = ["TierStack", "as_tier_list"]
+__all__ = ["QUEUED_SHARE", "TierStack", "as_tier_list"]
+
+# of RAM's budget, the most that blocks queued for lower tiers' writers may hold (split between
+# those tiers); RAM makes room for them as far as it can evict. Half the budget dropped writes
+# of a small cache's every long prompt (its blocks are written only from the queue)
+QUEUED_SHARE = 1.0
 
 
 def as_tier_list(tiers: BlockStore | Sequence[BlockStore] | None) -> list[BlockStore]:
@@ -53,7 +59,9 @@ class TierStack:
     and every method that changes RAM settles them before it returns); ``lower_tiers`` is never
     empty (a ``NullTier`` when nothing is behind RAM, so stats still name a tier); ``stores``
     are the lower tiers that can hold anything, ``_write_through`` those of them that get every
-    new block, ``_admin`` / ``_stats`` / ``_checked`` those with that capability."""
+    new block, ``_admin`` / ``_stats`` / ``_checked`` / ``_queues`` those with that capability.
+    The blocks queued for the ``_queues``' writers count against RAM's budget (``QUEUED_SHARE``
+    of it at most): RAM, those queues and the live requests are all the cache holds."""
 
     def __init__(self, ram: RamTier, lower: BlockStore | Sequence[BlockStore] | None) -> None:
         self.ram = ram
@@ -64,8 +72,18 @@ class TierStack:
         self._admin = [t for t in self.stores if isinstance(t, SessionAdmin)]
         self._stats = [t for t in self.lower_tiers if isinstance(t, HasStats)]
         self._checked = [t for t in self.lower_tiers if isinstance(t, Verifiable)]
+        self._queues = [t for t in self.stores if isinstance(t, QueuesWrites)]
         self.num_deletions = 0  # bumped by every deletion; see the module docstring
         ram.records_moves = bool(self.stores)
+        if self._queues:
+            share = int(ram.budget_bytes * QUEUED_SHARE) // len(self._queues)
+            for tier in self._queues:
+                tier.limit_queued_bytes(share)
+            ram.held_elsewhere = self.queued_bytes
+
+    def queued_bytes(self) -> int:
+        """Bytes of the blocks waiting for a lower tier's writer (safe from any thread)."""
+        return sum(tier.queued_bytes() for tier in self._queues)
 
     @property
     def has_lower(self) -> bool:

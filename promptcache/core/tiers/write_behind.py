@@ -1,7 +1,10 @@
 """Write-behind: one bounded queue drained by one writer thread, and the back-off after errors.
 
 A request never waits on a tier's writes: ``offer`` queues an item or drops it (the queue is
-full: counted by ``on_drop``, the tier's own counter). The writer thread hands each item to
+full, by count or by the bytes ``size`` says its items hold: counted by ``on_drop``, the tier's
+own counter). Queued blocks live in this process until written, so their bytes are counted
+(``num_queued_bytes``) and bounded (``max_bytes``): the tier stack counts them against RAM's
+budget. The writer thread hands each item to
 ``handle``; an exception there goes to ``on_error`` and the thread goes on. Between items it
 calls ``idle`` (a tier's chance to reopen its folder or probe its server), which says how long
 to wait for the next item. ``Backoff`` is the doubling, capped cool-down both the SSD tier's
@@ -67,7 +70,8 @@ class Backoff:
 class WriteBehind(Generic[T]):
     """Invariant: every item ``offer`` accepted is handed to ``handle`` exactly once, in order,
     on the one writer thread (unless ``close`` timed out); ``flush`` returns True only once all
-    of them are done."""
+    of them are done; ``num_queued_bytes`` is the ``size`` of those accepted and not yet done
+    (the one being handled included)."""
 
     def __init__(
         self,
@@ -79,8 +83,15 @@ class WriteBehind(Generic[T]):
         on_drop: Callable[[T], None] | None = None,
         idle: Callable[[], float | None] | None = None,
         yields_cpu: bool = False,
+        size: Callable[[T], int] | None = None,
     ) -> None:
         self._handle = handle
+        self._size = size
+        # beyond this many queued bytes an item is dropped (None: bounded by count only); one
+        # item is always taken into an empty queue, whatever its size
+        self.max_bytes: int | None = None
+        self._bytes_lock = threading.Lock()
+        self._queued_bytes = 0
         self._on_error = on_error
         self._on_drop = on_drop
         self._idle = idle
@@ -95,14 +106,27 @@ class WriteBehind(Generic[T]):
     def num_queued(self) -> int:
         return self._queue.qsize()
 
+    @property
+    def num_queued_bytes(self) -> int:
+        return self._queued_bytes
+
     def offer(self, item: T) -> bool:
         """Queue ``item`` without waiting; False (and ``on_drop``) when full or closed."""
         if not self._closed:
-            try:
-                self._queue.put_nowait(item)
-                return True
-            except queue.Full:
-                pass
+            nbytes = self._size(item) if self._size is not None else 0
+            with self._bytes_lock:
+                limit = self.max_bytes
+                fits = (
+                    limit is None or not self._queued_bytes or self._queued_bytes + nbytes <= limit
+                )
+                if fits:
+                    self._queued_bytes += nbytes
+            if fits:
+                try:
+                    self._queue.put_nowait(item)
+                    return True
+                except queue.Full:
+                    self._release(nbytes)
         if self._on_drop is not None:
             self._on_drop(item)
         return False
@@ -144,4 +168,10 @@ class WriteBehind(Generic[T]):
             except Exception as exc:  # a tier's error must never end its writer
                 self._on_error(item, exc)  # type: ignore[arg-type]
             finally:
+                if self._size is not None:
+                    self._release(self._size(item))  # type: ignore[arg-type]
                 self._queue.task_done()
+
+    def _release(self, nbytes: int) -> None:
+        with self._bytes_lock:
+            self._queued_bytes -= nbytes

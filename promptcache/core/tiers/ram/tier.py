@@ -41,7 +41,8 @@ class RamTier:
     """Invariant: ``held_bytes`` == sum of resident ``nbytes``, ``held_bytes + reserved_bytes
     <= budget_bytes``; every resident block's parent is resident (or a root); the policy holds
     exactly the evictable ones; while ``records_moves`` every insertion and eviction is in
-    ``moves`` until taken. Not thread-safe: the owning cache serialises calls. Implements
+    ``moves`` until taken. Room is made for ``held_bytes + reserved_bytes + held_elsewhere()
+    <= budget_bytes`` as far as blocks can be evicted (the last term may grow between calls). Not thread-safe: the owning cache serialises calls. Implements
     ``SessionAdmin`` (sessions, deletion, expiry: ``ram.sessions``), ``HasStats`` and
     ``Verifiable`` like the tiers behind it."""
 
@@ -73,6 +74,9 @@ class RamTier:
         self.tree = PrefixTree()
         self.held_bytes = 0
         self.reserved_bytes = 0  # promised to promotions loading outside the lock
+        # bytes of the budget the cache holds outside this tier (blocks queued for a lower
+        # tier's writer): set by the ``TierStack``
+        self.held_elsewhere: Callable[[], int] = _nothing
         self.clock = 0
         self.wall_clock = wall_clock  # seconds, for TTL expiry (``clock`` counts bytes and uses)
         self.ttl_s = ttl_s  # a block unused this long expires (None: only by its TTL hint)
@@ -253,7 +257,8 @@ class RamTier:
     # -- eviction ----------------------------------------------------------------------------
 
     def _make_room(self, nbytes: int, protect: Block, candidate: Block) -> bool:
-        budget = self.budget_bytes - self.reserved_bytes
+        hard = self.budget_bytes - self.reserved_bytes
+        budget = hard - self.held_elsewhere()
         if self.held_bytes + nbytes <= budget:
             return True
         # pin the block being extended so making room never evicts the chain being saved
@@ -267,12 +272,14 @@ class RamTier:
             while self.held_bytes + nbytes > budget:
                 victim = self.policy.pop_victim()
                 if victim is None:
-                    return False
+                    break
                 if not self.policy.admit(candidate, victim):
                     self.policy.add_evictable(victim)
-                    return False
+                    break
                 self._evict(victim)
-            return True
+            # the bytes held elsewhere are made room for as far as eviction can; the budget is
+            # never passed
+            return self.held_bytes + nbytes <= hard
         finally:
             protect.ref_count -= 1
             if protect.is_evictable:
@@ -397,3 +404,7 @@ class RamTier:
             for blk in index.values():
                 counts[blk.block_hash[-1]] += blk.nbytes
             assert counts == self.census.counts, "census drift"
+
+
+def _nothing() -> int:
+    return 0

@@ -188,6 +188,7 @@ class ValkeyStore(PartsTier):
         counts, series = self.stats.figures()
         own = {"up": int(self.link.is_up), "retry_in_s": round(self.link.backoff.seconds_to_retry(), 3),
                "ttl_s": self.ttl_ms / 1000, "queued_writes": self.writer.queue.num_queued,
+               "queued_write_bytes": self.queued_bytes(),
                "used_bytes": int(info.get("used_memory", 0)), "maxmemory": int(info.get("maxmemory", 0))}  # fmt: skip
         server = {"evicted_keys": int(info.get("evicted_keys", 0)),
                   "expired_keys": int(info.get("expired_keys", 0))}  # fmt: skip
@@ -206,6 +207,14 @@ class ValkeyStore(PartsTier):
 
     def note_warmed(self, num_blocks: int, nbytes: int) -> None:
         self.stats.add(num_warmed_blocks=num_blocks, warmed_bytes=nbytes)
+
+    # -- QueuesWrites ---------------------------------------------------------------------------
+
+    def queued_bytes(self) -> int:
+        return self.writer.queue.num_queued_bytes
+
+    def limit_queued_bytes(self, nbytes: int) -> None:
+        self.writer.queue.max_bytes = nbytes
 
     def close(self) -> None:
         if self.ctx.is_closed:

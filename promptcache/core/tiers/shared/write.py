@@ -56,6 +56,7 @@ class SharedWriter:
             on_error=self._failed,
             on_drop=self._dropped,
             idle=self._idle,
+            size=lambda item: item.nbytes if isinstance(item, BlockRecord) else 0,
         )
 
     def put(self, record: BlockRecord) -> bool:

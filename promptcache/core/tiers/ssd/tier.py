@@ -117,6 +117,14 @@ class SsdTier(PartsTier):
     def num_queued_writes(self) -> int:
         return self.writer.queue.num_queued
 
+    # -- QueuesWrites ---------------------------------------------------------------------------
+
+    def queued_bytes(self) -> int:
+        return self.writer.queue.num_queued_bytes
+
+    def limit_queued_bytes(self, nbytes: int) -> None:
+        self.writer.queue.max_bytes = nbytes
+
     # -- LookupFeedback (the rest of BlockStore is the parts') ---------------------------------
 
     def touch(self, hashes: list[BlockHash]) -> None:
@@ -178,7 +186,7 @@ class SsdTier(PartsTier):
         health = self.folder.health
         counts, series = self.stats.figures()
         own = {"num_blocks": n, "used_bytes": used, "budget_bytes": self.budget_bytes,
-               "queued_writes": self.num_queued_writes,
+               "queued_writes": self.num_queued_writes, "queued_write_bytes": self.queued_bytes(),
                "consecutive_write_errors": health.num_failures,
                "retry_in_s": round(health.seconds_to_retry(), 3)}  # fmt: skip
         series += [Series(k, "gauge", v) for k, v in own.items()]

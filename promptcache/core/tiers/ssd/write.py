@@ -45,6 +45,7 @@ class SsdWriter:
             on_drop=lambda _: folder.stats.add(dropped_writes=1),
             idle=self._idle,
             yields_cpu=True,
+            size=lambda record: record.nbytes,
         )
 
     def put(self, record: BlockRecord) -> bool:
