@@ -4,7 +4,8 @@ A model with the bundled SmolLM2-135M's KV shape (30 layers x 3 KV heads x head 
 46 KB a token) and a small MLP, random weights; a 32 MB RAM tier over an SSD tier; N sessions
 of 4 turns (a 350-token first prompt, 30 tokens more a turn, 32-token replies). RSS over the
 engine's at start: its peak, right after the last reply, and once the engine has been idle long
-enough for its heap trim.
+enough for its heap trim; the peaks of the live state and of the blocks queued for the SSD, and
+at the peak RSS what malloc had handed out (over the start) and held free (glibc's mallinfo2).
 
     python benchmarks/memory_bench.py --sessions 12 32 [--max-live-bytes 256MB] [--no-malloc-tune] \
         [--rss-slack-mb 512]
@@ -16,11 +17,28 @@ load (``cached_engine.RSS_SLACK_BYTES``); the rows report the trims and the time
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import json
 import random
 import tempfile
 import threading
 import time
+
+
+class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2: ten size_t fields
+    _fields_ = [(f"f{i}", ctypes.c_size_t) for i in range(10)]
+
+
+def heap_bytes() -> tuple[int, int]:
+    """(bytes malloc has handed out, bytes free inside its heap); (0, 0) without mallinfo2."""
+    name = ctypes.util.find_library("c")
+    info = getattr(ctypes.CDLL(name), "mallinfo2", None) if name else None
+    if info is None:
+        return 0, 0
+    info.restype = _MallInfo2
+    got = info()
+    return got.f7 + got.f4, got.f8  # uordblks + hblkhd (mapped), fordblks
 
 
 def run(
@@ -47,11 +65,17 @@ def run(
                          ssd_dir=tempfile.mkdtemp(), max_live_bytes=max_live)  # fmt: skip
     base = memory.rss_bytes()
     peak, live_peak, queued_peak, done = [base], [0], [0], threading.Event()
+    used_base = heap_bytes()[0]
+    at_peak = [(0, 0, 0)]  # the heap (in use over the start, free) and the live KV at peak RSS
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], memory.rss_bytes())
+            rss = memory.rss_bytes()
             stats = engine.memory_stats()
+            if rss > peak[0]:
+                used, free = heap_bytes()
+                at_peak[0] = (used - used_base, free, stats["live_state_bytes"])
+            peak[0] = max(peak[0], rss)
             live_peak[0] = max(live_peak[0], stats["live_state_bytes"])
             queued_peak[0] = max(queued_peak[0], stats["queued_write_bytes"])
             time.sleep(0.05)
@@ -83,6 +107,10 @@ def run(
         "rss_idle_over_base_mb": round((memory.rss_bytes() - base) / 1e6),
         "live_state_peak_mb": round(live_peak[0] / 1e6),
         "queued_writes_peak_mb": round(queued_peak[0] / 1e6),  # inside the RAM budget
+        # at peak RSS: what malloc had handed out beyond the start, what it held free, live KV
+        "at_peak_heap_used_mb": round(at_peak[0][0] / 1e6),
+        "at_peak_heap_free_mb": round(at_peak[0][1] / 1e6),
+        "at_peak_live_state_mb": round(at_peak[0][2] / 1e6),
         "ram_budget_mb": round(engine.cache.ram.budget_bytes / 1e6),
         "rss_slack_mb": cached_engine.RSS_SLACK_BYTES >> 20,
         "heap_trims": engine.heap.num_trims,
