@@ -10,7 +10,9 @@ every N of one repeat (a vLLM start costs ~2 minutes), fresh for every repeat.
 Per cell: output tok/s (completion tokens of every request / wall time from the first request
 to the last reply), TTFT p50/p99 of the turns from the second (and of the first turns apart),
 the share of prompt tokens the server reported as cached, and the server's peak RSS (its whole
-process tree, sampled every 0.2 s). Medians over ``--repeats``; every run is kept in the JSON.
+process tree, sampled every 0.2 s). For promptcache, its own memory figures every 0.5 s: how far
+RSS went past what the server accounts for, and past the target (the process at start + the RAM
+budget + the live requests' KV). Medians over ``--repeats``; every run is kept in the JSON.
 
 Sessions are synthetic by default (seeded: a ~``--system-tokens`` system prompt, a task, tool
 results of ~``--tool-tokens`` tokens); ``--conversation`` takes them from tau-bench
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,49 @@ def tau_session(cell: str, index: int, args: argparse.Namespace) -> list[dict[st
     if msgs and msgs[0]["role"] == "system":  # a system prompt of the cell's own: no warm start
         msgs[0] = {**msgs[0], "content": f"[{cell}] " + msgs[0]["content"]}
     return msgs
+
+
+class MemorySampler:
+    """A promptcache server's own memory figures (``memory`` in ``/v1/cache/stats``), sampled
+    every ``every_s`` in a thread: the most its RSS went past what it accounts for at that
+    moment (``unaccounted_bytes``: RSS less the process at start, the RAM tier's blocks, the
+    queued writes and the live requests' KV), and its peak RSS against the target
+    (``over_target_bytes``: less the process at start, the RAM budget and the live KV's peak;
+    <= 0 is within it. Peak against peak: freed KV leaves RSS at the next trim, not at once)."""
+
+    def __init__(self, port: int, every_s: float = 0.5) -> None:
+        self.url = f"http://127.0.0.1:{port}/v1/cache/stats"
+        self.every_s = every_s
+        self.unaccounted_bytes: int | None = None
+        self.over_target_bytes: int | None = None
+        self._peak_rss = self._peak_live = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=10) as client:
+            while not self._stop.wait(self.every_s):
+                try:
+                    m = client.get(self.url).json()["memory"]
+                    base, rss, live = m["rss_at_start_bytes"], m["rss_bytes"], m["live_state_bytes"]
+                    held = m["ram_held_bytes"] + m["queued_write_bytes"]
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    continue  # a server without these figures
+                extra = rss - base - held - live
+                if self.unaccounted_bytes is None or extra > self.unaccounted_bytes:
+                    self.unaccounted_bytes = extra
+                self._peak_rss = max(self._peak_rss, rss)
+                self._peak_live = max(self._peak_live, live)
+                target = base + m["ram_budget_bytes"] + self._peak_live
+                self.over_target_bytes = self._peak_rss - target
 
 
 class RssSampler:
@@ -154,7 +200,11 @@ def run_cell(
         threading.Thread(target=drive, args=(server, s, args, rows, errors)) for s in sessions
     ]
     assert server.proc is not None
-    with RssSampler(server.proc.pid) as rss:
+    own = MemorySampler(server.port)
+    with (
+        RssSampler(server.proc.pid) as rss,
+        own if name.startswith("promptcache") else nullcontext(),
+    ):
         t0 = time.perf_counter()
         for t in threads:
             t.start()
@@ -174,12 +224,17 @@ def run_cell(
         "ttft_by_turn": {t: {"p50_s": pct(v, 50), "p99_s": pct(v, 99)} for t, v in by_turn(rows).items()},
         "cached_share": cached / prompt if prompt else None,
         "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
+        "unaccounted_peak_bytes": own.unaccounted_bytes, "over_target_peak_bytes": own.over_target_bytes,
         "load": os.getloadavg()[0], "phases_s": phases, "rows": rows,
     }  # fmt: skip
     print(f"  N={n:>3} {name:<14} {out['output_tok_s']:6.1f} tok/s  TTFT p50 "
           f"{fmt_s(out['ttft_p50_s'])} p99 {fmt_s(out['ttft_p99_s'])}  cached "
           f"{out['cached_share'] or 0:.2f}  RSS {rss.peak_bytes / 2**30:.2f} GiB  "
           f"errors {len(errors)}  load {out['load']:.1f}", flush=True)  # fmt: skip
+    if own.unaccounted_bytes is not None and own.over_target_bytes is not None:
+        print(f"      memory at its worst: {own.unaccounted_bytes / 2**20:+.0f} MiB past what the "
+              f"server accounts for; peak RSS {own.over_target_bytes / 2**20:+.0f} MiB past the "
+              "process at start + RAM budget + the live KV's peak", flush=True)  # fmt: skip
     if phases:
         print("      engine TTFT by phase (s, summed over requests): " + ", ".join(
             f"{k} {v:.1f}" for k, v in phases.items()), flush=True)  # fmt: skip
@@ -241,11 +296,12 @@ def command(name: str, port: int, work: Path, args: argparse.Namespace) -> list[
 
 def summarize(runs: list[dict[str, Any]], names: list[str], sizes: list[int]) -> str:
     def med(cell: list[dict[str, Any]], key: str) -> float | None:
-        vals = [r[key] for r in cell if r[key] is not None]
+        vals = [r[key] for r in cell if r.get(key) is not None]
         return statistics.median(vals) if vals else None
 
     lines = ["| N | server | output tok/s | TTFT p50 (turns >= 2) | TTFT p99 | first-turn TTFT p50 "
-             "| cached share | peak RSS | errors | runs |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| cached share | peak RSS | RSS past target | errors | runs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for n in sizes:
         base = None
         for name in names:
@@ -256,10 +312,12 @@ def summarize(runs: list[dict[str, Any]], names: list[str], sizes: list[int]) ->
             base = base if base is not None else tok
             ratio = f" ({tok / base:.2f}x)" if base and tok and name != names[0] else ""
             rss = med(cell, "peak_rss_bytes")
+            over = med(cell, "over_target_peak_bytes")  # promptcache's own figures only
+            past = "-" if over is None else f"{over / 2**20:+.0f} MiB"
             lines.append(
                 f"| {n} | {name} | {tok:.1f}{ratio} | {fmt_s(med(cell, 'ttft_p50_s')).strip()} | "
                 f"{fmt_s(med(cell, 'ttft_p99_s')).strip()} | {fmt_s(med(cell, 'first_ttft_p50_s')).strip()} | "
-                f"{med(cell, 'cached_share') or 0:.2f} | {(rss or 0) / 2**30:.2f} GiB | "
+                f"{med(cell, 'cached_share') or 0:.2f} | {(rss or 0) / 2**30:.2f} GiB | {past} | "
                 f"{sum(len(r['errors']) for r in cell)} | {len(cell)} |"
             )  # fmt: skip
     return "\n".join(lines) + "\n\n" + summarize_turns(runs, names, sizes)

@@ -64,6 +64,10 @@ def test_memory_stats_show_the_live_state_while_requests_run():
     assert idle["live_requests"] == 0
     # the resident set, read when the stats were taken (allocations since move it a little)
     assert idle["rss_bytes"] > 0 and abs(idle["rss_bytes"] - rss_bytes()) < 64 * 2**20
+    # what the cache holds, against its budget, and the process before any request
+    assert 0 < idle["ram_held_bytes"] == engine.cache.ram.held_bytes <= idle["ram_budget_bytes"]
+    assert idle["ram_budget_bytes"] == 4_000_000  # "4MB"
+    assert 0 < idle["rss_at_start_bytes"] <= idle["rss_bytes"] + 64 * 2**20
 
 
 def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
