@@ -231,7 +231,9 @@ def test_ram_makes_room_for_the_blocks_a_stalled_ssd_writer_still_holds(tmp_path
     budget = 16 * BLOCK_BYTES
     cache = PromptCache("m", block_size=BLOCK, ram_budget=budget, next_tier=ssd)
     seqs = [tokens(40 + i, 32) for i in range(6)]  # 8 blocks each
-    with ssd.folder.files_lock:  # the writer waits at its first rename
+    gate, write = threading.Event(), ssd.writer._write
+    ssd.writer._write = lambda record: (gate.wait(60), write(record))  # the writer stalls
+    try:
         for s in seqs:
             cache.save(cache.sequence(s), None, make_slicer(s))
             queued = cache.tiers.queued_bytes()
@@ -241,6 +243,8 @@ def test_ram_makes_room_for_the_blocks_a_stalled_ssd_writer_still_holds(tmp_path
             assert cache.ram.held_bytes + queued <= budget + 8 * BLOCK_BYTES
             cache.ram.check_integrity()  # the whole check would wait for the SSD's writes
         assert ssd.describe()["dropped_writes"] > 0
+    finally:
+        gate.set()
     assert ssd.flush(10) and cache.tiers.queued_bytes() == 0
     cache.check_integrity()
     for s in seqs:  # RAM or SSD serves what each kept, exactly

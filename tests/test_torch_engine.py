@@ -1,6 +1,7 @@
 """Torch engine on tiny random models of every cache type: cached runs equal uncached runs."""
 
 import random
+import threading
 
 import pytest
 
@@ -180,7 +181,9 @@ def test_blocks_waiting_for_a_stalled_ssd_writer_stay_inside_the_ram_budget(tmp_
     ssd = cached.cache.tiers.find("ssd")
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 256) for _ in range(60)] for _ in range(4)]
-    with ssd.folder.files_lock:  # the writer waits at its first rename; nothing is on disk
+    gate, write = threading.Event(), ssd.writer._write
+    ssd.writer._write = lambda record: (gate.wait(60), write(record))  # the writer stalls
+    try:
         for turn in range(3):
             for k, prompt in enumerate(prompts):
                 a = list(cached.generate(prompt, SamplingParams(max_tokens=6)))
@@ -195,6 +198,8 @@ def test_blocks_waiting_for_a_stalled_ssd_writer_stay_inside_the_ram_budget(tmp_
                 saved = (len(prompt) + 6 + BLOCK) * token_bytes
                 assert cached.cache.ram.held_bytes + queued <= budget + saved
         assert ssd.describe()["dropped_writes"] > 0
+    finally:
+        gate.set()
     assert ssd.flush(10) and ssd.queued_bytes() == 0
     cached.cache.check_integrity()
     for prompt in prompts:
