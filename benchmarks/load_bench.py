@@ -93,7 +93,34 @@ def tau_session(cell: str, index: int, args: argparse.Namespace) -> list[dict[st
     return msgs
 
 
-class MemorySampler:
+class Sampler:
+    """Calls ``sample`` every ``every_s`` in a thread while in its ``with`` block."""
+
+    every_s = 0.2
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            self.sample()
+            if self._stop.wait(self.every_s):
+                return
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class MemorySampler(Sampler):
     """A promptcache server's own memory figures (``memory`` in ``/v1/cache/stats``), sampled
     every ``every_s`` in a thread: the most its RSS went past what it accounts for at that
     moment (``unaccounted_bytes``: RSS less the process at start, the RAM tier's blocks, the
@@ -101,70 +128,48 @@ class MemorySampler:
     (``over_target_bytes``: less the process at start, the RAM budget and the live KV's peak;
     <= 0 is within it. Peak against peak: freed KV leaves RSS at the next trim, not at once)."""
 
-    def __init__(self, port: int, every_s: float = 0.5) -> None:
+    every_s = 0.5
+
+    def __init__(self, port: int) -> None:
+        super().__init__()
         self.url = f"http://127.0.0.1:{port}/v1/cache/stats"
-        self.every_s = every_s
         self.unaccounted_bytes: int | None = None
         self.over_target_bytes: int | None = None
         self._peak_rss = self._peak_live = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=10) as client:
-            while not self._stop.wait(self.every_s):
-                try:
-                    m = client.get(self.url).json()["memory"]
-                    base, rss, live = m["rss_at_start_bytes"], m["rss_bytes"], m["live_state_bytes"]
-                    held = m["ram_held_bytes"] + m["queued_write_bytes"]
-                except (httpx.HTTPError, ValueError, KeyError, TypeError):
-                    continue  # a server without these figures
-                extra = rss - base - held - live
-                if self.unaccounted_bytes is None or extra > self.unaccounted_bytes:
-                    self.unaccounted_bytes = extra
-                self._peak_rss = max(self._peak_rss, rss)
-                self._peak_live = max(self._peak_live, live)
-                target = base + m["ram_budget_bytes"] + self._peak_live
-                self.over_target_bytes = self._peak_rss - target
+    def sample(self) -> None:
+        try:
+            m = httpx.get(self.url, timeout=10).json()["memory"]
+            base, rss, live = m["rss_at_start_bytes"], m["rss_bytes"], m["live_state_bytes"]
+            held = m["ram_held_bytes"] + m["queued_write_bytes"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # a server without these figures
+        extra = rss - base - held - live
+        if self.unaccounted_bytes is None or extra > self.unaccounted_bytes:
+            self.unaccounted_bytes = extra
+        self._peak_rss = max(self._peak_rss, rss)
+        self._peak_live = max(self._peak_live, live)
+        self.over_target_bytes = self._peak_rss - (base + m["ram_budget_bytes"] + self._peak_live)
 
 
-class RssSampler:
-    """Peak RSS of a process and its descendants, sampled in a thread."""
+class RssSampler(Sampler):
+    """Peak RSS of a process and its descendants."""
 
     def __init__(self, pid: int) -> None:
+        super().__init__()
         self.pid, self.peak_bytes = pid, 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-                total = 0
-                for p in procs:
-                    with contextlib.suppress(psutil.Error):
-                        total += p.memory_info().rss
-                self.peak_bytes = max(self.peak_bytes, total)
-            except psutil.Error:
-                pass
-            self._stop.wait(0.2)
+    def sample(self) -> None:
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+            total = 0
+            for p in procs:
+                with contextlib.suppress(psutil.Error):
+                    total += p.memory_info().rss
+            self.peak_bytes = max(self.peak_bytes, total)
+        except psutil.Error:
+            pass
 
 
 def drive(server: PeerServer, msgs: list[dict[str, Any]], args: argparse.Namespace,

@@ -19,24 +19,34 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
+import functools
 import json
 import random
 import tempfile
 import threading
 import time
+from typing import Any
 
 
 class _MallInfo2(ctypes.Structure):  # glibc's struct mallinfo2: ten size_t fields
     _fields_ = [(f"f{i}", ctypes.c_size_t) for i in range(10)]
 
 
-def heap_bytes() -> tuple[int, int]:
-    """(bytes malloc has handed out, bytes free inside its heap); (0, 0) without mallinfo2."""
+@functools.cache
+def _mallinfo2() -> Any:
+    """glibc's ``mallinfo2`` (looked up once), or None."""
     name = ctypes.util.find_library("c")
     info = getattr(ctypes.CDLL(name), "mallinfo2", None) if name else None
+    if info is not None:
+        info.restype = _MallInfo2
+    return info
+
+
+def heap_bytes() -> tuple[int, int]:
+    """(bytes malloc has handed out, bytes free inside its heap); (0, 0) without mallinfo2."""
+    info = _mallinfo2()
     if info is None:
         return 0, 0
-    info.restype = _MallInfo2
     got = info()
     return got.f7 + got.f4, got.f8  # uordblks + hblkhd (mapped), fordblks
 

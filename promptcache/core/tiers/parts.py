@@ -7,12 +7,13 @@ the shared tier's context) and adds what is its own (``touch``, stats, checks, c
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from promptcache.core.hashing import BlockHash
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.sessions import BlockUse
 from promptcache.core.tiers.base import BlockRecord, ReadResult, StoredBlock
+from promptcache.core.tiers.write_behind import WriteBehind
 
 __all__ = ["PartsTier", "Reader", "SessionsPart", "Writer"]
 
@@ -28,6 +29,8 @@ class Reader(Protocol):
 
 
 class Writer(Protocol):
+    queue: WriteBehind[Any]  # its write-behind queue (``QueuesWrites`` reads and bounds it)
+
     def put(self, record: BlockRecord) -> bool: ...
 
     def flush(self, timeout: float = 30.0) -> bool: ...
@@ -74,6 +77,14 @@ class PartsTier:
 
     def flush(self, timeout: float = 30.0) -> bool:
         return self.writer.flush(timeout)
+
+    # -- QueuesWrites: the writer's queue --------------------------------------------------------
+
+    def queued_bytes(self) -> int:
+        return self.writer.queue.num_queued_bytes
+
+    def limit_queued_bytes(self, nbytes: int) -> None:
+        self.writer.queue.max_bytes = nbytes
 
     # -- BlockStore.delete_blocks and SessionAdmin: the sessions part ---------------------------
 

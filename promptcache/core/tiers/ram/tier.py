@@ -20,6 +20,7 @@ from promptcache.core.sessions import NO_USE, BlockUse
 from promptcache.core.stats import Counters
 from promptcache.core.tiers.base import BlockStore
 from promptcache.core.tiers.ram import sessions
+from promptcache.core.tiers.ram.integrity import check_ram
 from promptcache.core.tree import Match, PrefixTree
 
 
@@ -42,8 +43,8 @@ class RamTier:
     <= budget_bytes``; every resident block's parent is resident (or a root); the policy holds
     exactly the evictable ones; while ``records_moves`` every insertion and eviction is in
     ``moves`` until taken. Room is made for ``held_bytes + reserved_bytes + held_elsewhere()
-    <= budget_bytes`` as far as blocks can be evicted (the last term may grow between calls). Not thread-safe: the owning cache serialises calls. Implements
-    ``SessionAdmin`` (sessions, deletion, expiry: ``ram.sessions``), ``HasStats`` and
+    <= budget_bytes`` as far as blocks can be evicted (the last term may grow between calls).
+    Not thread-safe: the owning cache serialises calls. Implements ``SessionAdmin`` (sessions, deletion, expiry: ``ram.sessions``), ``HasStats`` and
     ``Verifiable`` like the tiers behind it."""
 
     name = "ram"
@@ -76,7 +77,7 @@ class RamTier:
         self.reserved_bytes = 0  # promised to promotions loading outside the lock
         # bytes of the budget the cache holds outside this tier (blocks queued for a lower
         # tier's writer): set by the ``TierStack``
-        self.held_elsewhere: Callable[[], int] = _nothing
+        self.held_elsewhere: Callable[[], int] = lambda: 0
         self.clock = 0
         self.wall_clock = wall_clock  # seconds, for TTL expiry (``clock`` counts bytes and uses)
         self.ttl_s = ttl_s  # a block unused this long expires (None: only by its TTL hint)
@@ -373,38 +374,4 @@ class RamTier:
 
     def check_integrity(self) -> None:
         """Raise AssertionError unless accounting, reachability, pins and policy agree."""
-        index = self.tree.index
-        held = sum(b.nbytes for b in index.values())
-        assert held == self.held_bytes, f"accounted {self.held_bytes} != held {held}"
-        assert self.reserved_bytes >= 0
-        assert self.held_bytes + self.reserved_bytes <= self.budget_bytes, (
-            f"{self.held_bytes} used + {self.reserved_bytes} reserved over budget "
-            f"{self.budget_bytes}"
-        )
-        child_counts: dict[int, int] = {}
-        for blk in index.values():
-            assert blk.ref_count >= 0
-            assert blk.nbytes == payload_nbytes(blk.payload) + payload_nbytes(blk.checkpoint)
-            parent = blk.parent
-            assert parent is not None
-            if parent.parent is None:
-                assert self.tree.roots.get(parent.block_hash) is parent, "orphan root"
-            else:
-                assert index.get(parent.block_hash) is parent, "block unreachable from its root"
-            assert blk in parent.children.get(blk.first_token(), []), "missing child link"
-            assert blk.depth == parent.end
-            child_counts[id(parent)] = child_counts.get(id(parent), 0) + 1
-        for node in list(index.values()) + list(self.tree.roots.values()):
-            assert node.num_children == child_counts.get(id(node), 0), "child count drift"
-        for root in self.tree.roots.values():
-            assert root.num_children > 0 or root.ref_count > 0, "empty root kept"
-        self.policy.check_integrity({id(b) for b in index.values() if b.is_evictable})
-        if self.census is not None:
-            counts = [0] * 256
-            for blk in index.values():
-                counts[blk.block_hash[-1]] += blk.nbytes
-            assert counts == self.census.counts, "census drift"
-
-
-def _nothing() -> int:
-    return 0
+        check_ram(self)

@@ -208,14 +208,6 @@ class ValkeyStore(PartsTier):
     def note_warmed(self, num_blocks: int, nbytes: int) -> None:
         self.stats.add(num_warmed_blocks=num_blocks, warmed_bytes=nbytes)
 
-    # -- QueuesWrites ---------------------------------------------------------------------------
-
-    def queued_bytes(self) -> int:
-        return self.writer.queue.num_queued_bytes
-
-    def limit_queued_bytes(self, nbytes: int) -> None:
-        self.writer.queue.max_bytes = nbytes
-
     def close(self) -> None:
         if self.ctx.is_closed:
             return

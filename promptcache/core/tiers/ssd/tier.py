@@ -117,14 +117,6 @@ class SsdTier(PartsTier):
     def num_queued_writes(self) -> int:
         return self.writer.queue.num_queued
 
-    # -- QueuesWrites ---------------------------------------------------------------------------
-
-    def queued_bytes(self) -> int:
-        return self.writer.queue.num_queued_bytes
-
-    def limit_queued_bytes(self, nbytes: int) -> None:
-        self.writer.queue.max_bytes = nbytes
-
     # -- LookupFeedback (the rest of BlockStore is the parts') ---------------------------------
 
     def touch(self, hashes: list[BlockHash]) -> None:
