@@ -51,19 +51,39 @@ def heap_bytes() -> tuple[int, int]:
     return got.f7 + got.f4, got.f8  # uordblks + hblkhd (mapped), fordblks
 
 
+def rss_file_bytes() -> int:
+    """The resident pages that map files (``RssFile``: libraries, mapped block files), 0 where
+    /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssFile:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
 def run(
-    num_sessions: int, max_live: str | None, tune: bool, slack_mb: int | None = None
+    num_sessions: int,
+    max_live: str | None,
+    tune: bool,
+    slack_mb: int | None = None,
+    pool_free_mb: int | None = None,
 ) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     from promptcache.engines.base import SamplingParams
+    from promptcache.engines.torch.buffers import POOL
     from promptcache.engines.torch.engine import TorchEngine
     from promptcache.serving import cached_engine, memory
     from promptcache.testing.tiny_models import ByteTokenizer
 
     if slack_mb is not None:
         cached_engine.RSS_SLACK_BYTES = slack_mb << 20
+    if pool_free_mb is not None:
+        POOL.max_free_bytes = pool_free_mb << 20
     if not tune:
         memory._is_tuned = True  # as if already done: glibc keeps its dynamic threshold
     torch.manual_seed(0)
@@ -76,7 +96,10 @@ def run(
     base = memory.rss_bytes()
     peak, live_peak, queued_peak, done = [base], [0], [0], threading.Event()
     used_base = heap_bytes()[0]
-    at_peak = [(0, 0, 0)]  # the heap (in use over the start, free) and the live KV at peak RSS
+    file_base = rss_file_bytes()
+    at_peak = [
+        (0, 0, 0, 0, 0)
+    ]  # the heap (in use over the start, free) and the live KV at peak RSS
 
     def sample() -> None:
         while not done.is_set():
@@ -84,7 +107,8 @@ def run(
             stats = engine.memory_stats()
             if rss > peak[0]:
                 used, free = heap_bytes()
-                at_peak[0] = (used - used_base, free, stats["live_state_bytes"])
+                at_peak[0] = (used - used_base, free, stats["live_state_bytes"],
+                              stats["pooled_free_bytes"], rss_file_bytes() - file_base)  # fmt: skip
             peak[0] = max(peak[0], rss)
             live_peak[0] = max(live_peak[0], stats["live_state_bytes"])
             queued_peak[0] = max(queued_peak[0], stats["queued_write_bytes"])
@@ -121,8 +145,12 @@ def run(
         "at_peak_heap_used_mb": round(at_peak[0][0] / 1e6),
         "at_peak_heap_free_mb": round(at_peak[0][1] / 1e6),
         "at_peak_live_state_mb": round(at_peak[0][2] / 1e6),
+        "at_peak_pooled_free_mb": round(at_peak[0][3] / 1e6),  # freed KV buffers kept
+        "at_peak_rss_file_over_base_mb": round(at_peak[0][4] / 1e6),  # mapped files' pages
         "ram_budget_mb": round(engine.cache.ram.budget_bytes / 1e6),
         "rss_slack_mb": cached_engine.RSS_SLACK_BYTES >> 20,
+        "pool_free_max_mb": POOL.max_free_bytes >> 20,
+        "pool_maps": POOL.num_maps,
         "heap_trims": engine.heap.num_trims,
         "seconds": round(time.perf_counter() - t0, 1),
     }
@@ -135,14 +163,18 @@ def main() -> None:
     ap.add_argument("--no-malloc-tune", action="store_true")
     ap.add_argument("--rss-slack-mb", type=int, nargs="+", default=[None],
                     help="runs at each slack (MiB; default: the engine's)")  # fmt: skip
+    ap.add_argument("--pool-free-mb", type=int, nargs="+", default=[None],
+                    help="runs at each bound on the freed KV buffers kept (MiB)")  # fmt: skip
     args = ap.parse_args()
     import multiprocessing as mp
 
     for n in args.sessions:  # one process per run: RSS is a process's high-water mark
         for slack in args.rss_slack_mb:
-            with mp.get_context("spawn").Pool(1) as pool:
-                row = pool.apply(run, (n, args.max_live_bytes, not args.no_malloc_tune, slack))
-            print(json.dumps(row), flush=True)
+            for pool_free in args.pool_free_mb:
+                with mp.get_context("spawn").Pool(1) as pool:
+                    tune = not args.no_malloc_tune
+                    row = pool.apply(run, (n, args.max_live_bytes, tune, slack, pool_free))
+                print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

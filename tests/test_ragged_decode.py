@@ -111,3 +111,21 @@ def test_runner_states_grow_in_place_through_prefill_and_decode(runner):
     assert [s.get_seq_length() for s in (a, b)] == [9, 4]
     # the buffers (room ahead included) are what the states keep alive
     assert runner.held_bytes([a, b]) >= 2 * a.layers[0].keys.untyped_storage().nbytes()
+
+
+def test_a_restored_hit_lands_in_buffers_with_room_and_decodes_as_alone(runner):
+    prompt, tokens = list(range(3, 70)), [5, 9, 200, 17]
+    first = runner.new_state()
+    runner.forward([first], [prompt])
+    segments = [(runner.slice_block(first, a, a + 16), min(16, 60 - a)) for a in (0, 16, 32, 48)]
+    got = runner.restore(segments, None)  # the first 60 positions, from four blocks
+    layer = got.layers[0]
+    assert isinstance(layer, RowLayer) and got.get_seq_length() == 60
+    buffer = layer.keys.untyped_storage().data_ptr()
+    logits = runner.forward([got], [prompt[60:]])  # the rest of the prompt, appended in place
+    assert layer.keys.untyped_storage().data_ptr() == buffer
+    logits += [runner.forward([got], [[t]])[0] for t in tokens[:-1]]
+    want = alone(runner, prompt, tokens[:-1])
+    assert torch.allclose(logits[0], alone(runner, prompt[:-1], [prompt[-1]])[0], atol=TOL)
+    for g, w in zip(logits[1:], want, strict=True):
+        assert torch.allclose(g, w, atol=TOL)

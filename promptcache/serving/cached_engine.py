@@ -32,7 +32,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import HeapTrim, rss_bytes, tune_malloc
+from promptcache.serving.memory import HeapTrim, pooled_free_bytes, rss_bytes, tune_malloc
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
@@ -351,6 +351,7 @@ class CachedEngine:
             "max_live_bytes": self.max_live_bytes or 0,
             "rss_bytes": rss_bytes(),
             "rss_at_start_bytes": self._base_rss,
+            "pooled_free_bytes": pooled_free_bytes(),  # freed KV buffers kept for the next ones
             "heap_trims": self.heap.num_trims,  # freed pages handed back (idle, or RSS too high)
         }
 

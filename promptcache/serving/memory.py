@@ -21,6 +21,18 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Protocol
+
+
+class FreePool(Protocol):
+    """Buffers of its own that a pool keeps for reuse once freed (``engines/torch/buffers``)."""
+
+    num_free_bytes: int  # the free buffers' bytes, waiting for reuse (resident)
+
+    def release_free(self) -> int:
+        """Give every free buffer back to the system; the bytes released. Safe to call twice."""
+        ...
+
 
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -33,6 +45,7 @@ CHECK_S = 1.0  # under load, RSS against the allowance at most this often (a /pr
 _lock = threading.Lock()
 _is_tuned = False
 _libc: ctypes.CDLL | None = None
+_pools: list[FreePool] = []
 
 
 def rss_bytes() -> int:
@@ -66,13 +79,28 @@ def tune_malloc() -> bool:
         return _is_tuned
 
 
+def add_pool(pool: FreePool) -> None:
+    """Have ``trim_heap`` release ``pool``'s free buffers too (and ``pooled_free_bytes`` count
+    them). Safe to call twice with the same pool."""
+    with _lock:
+        if all(p is not pool for p in _pools):
+            _pools.append(pool)
+
+
+def pooled_free_bytes() -> int:
+    """Bytes the pools (``add_pool``) keep free for reuse."""
+    return sum(p.num_free_bytes for p in list(_pools))
+
+
 def trim_heap() -> bool:
-    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; every arena):
-    after a load, the buffers it freed stop counting in RSS. A no-op where ``tune_malloc`` did
-    not take; safe from any thread, at any time (later allocations fault their pages in
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim``; every arena),
+    and every pool's free buffers (``add_pool``): after a load, the buffers it freed stop
+    counting in RSS. Safe from any thread, at any time (later allocations fault their pages in
     again). True when some memory was released."""
+    released = sum(p.release_free() for p in list(_pools))
     libc = _libc
-    return bool(libc.malloc_trim(0)) if libc is not None else False
+    trimmed = bool(libc.malloc_trim(0)) if libc is not None else False
+    return trimmed or released > 0
 
 
 class HeapTrim:

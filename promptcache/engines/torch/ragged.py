@@ -21,6 +21,7 @@ Only the lean step (``lean.LeanDecoder``) runs these: it owns the attention call
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,8 +30,9 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from promptcache.engines.torch import rows_kernel
+from promptcache.engines.torch.buffers import POOL
 from promptcache.engines.torch.lean import LeanDecoder, LeanLayer, attend_one
-from promptcache.engines.torch.state import FULL_ATTENTION, LAYERS
+from promptcache.engines.torch.state import LAYERS, Segments, TorchLayer
 
 ROOM = 128  # positions allocated ahead of a row (a reallocation every ROOM decode steps)
 
@@ -86,14 +88,48 @@ class RowLayer(DynamicLayer):
         next update adopts what the layer then holds."""
         self._bufs = self._views = None
 
+    def fill(self, keys: Segments, values: Segments, device: Any) -> None:
+        """Hold a hit's positions (a fresh layer): copied once into buffers with ROOM ahead, so
+        the first prefill piece appends in place."""
+        n = sum(used for _, used in keys)
+        self._bufs = (_filled(keys, n + ROOM, device), _filled(values, n + ROOM, device))
+        kbuf, vbuf = self._bufs
+        self.lazy_initialization(kbuf, vbuf)
+        self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
+        self._views = (self.keys, self.values)
 
-LAYERS.register(RowLayer, FULL_ATTENTION)  # stored, cropped and restored as a DynamicLayer is
+
+@dataclass(frozen=True, slots=True)
+class RowAdapter(TorchLayer):
+    """A ``RowLayer`` is stored and cropped as a ``DynamicLayer`` is; a hit is restored into
+    its buffers directly."""
+
+    def set_keys_values(self, layer: Any, keys: Segments, values: Segments, device: Any) -> None:
+        layer.fill(keys, values, device)
+
+
+LAYERS.register(RowLayer, RowAdapter(positional=True, snapshot=False))
+
+
+def _filled(parts: Segments, capacity: int, device: Any) -> torch.Tensor:
+    """A buffer of ``capacity`` positions on ``device``, the parts' used positions first."""
+    first = parts[0][0]
+    shape = (first.shape[0], first.shape[1], capacity, first.shape[3])
+    if torch.device(device).type == "cpu":
+        out = POOL.empty(shape, first.dtype)
+    else:
+        out = torch.empty(shape, dtype=first.dtype, device=device)
+    at = 0
+    for part, used in parts:
+        out[:, :, at : at + used] = part[:, :, :used]
+        at += used
+    return out
 
 
 def _moved(old: torch.Tensor, like: torch.Tensor, used: int, capacity: int) -> torch.Tensor:
     """A buffer of ``capacity`` positions holding ``old``'s first ``used`` (the rest is written
     before it is read)."""
-    out = like.new_empty((like.shape[0], like.shape[1], capacity, like.shape[3]))
+    out = POOL.empty_like(like, (like.shape[0], like.shape[1], capacity, like.shape[3]))
     if used:
         out[:, :, :used] = old[:, :, :used]
     return out

@@ -23,10 +23,12 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
+from promptcache.engines.torch.buffers import POOL
 from promptcache.serving.block_scheme import BlockPacker, unpack_hit
 from promptcache.serving.layers import AdapterRegistry, Layout
 
 POSITIONAL_ATTRS = ("keys", "values")
+Segments = list[tuple[torch.Tensor, int]]  # a hit's blocks of one layer: (tensor, positions used)
 
 
 def _copy_value(value: Any) -> Any:
@@ -50,9 +52,11 @@ class TorchLayer:
     def keys_values(self, layer: Any, start: int, end: int) -> list[torch.Tensor]:
         return [layer.keys[:, :, start:end, :], layer.values[:, :, start:end, :]]
 
-    def set_keys_values(self, layer: Any, keys: torch.Tensor, values: torch.Tensor) -> None:
-        layer.lazy_initialization(keys, values)  # dtype/device bookkeeping of a fresh layer
-        layer.keys, layer.values = keys, values
+    def set_keys_values(self, layer: Any, keys: Segments, values: Segments, device: Any) -> None:
+        """Fill a fresh ``layer`` with the positions of a hit: (tensor, positions used) each."""
+        k, v = _cat_positions(keys, device), _cat_positions(values, device)
+        layer.lazy_initialization(k, v)  # dtype/device bookkeeping of a fresh layer
+        layer.keys, layer.values = k, v
 
     def crop(self, layer: Any, length: int) -> None:
         layer.keys = layer.keys[:, :, :length, :]  # views: the next forward concatenates anyway
@@ -130,12 +134,22 @@ def restore_cache(
         return cache
     segments = unpack_hit(layout, segments, checkpoint, packer)
     for j, i in enumerate(layout.positional):
-        keys = torch.cat([p[2 * j][:, :, :n, :] for p, n in segments], dim=2).to(device)
-        values = torch.cat([p[2 * j + 1][:, :, :n, :] for p, n in segments], dim=2).to(device)
-        LAYERS.lookup(cache.layers[i]).set_keys_values(cache.layers[i], keys, values)
+        keys = [(p[2 * j], n) for p, n in segments]
+        values = [(p[2 * j + 1], n) for p, n in segments]
+        LAYERS.lookup(cache.layers[i]).set_keys_values(cache.layers[i], keys, values, device)
     for i, state in (checkpoint or {}).items():
         LAYERS.lookup(cache.layers[i]).restore_checkpoint(cache.layers[i], state, device)
     return cache
+
+
+def _cat_positions(parts: Segments, device: Any) -> torch.Tensor:
+    """The positions used of each part, one after another, in one buffer (a pooled one on a
+    CPU: ``buffers.POOL``)."""
+    if torch.device(device).type != "cpu":
+        return torch.cat([p[:, :, :n, :] for p, n in parts], dim=2).to(device)
+    first = parts[0][0]
+    shape = (first.shape[0], first.shape[1], sum(n for _, n in parts), first.shape[3])
+    return torch.cat([p[:, :, :n, :] for p, n in parts], dim=2, out=POOL.empty(shape, first.dtype))
 
 
 def crop_positional(cache: DynamicCache, layout: Layout, length: int) -> None:
@@ -166,4 +180,4 @@ def compact_views(cache: Any) -> None:
         for name in POSITIONAL_ATTRS:
             t = getattr(layer, name, None)
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
-                setattr(layer, name, t.clone())
+                setattr(layer, name, POOL.empty_like(t, tuple(t.shape)).copy_(t))

@@ -1,0 +1,167 @@
+"""KV buffers in mappings of their own: reused by size, released exactly.
+
+Why: in glibc's heap a freed KV buffer is a hole between live ones. Requests start, grow and
+finish in every order under many sessions, so the heap keeps hundreds of MB of such holes
+resident that no trim can give back (a live buffer shares their pages), and a bigger threshold
+for mapping them faults every page in anew at each request. Here each buffer from
+``MIN_POOLED_BYTES`` up is an anonymous mapping of a size class; a freed one waits in a pool for
+the next buffer of its class (its pages still resident, no faults) and the pool holds at most
+``max_free_bytes`` of them: past that, and whenever ``release_free`` is called, a mapping is
+unmapped whole. CPU only; a buffer's storage is its whole mapping (``nbytes`` of the class).
+Past a share of the system's mapping limit (``vm.max_map_count``), or where a mapping fails,
+buffers come from the heap as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import mmap
+import threading
+from typing import Any
+
+import numpy as np
+import torch
+
+from promptcache.serving.memory import add_pool
+
+MIN_POOLED_BYTES = 64 << 10  # below this, the heap's own reuse is good enough
+STEPS_PER_DOUBLING = 8  # size classes: at most 1/8 of a buffer mapped past its bytes
+REUSE_CLASSES_ABOVE = 2  # a free buffer up to ~1/4 bigger serves (its pages are resident)
+MAX_FREE_BYTES = 32 << 20  # ~one finished request's buffers under many sessions (memory_bench)
+MAP_LIMIT_SHARE = 4  # at most 1/4 of vm.max_map_count: malloc, threads and files map too
+
+
+def _max_maps() -> int:
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            return int(f.read()) // MAP_LIMIT_SHARE
+    except (OSError, ValueError):
+        return 65530 // MAP_LIMIT_SHARE
+
+
+def size_class(nbytes: int) -> int:
+    """The mapping size a buffer of ``nbytes`` gets: whole pages, STEPS_PER_DOUBLING classes
+    between powers of two."""
+    page = mmap.PAGESIZE
+    if nbytes <= page:
+        return page
+    step = max(page, (1 << ((nbytes - 1).bit_length() - 1)) // STEPS_PER_DOUBLING)
+    return -(-nbytes // step) * step
+
+
+@functools.lru_cache(maxsize=4096)
+def _fits(size: int) -> tuple[int, ...]:
+    """``size``'s class and the REUSE_CLASSES_ABOVE above it, smallest first."""
+    fits = [size]
+    for _ in range(REUSE_CLASSES_ABOVE):
+        fits.append(size_class(fits[-1] + 1))
+    return tuple(fits)
+
+
+class _Lease(np.ndarray):
+    """The array a pooled tensor's storage keeps alive: when the last view of it goes, its
+    mapping goes back to the pool (``_home`` set right after the view is made)."""
+
+    _home: tuple[BufferPool, mmap.mmap]
+
+    def __del__(self) -> None:
+        home = self.__dict__.get("_home")
+        if home is not None:
+            home[0]._give_back(home[1])
+
+
+class BufferPool:
+    """Invariant (``check_integrity``): ``num_mapped_bytes`` == ``num_lent_bytes`` +
+    ``num_free_bytes``, ``num_free_bytes <= max_free_bytes``, at most ``max_maps`` mappings.
+    Safe from any thread; a buffer is given back from whichever thread drops its last view."""
+
+    def __init__(self, max_free_bytes: int = MAX_FREE_BYTES, max_maps: int | None = None) -> None:
+        self.max_free_bytes = max_free_bytes
+        self.max_maps = _max_maps() if max_maps is None else max_maps
+        self.num_lent_bytes = 0
+        self.num_free_bytes = 0
+        self.num_maps = 0  # mappings made (a reuse is not one)
+        self._num_live_maps = 0  # lent or free
+        self._free: dict[int, list[mmap.mmap]] = {}
+        self._lock = threading.RLock()  # a give-back can run inside a take (a collection)
+
+    @property
+    def num_mapped_bytes(self) -> int:
+        return self.num_lent_bytes + self.num_free_bytes
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """An uninitialised CPU tensor of ``shape``: a pooled mapping from MIN_POOLED_BYTES up,
+        else (or past the mapping limit) from the heap (``torch.empty``)."""
+        nbytes = math.prod(shape) * dtype.itemsize
+        mm = self._take(size_class(nbytes)) if nbytes >= MIN_POOLED_BYTES else None
+        if mm is None:
+            return torch.empty(shape, dtype=dtype)
+        lease = np.frombuffer(mm, dtype=np.uint8).view(_Lease)
+        lease._home = (self, mm)
+        return torch.from_numpy(lease)[:nbytes].view(dtype).view(shape)
+
+    def empty_like(self, like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        """``like.new_empty(shape)``, pooled where ``like`` is on a CPU."""
+        if like.device.type != "cpu":
+            return like.new_empty(shape)
+        return self.empty(shape, like.dtype)
+
+    def release_free(self) -> int:
+        """Unmap every buffer waiting in the pool: the bytes given back to the system. Safe to
+        call twice (the second gives back nothing)."""
+        with self._lock:
+            freed, free = self.num_free_bytes, self._free
+            self._free, self.num_free_bytes = {}, 0
+            self._num_live_maps -= sum(len(maps) for maps in free.values())
+        return freed
+
+    def check_integrity(self) -> None:
+        with self._lock:
+            free = sum(len(mm) for maps in self._free.values() for mm in maps)
+            assert free == self.num_free_bytes, f"free {free} != accounted {self.num_free_bytes}"
+            assert self.num_free_bytes <= self.max_free_bytes, "free buffers past their bound"
+            assert self.num_lent_bytes >= 0 and self._num_live_maps <= self.max_maps
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "lent_bytes": self.num_lent_bytes,
+            "free_bytes": self.num_free_bytes,
+            "maps": self.num_maps,
+        }
+
+    def _take(self, size: int) -> mmap.mmap | None:
+        with self._lock:
+            for fit in _fits(size):  # its class, else one or two above: a reuse, not a fault
+                spare = self._free.get(fit)
+                if spare:
+                    self.num_free_bytes -= fit
+                    self.num_lent_bytes += fit
+                    return spare.pop()
+            if self._num_live_maps >= self.max_maps:
+                return None
+            self._num_live_maps += 1  # before the call: another thread sees the limit
+        try:
+            mm = mmap.mmap(-1, size)
+        except (OSError, ValueError):
+            with self._lock:
+                self._num_live_maps -= 1
+            return None
+        with self._lock:
+            self.num_lent_bytes += size
+            self.num_maps += 1
+        return mm
+
+    def _give_back(self, mm: mmap.mmap) -> None:
+        size = len(mm)
+        with self._lock:
+            self.num_lent_bytes -= size
+            if self.num_free_bytes + size <= self.max_free_bytes:
+                self._free.setdefault(size, []).append(mm)
+                self.num_free_bytes += size
+            else:
+                self._num_live_maps -= 1  # unmapped once the caller's array lets go
+
+
+POOL = BufferPool()  # the process's: buffers freed by one engine serve the next
+add_pool(POOL)  # a heap trim unmaps the free ones too

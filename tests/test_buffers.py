@@ -1,0 +1,123 @@
+"""The KV buffer pool (engines/torch/buffers.py): mappings reused by size, released exactly, and
+the engine's replies with pooled buffers equal to those of an uncached run."""
+
+from __future__ import annotations
+
+import gc
+import random
+import threading
+
+import pytest
+import torch
+
+from promptcache.engines.torch.buffers import MIN_POOLED_BYTES, BufferPool, size_class
+from promptcache.serving import memory
+
+pytestmark = pytest.mark.torch
+
+
+def test_size_classes_cover_the_bytes_with_at_most_an_eighth_more() -> None:
+    sizes = [1, 4096, 4097, 65536, 100_000, 491_520, 3 << 20, (3 << 20) + 1, 10**9]
+    for n in sizes:
+        c = size_class(n)
+        assert c >= n and c % 4096 == 0
+        assert c <= max(4096, n + n // 8 + 4096)
+    assert size_class(100_000) == size_class(99_000)  # near sizes share a class: reuse
+
+
+def test_a_freed_buffer_is_reused_by_the_next_of_its_class_and_views_keep_it() -> None:
+    pool = BufferPool(max_free_bytes=64 << 20)
+    a = pool.empty((1, 3, 600, 64), torch.float32)
+    a.fill_(1.0)
+    ptr, size = a.data_ptr(), a.untyped_storage().nbytes()
+    assert size == size_class(a.nbytes) and pool.num_lent_bytes == size
+    view = a[:, :, :10]
+    del a
+    assert pool.num_free_bytes == 0  # a view still holds it
+    del view
+    assert pool.num_free_bytes == size and pool.num_lent_bytes == 0
+    b = pool.empty((1, 3, 599, 64), torch.float32)  # another shape, the same class
+    assert b.data_ptr() == ptr and pool.num_maps == 1 and pool.num_free_bytes == 0
+    c = pool.empty((2, 3, 599, 64), torch.float32)  # a bigger class: a new mapping
+    assert c.data_ptr() != ptr and pool.num_maps == 2
+    pool.check_integrity()
+    del b, c
+    pool.check_integrity()
+
+
+def test_small_buffers_come_from_the_heap_and_bfloat16_is_pooled() -> None:
+    pool = BufferPool()
+    small = pool.empty((MIN_POOLED_BYTES // 4 - 1,), torch.float32)
+    assert pool.num_maps == 0 and small.numel() == MIN_POOLED_BYTES // 4 - 1
+    half = pool.empty((4, 64 << 10), torch.bfloat16)
+    want = torch.randn(4, 64 << 10).to(torch.bfloat16)
+    half.copy_(want)
+    assert pool.num_maps == 1 and half.dtype == torch.bfloat16 and half.is_contiguous()
+    assert torch.equal(half, want)
+    assert half.data_ptr() % 4096 == 0  # page-aligned: the kernels' vector loads
+
+
+def test_free_buffers_are_bounded_and_released_exactly() -> None:
+    pool = BufferPool(max_free_bytes=3 * size_class(1 << 20))
+    bufs = [pool.empty((1 << 18,), torch.float32) for _ in range(5)]
+    one = size_class(1 << 20)
+    assert pool.num_lent_bytes == 5 * one
+    del bufs
+    assert pool.num_free_bytes == 3 * one and pool.num_lent_bytes == 0  # two unmapped
+    pool.check_integrity()
+    assert pool.release_free() == 3 * one
+    assert pool.release_free() == 0  # safe twice
+    assert pool.num_mapped_bytes == 0
+    pool.check_integrity()
+
+
+def test_past_the_mapping_limit_buffers_come_from_the_heap() -> None:
+    pool = BufferPool(max_maps=2)
+    held = [pool.empty((1 << 18,), torch.float32) for _ in range(4)]
+    assert pool.num_maps == 2 and all(t.numel() == 1 << 18 for t in held)
+    pool.check_integrity()
+    del held
+    pool.check_integrity()
+
+
+def test_the_heap_trim_releases_the_pools_free_buffers() -> None:
+    pool = BufferPool()
+    memory.add_pool(pool)
+    memory.add_pool(pool)  # safe twice
+    t = pool.empty((1 << 18,), torch.float32)
+    del t
+    assert pool.num_free_bytes > 0 and memory.pooled_free_bytes() >= pool.num_free_bytes
+    memory.trim_heap()
+    assert pool.num_free_bytes == 0 and pool.num_mapped_bytes == 0
+
+
+def test_many_threads_taking_and_dropping_keep_the_books() -> None:
+    pool = BufferPool(max_free_bytes=8 << 20)
+    errors: list[BaseException] = []
+
+    def churn(seed: int) -> None:
+        rng = random.Random(seed)
+        held: list[torch.Tensor] = []
+        try:
+            for _ in range(300):
+                if held and rng.random() < 0.5:
+                    held.pop(rng.randrange(len(held)))
+                else:
+                    t = pool.empty((rng.randrange(20_000, 400_000),), torch.float32)
+                    t[-1] = seed  # every byte of it is ours
+                    held.append(t)
+                if rng.random() < 0.05:
+                    pool.release_free()
+            assert all(t[-1].item() == seed for t in held)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert not errors
+    pool.check_integrity()
+    assert pool.num_lent_bytes == 0 and pool.num_free_bytes <= 8 << 20
