@@ -172,6 +172,18 @@ class RssSampler(Sampler):
             pass
 
 
+def cpu_counts(pid: int) -> tuple[float, float, int] | None:
+    """A process's user and system CPU seconds and minor page faults so far (Linux /proc);
+    None elsewhere."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
+
+
 def drive(server: PeerServer, msgs: list[dict[str, Any]], args: argparse.Namespace,
           rows: list[dict[str, Any]], errors: list[str]) -> None:  # fmt: skip
     history: list[dict[str, Any]] = []
@@ -210,12 +222,14 @@ def run_cell(
         RssSampler(server.proc.pid) as rss,
         own if name.startswith("promptcache") else nullcontext(),
     ):
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_counts(server.proc.pid)
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        wall = time.perf_counter() - t0
+        wall, cpu1 = time.perf_counter() - t0, cpu_counts(server.proc.pid)
+    # the server's own CPU over the cell (its main process): user s, system s, minor faults
+    cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)] if cpu0 and cpu1 else None
     phases = server_phases(server, len(rows)) if name.startswith("promptcache") else {}
     later = [r["ttft_s"] for r in rows if r["turn"] >= 2]
     first = [r["ttft_s"] for r in rows if r["turn"] == 1]
@@ -230,7 +244,7 @@ def run_cell(
         "cached_share": cached / prompt if prompt else None,
         "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
         "unaccounted_peak_bytes": own.unaccounted_bytes, "over_target_peak_bytes": own.over_target_bytes,
-        "load": os.getloadavg()[0], "phases_s": phases, "rows": rows,
+        "load": os.getloadavg()[0], "phases_s": phases, "server_cpu": cpu, "rows": rows,
     }  # fmt: skip
     print(f"  N={n:>3} {name:<14} {out['output_tok_s']:6.1f} tok/s  TTFT p50 "
           f"{fmt_s(out['ttft_p50_s'])} p99 {fmt_s(out['ttft_p99_s'])}  cached "
@@ -240,6 +254,9 @@ def run_cell(
         print(f"      memory at its worst: {own.unaccounted_bytes / 2**20:+.0f} MiB past what the "
               f"server accounts for; peak RSS {own.over_target_bytes / 2**20:+.0f} MiB past the "
               "process at start + RAM budget + the live KV's peak", flush=True)  # fmt: skip
+    if cpu is not None:
+        print(f"      server CPU: user {cpu[0]:.1f} s, system {cpu[1]:.1f} s, "
+              f"{cpu[2] / 1e6:.2f}M minor page faults", flush=True)  # fmt: skip
     if phases:
         print("      engine TTFT by phase (s, summed over requests): " + ", ".join(
             f"{k} {v:.1f}" for k, v in phases.items()), flush=True)  # fmt: skip

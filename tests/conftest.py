@@ -16,6 +16,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     except ImportError:
         pass
 
+try:  # the tiny models' KV buffers are far below the pool's threshold: pool them all here, so
+    # every engine test also checks the pooled buffers (engines/torch/buffers.py)
+    from promptcache.engines.torch.buffers import POOL
+
+    POOL.min_bytes = 1
+except ImportError:
+    pass
+
 
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory) -> str:

@@ -121,3 +121,54 @@ def test_many_threads_taking_and_dropping_keep_the_books() -> None:
     assert not errors
     pool.check_integrity()
     assert pool.num_lent_bytes == 0 and pool.num_free_bytes <= 8 << 20
+
+
+def test_free_buffers_are_an_eighth_of_those_lent_within_the_spare_budget() -> None:
+    pool = BufferPool(max_free_bytes=0)
+    one = size_class(1 << 20)
+    t = pool.empty((1 << 18,), torch.float32)
+    del t
+    assert pool.num_free_bytes == 0  # nothing else lent: unmapped at once
+
+    class Engine:
+        spare_bytes = 2 * one
+
+        def spare(self) -> int:
+            return self.spare_bytes
+
+    engine = Engine()
+    memory.add_pool(pool)
+    memory.share_spare(engine.spare)
+    assert pool.spare is not None
+    bufs = [pool.empty((1 << 18,), torch.float32) for _ in range(40)]
+    del bufs[:4]
+    assert pool.num_free_bytes == 2 * one  # an eighth of 36 lent is more: the spare budget
+    engine.spare_bytes = 100 * one
+    del bufs[:8]
+    assert pool.num_free_bytes == 3 * one  # now the eighth of those lent (28 / 8, whole ones)
+    pool.check_integrity()
+    del engine
+    gc.collect()
+    assert pool.spare() == 0  # the engine is gone: no spare, and it was not kept alive
+    memory.trim_heap()
+    assert pool.num_free_bytes == 0
+    del bufs
+    pool.check_integrity()
+
+
+def test_a_free_buffer_grows_or_shrinks_for_a_size_it_does_not_fit() -> None:
+    pool = BufferPool(max_free_bytes=64 << 20)
+    a = pool.empty((1 << 18,), torch.float32)
+    a.fill_(7.0)
+    del a
+    b = pool.empty((3 << 18,), torch.float32)  # a session's next turn: a bigger buffer
+    assert pool.num_maps == 1 and b.untyped_storage().nbytes() == size_class(3 << 20)
+    assert torch.all(b[: 1 << 18] == 7.0)  # the same pages, moved, not faulted anew
+    b.fill_(1.0)
+    del b
+    c = pool.empty((1 << 16,), torch.float32)  # far smaller: the big one cut down
+    assert pool.num_maps == 1 and c.untyped_storage().nbytes() == size_class(1 << 18)
+    assert pool.num_free_bytes == 0
+    pool.check_integrity()
+    del c
+    pool.check_integrity()

@@ -32,7 +32,13 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import HeapTrim, pooled_free_bytes, rss_bytes, tune_malloc
+from promptcache.serving.memory import (
+    HeapTrim,
+    pooled_free_bytes,
+    rss_bytes,
+    share_spare,
+    tune_malloc,
+)
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
@@ -107,6 +113,8 @@ class CachedEngine:
         # what a load freed leaves once it is over, or when RSS passes what is accounted for
         self._base_rss = rss_bytes()  # the model and the process, before any request
         self.heap = HeapTrim(lambda: self.scheduler.num_active == 0, self._rss_allowance)
+        if self.cache is not None:  # freed KV buffers wait for reuse in the budget's unused part
+            share_spare(self._spare_budget_bytes)
         self.scheduler.on_idle = self.heap.on_idle
         self.scheduler.after_step = self.heap.after_step
         # a step's first tokens go out before its decode forward
@@ -332,6 +340,14 @@ class CachedEngine:
         ram = self.cache.ram.budget_bytes if self.cache is not None else 0
         live = self.runner.held_bytes(self.scheduler.live_states())
         return self._base_rss + ram + live + RSS_SLACK_BYTES
+
+    def _spare_budget_bytes(self) -> int:
+        """What the RAM tier's budget leaves unused (its blocks and the queued writes aside)."""
+        cache = self.cache
+        if cache is None:
+            return 0
+        ram = cache.ram
+        return max(0, ram.budget_bytes - ram.held_bytes - cache.tiers.queued_bytes())
 
     def memory_stats(self) -> dict[str, int]:
         """Where the process's memory is: the running requests' model state (with the decode

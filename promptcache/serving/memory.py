@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import inspect
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Protocol
 
@@ -28,6 +30,7 @@ class FreePool(Protocol):
     """Buffers of its own that a pool keeps for reuse once freed (``engines/torch/buffers``)."""
 
     num_free_bytes: int  # the free buffers' bytes, waiting for reuse (resident)
+    spare: Callable[[], int] | None  # bytes free buffers may also take (``share_spare``)
 
     def release_free(self) -> int:
         """Give every free buffer back to the system; the bytes released. Safe to call twice."""
@@ -46,6 +49,7 @@ _lock = threading.Lock()
 _is_tuned = False
 _libc: ctypes.CDLL | None = None
 _pools: list[FreePool] = []
+_spare: Callable[[], int] | None = None
 
 
 def rss_bytes() -> int:
@@ -85,6 +89,27 @@ def add_pool(pool: FreePool) -> None:
     with _lock:
         if all(p is not pool for p in _pools):
             _pools.append(pool)
+            if _spare is not None:
+                pool.spare = _spare
+
+
+def share_spare(spare: Callable[[], int]) -> None:
+    """Let every pool (now and later) keep free buffers in ``spare()`` bytes as well: what the
+    RAM tier's budget leaves unused (a trim under load releases them once RSS passes what the
+    engine accounts for). A bound method is held weakly (0 once its engine is gone). Calling
+    again replaces it."""
+    global _spare
+    if inspect.ismethod(spare):
+        ref = weakref.WeakMethod(spare)
+
+        def spare() -> int:
+            method = ref()
+            return method() if method is not None else 0
+
+    with _lock:
+        _spare = spare
+        for p in _pools:
+            p.spare = spare
 
 
 def pooled_free_bytes() -> int:

@@ -2,14 +2,16 @@
 
 Why: in glibc's heap a freed KV buffer is a hole between live ones. Requests start, grow and
 finish in every order under many sessions, so the heap keeps hundreds of MB of such holes
-resident that no trim can give back (a live buffer shares their pages), and a bigger threshold
+resident that no trim can give back (a live buffer shares their pages), and a lower threshold
 for mapping them faults every page in anew at each request. Here each buffer from
-``MIN_POOLED_BYTES`` up is an anonymous mapping of a size class; a freed one waits in a pool for
-the next buffer of its class (its pages still resident, no faults) and the pool holds at most
-``max_free_bytes`` of them: past that, and whenever ``release_free`` is called, a mapping is
-unmapped whole. CPU only; a buffer's storage is its whole mapping (``nbytes`` of the class).
-Past a share of the system's mapping limit (``vm.max_map_count``), or where a mapping fails,
-buffers come from the heap as before.
+``MIN_POOLED_BYTES`` up (a row's layers, a restored hit) is an anonymous mapping of a size
+class; a freed one serves the next buffer of its class or one or two below as it is, or grown
+or cut (``mremap``: its resident pages move, only new ones fault) for any other. Free ones are
+kept up to an eighth of the bytes lent, within what the RAM tier's budget leaves unused
+(``memory.share_spare``), ``max_free_bytes`` at least; past that, and whenever ``release_free``
+is called (a heap trim), a mapping is unmapped whole. CPU only; a buffer's storage is its whole
+mapping. Past a share of the system's mapping limit (``vm.max_map_count``), or where a mapping
+fails, buffers come from the heap as before.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import functools
 import math
 import mmap
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,8 +31,12 @@ from promptcache.serving.memory import add_pool
 MIN_POOLED_BYTES = 64 << 10  # below this, the heap's own reuse is good enough
 STEPS_PER_DOUBLING = 8  # size classes: at most 1/8 of a buffer mapped past its bytes
 REUSE_CLASSES_ABOVE = 2  # a free buffer up to ~1/4 bigger serves (its pages are resident)
-MAX_FREE_BYTES = 32 << 20  # ~one finished request's buffers under many sessions (memory_bench)
+MAX_FREE_BYTES = 32 << 20  # kept free at least
+FREE_SHARE = 8  # more: up to 1/8 of the bytes lent, within the RAM budget's unused part
 MAP_LIMIT_SHARE = 4  # at most 1/4 of vm.max_map_count: malloc, threads and files map too
+
+
+_PRIVATE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # mmap's default for -1 is shared (shmem)
 
 
 def _max_maps() -> int:
@@ -73,11 +80,16 @@ class _Lease(np.ndarray):
 
 class BufferPool:
     """Invariant (``check_integrity``): ``num_mapped_bytes`` == ``num_lent_bytes`` +
-    ``num_free_bytes``, ``num_free_bytes <= max_free_bytes``, at most ``max_maps`` mappings.
+    ``num_free_bytes``; ``num_free_bytes`` <= ``max_free_bytes``, or the bound at the last
+    give-back (1/FREE_SHARE of the bytes lent, within ``spare()``: the RAM budget's unused
+    part); at most ``max_maps`` mappings.
     Safe from any thread; a buffer is given back from whichever thread drops its last view."""
 
     def __init__(self, max_free_bytes: int = MAX_FREE_BYTES, max_maps: int | None = None) -> None:
         self.max_free_bytes = max_free_bytes
+        self.min_bytes = MIN_POOLED_BYTES  # smaller buffers come from the heap
+        self.spare: Callable[[], int] | None = None  # more room for free ones (memory.share_spare)
+        self._limit = max_free_bytes  # the bound at the last give-back
         self.max_maps = _max_maps() if max_maps is None else max_maps
         self.num_lent_bytes = 0
         self.num_free_bytes = 0
@@ -91,10 +103,10 @@ class BufferPool:
         return self.num_lent_bytes + self.num_free_bytes
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """An uninitialised CPU tensor of ``shape``: a pooled mapping from MIN_POOLED_BYTES up,
+        """An uninitialised CPU tensor of ``shape``: a pooled mapping from ``min_bytes`` up,
         else (or past the mapping limit) from the heap (``torch.empty``)."""
         nbytes = math.prod(shape) * dtype.itemsize
-        mm = self._take(size_class(nbytes)) if nbytes >= MIN_POOLED_BYTES else None
+        mm = self._take(size_class(nbytes)) if nbytes >= self.min_bytes and nbytes else None
         if mm is None:
             return torch.empty(shape, dtype=dtype)
         lease = np.frombuffer(mm, dtype=np.uint8).view(_Lease)
@@ -120,7 +132,7 @@ class BufferPool:
         with self._lock:
             free = sum(len(mm) for maps in self._free.values() for mm in maps)
             assert free == self.num_free_bytes, f"free {free} != accounted {self.num_free_bytes}"
-            assert self.num_free_bytes <= self.max_free_bytes, "free buffers past their bound"
+            assert self.num_free_bytes <= max(self.max_free_bytes, self._limit), "past bound"
             assert self.num_lent_bytes >= 0 and self._num_live_maps <= self.max_maps
 
     def describe(self) -> dict[str, Any]:
@@ -132,17 +144,14 @@ class BufferPool:
 
     def _take(self, size: int) -> mmap.mmap | None:
         with self._lock:
-            for fit in _fits(size):  # its class, else one or two above: a reuse, not a fault
-                spare = self._free.get(fit)
-                if spare:
-                    self.num_free_bytes -= fit
-                    self.num_lent_bytes += fit
-                    return spare.pop()
+            mm = self._reuse(size)
+            if mm is not None:
+                return mm
             if self._num_live_maps >= self.max_maps:
                 return None
             self._num_live_maps += 1  # before the call: another thread sees the limit
         try:
-            mm = mmap.mmap(-1, size)
+            mm = mmap.mmap(-1, size, flags=_PRIVATE)
         except (OSError, ValueError):
             with self._lock:
                 self._num_live_maps -= 1
@@ -152,15 +161,54 @@ class BufferPool:
             self.num_maps += 1
         return mm
 
+    def _reuse(self, size: int) -> mmap.mmap | None:
+        """A free mapping for ``size`` (lock held): of its class or up to two above as it is,
+        else the nearest one below grown (``mremap``: its pages move, only the new ones fault;
+        a session's next turn needs a bigger buffer than any its last turn freed), else the
+        nearest above cut down."""
+        sizes = [fit for fit in _fits(size) if self._free.get(fit)]
+        if not sizes:
+            below = [k for k, maps in self._free.items() if maps and k < size]
+            above = [k for k, maps in self._free.items() if maps and k > size]
+            sizes = [max(below)] if below else [min(above)] if above else []
+        if not sizes:
+            return None
+        have = sizes[0]
+        mm = self._free[have].pop()
+        if not self._free[have]:
+            del self._free[have]
+        self.num_free_bytes -= have
+        if have not in _fits(size):
+            try:
+                mm.resize(size)
+            except (BufferError, OSError, ValueError, SystemError):
+                self._free.setdefault(have, []).append(mm)  # its last view is still going
+                self.num_free_bytes += have
+                return None
+        self.num_lent_bytes += len(mm)
+        return mm
+
     def _give_back(self, mm: mmap.mmap) -> None:
-        size = len(mm)
+        size, spare = len(mm), self.spare
+        room = spare() if spare is not None else None  # not under the lock: it reads the tiers
         with self._lock:
             self.num_lent_bytes -= size
-            if self.num_free_bytes + size <= self.max_free_bytes:
+            # free ones: an eighth of what is lent, within the RAM budget's unused part
+            share = self.num_lent_bytes // FREE_SHARE
+            limit = min(share, room) if room is not None else share
+            self._limit = limit = max(self.max_free_bytes, limit)
+            if self.num_free_bytes + size <= limit:
                 self._free.setdefault(size, []).append(mm)
                 self.num_free_bytes += size
             else:
                 self._num_live_maps -= 1  # unmapped once the caller's array lets go
+            while self.num_free_bytes > limit:  # the bound fell with the bytes lent
+                smallest = min(self._free)
+                self._free[smallest].pop()
+                if not self._free[smallest]:
+                    del self._free[smallest]
+                self.num_free_bytes -= smallest
+                self._num_live_maps -= 1
 
 
 POOL = BufferPool()  # the process's: buffers freed by one engine serve the next

@@ -180,4 +180,4 @@ def compact_views(cache: Any) -> None:
         for name in POSITIONAL_ATTRS:
             t = getattr(layer, name, None)
             if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
-                setattr(layer, name, POOL.empty_like(t, tuple(t.shape)).copy_(t))
+                setattr(layer, name, t.clone())  # exact: a pooled copy would look like a view
