@@ -173,15 +173,23 @@ class RssSampler(Sampler):
 
 
 def cpu_counts(pid: int) -> tuple[float, float, int] | None:
-    """A process's user and system CPU seconds and minor page faults so far (Linux /proc);
-    None elsewhere."""
+    """User and system CPU seconds and minor page faults so far of a process and its children
+    (vLLM's engine core is one; Linux /proc); None elsewhere."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+        pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
         return None
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick, int(fields[7])
+    tick, user, system, faults = os.sysconf("SC_CLK_TCK"), 0.0, 0.0, 0
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        user += int(fields[11]) / tick
+        system += int(fields[12]) / tick
+        faults += int(fields[7])
+    return user, system, faults
 
 
 def drive(server: PeerServer, msgs: list[dict[str, Any]], args: argparse.Namespace,
@@ -228,7 +236,7 @@ def run_cell(
         for t in threads:
             t.join()
         wall, cpu1 = time.perf_counter() - t0, cpu_counts(server.proc.pid)
-    # the server's own CPU over the cell (its main process): user s, system s, minor faults
+    # the server's own CPU over the cell (with its children): user s, system s, minor faults
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)] if cpu0 and cpu1 else None
     phases = server_phases(server, len(rows)) if name.startswith("promptcache") else {}
     later = [r["ttft_s"] for r in rows if r["turn"] >= 2]

@@ -58,7 +58,7 @@ def test_small_buffers_come_from_the_heap_and_bfloat16_is_pooled() -> None:
 
 
 def test_free_buffers_are_bounded_and_released_exactly() -> None:
-    pool = BufferPool(max_free_bytes=3 * size_class(1 << 20))
+    pool = BufferPool(max_free_bytes=3 * size_class(1 << 20), share_floor_bytes=0)
     bufs = [pool.empty((1 << 18,), torch.float32) for _ in range(5)]
     one = size_class(1 << 20)
     assert pool.num_lent_bytes == 5 * one
@@ -92,7 +92,7 @@ def test_the_heap_trim_releases_the_pools_free_buffers() -> None:
 
 
 def test_many_threads_taking_and_dropping_keep_the_books() -> None:
-    pool = BufferPool(max_free_bytes=8 << 20)
+    pool = BufferPool(max_free_bytes=8 << 20, share_floor_bytes=0)
     errors: list[BaseException] = []
 
     def churn(seed: int) -> None:
@@ -124,7 +124,7 @@ def test_many_threads_taking_and_dropping_keep_the_books() -> None:
 
 
 def test_free_buffers_are_an_eighth_of_those_lent_within_the_spare_budget() -> None:
-    pool = BufferPool(max_free_bytes=0)
+    pool = BufferPool(max_free_bytes=0, share_floor_bytes=0)
     one = size_class(1 << 20)
     t = pool.empty((1 << 18,), torch.float32)
     del t
@@ -172,3 +172,14 @@ def test_a_free_buffer_grows_or_shrinks_for_a_size_it_does_not_fit() -> None:
     pool.check_integrity()
     del c
     pool.check_integrity()
+
+
+def test_with_few_bytes_lent_a_request_s_worth_stays_free_within_the_spare_budget() -> None:
+    one = size_class(1 << 20)
+    for spare, kept in ((1 << 30, 5), (2 * one, 2)):
+        pool = BufferPool(max_free_bytes=0)  # the default floor of the share: FREE_BYTES
+        pool.spare = lambda spare=spare: spare
+        bufs = [pool.empty((1 << 18,), torch.float32) for _ in range(5)]
+        del bufs
+        assert pool.num_free_bytes == kept * one
+        pool.check_integrity()

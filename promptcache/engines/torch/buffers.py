@@ -7,9 +7,9 @@ for mapping them faults every page in anew at each request. Here each buffer fro
 ``MIN_POOLED_BYTES`` up (a row's layers, a restored hit) is an anonymous mapping of a size
 class; a freed one serves the next buffer of its class or one or two below as it is, or grown
 or cut (``mremap``: its resident pages move, only new ones fault) for any other. Free ones are
-kept up to an eighth of the bytes lent, within what the RAM tier's budget leaves unused
-(``memory.share_spare``), ``max_free_bytes`` at least; past that, and whenever ``release_free``
-is called (a heap trim), a mapping is unmapped whole. CPU only; a buffer's storage is its whole
+kept up to an eighth of the bytes lent (256 MiB at least), within what the RAM tier's budget
+leaves unused (``memory.share_spare``), ``max_free_bytes`` at least; past that, and whenever
+``release_free`` is called (a heap trim), a mapping is unmapped whole. CPU only; a buffer's storage is its whole
 mapping. Past a share of the system's mapping limit (``vm.max_map_count``), or where a mapping
 fails, buffers come from the heap as before.
 """
@@ -32,7 +32,8 @@ MIN_POOLED_BYTES = 64 << 10  # below this, the heap's own reuse is good enough
 STEPS_PER_DOUBLING = 8  # size classes: at most 1/8 of a buffer mapped past its bytes
 REUSE_CLASSES_ABOVE = 2  # a free buffer up to ~1/4 bigger serves (its pages are resident)
 MAX_FREE_BYTES = 32 << 20  # kept free at least
-FREE_SHARE = 8  # more: up to 1/8 of the bytes lent, within the RAM budget's unused part
+FREE_SHARE = 8  # more: up to 1/8 of the bytes lent, within the RAM budget's unused part,
+FREE_BYTES = 256 << 20  # and this much where lent is less (4 sessions: a finished request's)
 MAP_LIMIT_SHARE = 4  # at most 1/4 of vm.max_map_count: malloc, threads and files map too
 
 
@@ -81,12 +82,18 @@ class _Lease(np.ndarray):
 class BufferPool:
     """Invariant (``check_integrity``): ``num_mapped_bytes`` == ``num_lent_bytes`` +
     ``num_free_bytes``; ``num_free_bytes`` <= ``max_free_bytes``, or the bound at the last
-    give-back (1/FREE_SHARE of the bytes lent, within ``spare()``: the RAM budget's unused
-    part); at most ``max_maps`` mappings.
+    give-back (1/FREE_SHARE of the bytes lent or ``share_floor_bytes``, within ``spare()``:
+    the RAM budget's unused part); at most ``max_maps`` mappings.
     Safe from any thread; a buffer is given back from whichever thread drops its last view."""
 
-    def __init__(self, max_free_bytes: int = MAX_FREE_BYTES, max_maps: int | None = None) -> None:
+    def __init__(
+        self,
+        max_free_bytes: int = MAX_FREE_BYTES,
+        max_maps: int | None = None,
+        share_floor_bytes: int = FREE_BYTES,
+    ) -> None:
         self.max_free_bytes = max_free_bytes
+        self.share_floor_bytes = share_floor_bytes
         self.min_bytes = MIN_POOLED_BYTES  # smaller buffers come from the heap
         self.spare: Callable[[], int] | None = None  # more room for free ones (memory.share_spare)
         self._limit = max_free_bytes  # the bound at the last give-back
@@ -193,8 +200,9 @@ class BufferPool:
         room = spare() if spare is not None else None  # not under the lock: it reads the tiers
         with self._lock:
             self.num_lent_bytes -= size
-            # free ones: an eighth of what is lent, within the RAM budget's unused part
-            share = self.num_lent_bytes // FREE_SHARE
+            # free ones: an eighth of what is lent (FREE_BYTES at least), within the RAM
+            # budget's unused part
+            share = max(self.num_lent_bytes // FREE_SHARE, self.share_floor_bytes)
             limit = min(share, room) if room is not None else share
             self._limit = limit = max(self.max_free_bytes, limit)
             if self.num_free_bytes + size <= limit:
