@@ -5,13 +5,16 @@ A model with the bundled SmolLM2-135M's KV shape (30 layers x 3 KV heads x head 
 of 4 turns (a 350-token first prompt, 30 tokens more a turn, 32-token replies). RSS over the
 engine's at start: its peak, right after the last reply, and once the engine has been idle long
 enough for its heap trim; the peaks of the live state and of the blocks queued for the SSD, and
-at the peak RSS what malloc had handed out (over the start) and held free (glibc's mallinfo2).
+at the peak RSS what malloc had handed out (over the start) and held free (glibc's mallinfo2),
+the KV buffers the pool kept free (``engines/torch/buffers.py``) and the file-backed pages.
 
     python benchmarks/memory_bench.py --sessions 12 32 [--max-live-bytes 256MB] [--no-malloc-tune] \
-        [--rss-slack-mb 512]
+        [--rss-slack-mb 512] [--pool-free-mb 32 0]
 
 ``--rss-slack-mb``: the heap RSS may hold beyond what the engine accounts for before a trim under
 load (``cached_engine.RSS_SLACK_BYTES``); the rows report the trims and the time they cost.
+``--pool-free-mb``: the freed KV buffers the pool keeps at least (``BufferPool.max_free_bytes``;
+on this budget it keeps no more).
 """
 
 from __future__ import annotations
