@@ -12,7 +12,7 @@ the KV buffers the pool kept free (``engines/torch/buffers.py``) and the file-ba
         [--rss-slack-mb 512] [--pool-free-mb 32 0]
 
 ``--rss-slack-mb``: the heap RSS may hold beyond what the engine accounts for before a trim under
-load (``cached_engine.RSS_SLACK_BYTES``); the rows report the trims and the time they cost.
+load (``memory_books.RSS_SLACK_BYTES``); the rows report the trims and the time they cost.
 ``--pool-free-mb``: the freed KV buffers the pool keeps at least (``BufferPool.max_free_bytes``;
 on this budget it keeps no more).
 """
@@ -80,11 +80,11 @@ def run(
     from promptcache.engines.base import SamplingParams
     from promptcache.engines.torch.buffers import POOL
     from promptcache.engines.torch.engine import TorchEngine
-    from promptcache.serving import cached_engine, memory
+    from promptcache.serving import memory, memory_books
     from promptcache.testing.tiny_models import ByteTokenizer
 
     if slack_mb is not None:
-        cached_engine.RSS_SLACK_BYTES = slack_mb << 20
+        memory_books.RSS_SLACK_BYTES = slack_mb << 20
     if pool_free_mb is not None:
         POOL.max_free_bytes = pool_free_mb << 20
     if not tune:
@@ -151,7 +151,7 @@ def run(
         "at_peak_pooled_free_mb": round(at_peak[0][3] / 1e6),  # freed KV buffers kept
         "at_peak_rss_file_over_base_mb": round(at_peak[0][4] / 1e6),  # mapped files' pages
         "ram_budget_mb": round(engine.cache.ram.budget_bytes / 1e6),
-        "rss_slack_mb": cached_engine.RSS_SLACK_BYTES >> 20,
+        "rss_slack_mb": memory_books.RSS_SLACK_BYTES >> 20,
         "pool_free_max_mb": POOL.max_free_bytes >> 20,
         "pool_maps": POOL.num_maps,
         "heap_trims": engine.heap.num_trims,

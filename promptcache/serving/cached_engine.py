@@ -32,13 +32,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import (
-    HeapTrim,
-    pooled_free_bytes,
-    rss_bytes,
-    share_spare,
-    tune_malloc,
-)
+from promptcache.serving.memory_books import MemoryBooks
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner
 from promptcache.serving.scheduler import Scheduler
@@ -46,9 +40,6 @@ from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
-# allocator overhead and a step's own buffers, beyond the accounted; memory_bench, 32 sessions:
-# peak +1,110 MB over start at 128 MiB (a trim a second, no slower) against +1,328 at 512
-RSS_SLACK_BYTES = 128 << 20
 
 
 class CachedEngine:
@@ -109,14 +100,8 @@ class CachedEngine:
             self.cache.check_integrity if self.cache is not None else None,
             self._admits if self.max_live_bytes is not None else None,
         )
-        tune_malloc()
-        # what a load freed leaves once it is over, or when RSS passes what is accounted for
-        self._base_rss = rss_bytes()  # the model and the process, before any request
-        self.heap = HeapTrim(lambda: self.scheduler.num_active == 0, self._rss_allowance)
-        if self.cache is not None:  # freed KV buffers wait for reuse in the budget's unused part
-            share_spare(self._spare_budget_bytes)
-        self.scheduler.on_idle = self.heap.on_idle
-        self.scheduler.after_step = self.heap.after_step
+        self.books = MemoryBooks(self.cache, self.runner, self.scheduler)
+        self.heap = self.books.heap  # when freed memory goes back (idle, or RSS too high)
         # a step's first tokens go out before its decode forward
         self.batcher.on_events = self.scheduler.deliver
         self._ll_tokenizer: Any = None  # built on the first constrained request
@@ -332,44 +317,9 @@ class CachedEngine:
         pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
         return held + self._bytes_per_token * pending <= self.max_live_bytes
 
-    def _rss_allowance(self) -> int:
-        """What RSS may reach before the heap is trimmed under load: the process at start, the
-        RAM tier's budget, the running requests' state, and ``RSS_SLACK_BYTES``. The budget, not
-        what the tier holds: trimming down to its blocks cost 32 agent sessions ~10% of their
-        tokens/s (each trim's pages fault back in) for ~1 GiB less RSS (``load_bench``)."""
-        ram = self.cache.ram.budget_bytes if self.cache is not None else 0
-        live = self.runner.held_bytes(self.scheduler.live_states())
-        return self._base_rss + ram + live + RSS_SLACK_BYTES
-
-    def _spare_budget_bytes(self) -> int:
-        """What the RAM tier's budget leaves unused (its blocks and the queued writes aside)."""
-        cache = self.cache
-        if cache is None:
-            return 0
-        ram = cache.ram
-        return max(0, ram.budget_bytes - ram.held_bytes - cache.tiers.queued_bytes())
-
     def memory_stats(self) -> dict[str, int]:
-        """Where the process's memory is: the running requests' model state (with the decode
-        batch), the RAM tier's blocks and the queued block writes (both within its budget), the
-        resident set, and the resident set before any request (the model and the runtime):
-        ``rss_bytes`` less those is what nothing accounts for (heap between trims, kernels'
-        caches, a step's buffers)."""
-        live = self.scheduler.live_states()
-        cache = self.cache
-        return {
-            "live_requests": len(live),
-            "live_state_bytes": self.runner.held_bytes(live),
-            "ram_held_bytes": cache.ram.held_bytes if cache is not None else 0,
-            "ram_budget_bytes": cache.ram.budget_bytes if cache is not None else 0,
-            # inside the RAM budget (the RAM tier makes room for them)
-            "queued_write_bytes": cache.tiers.queued_bytes() if cache is not None else 0,
-            "max_live_bytes": self.max_live_bytes or 0,
-            "rss_bytes": rss_bytes(),
-            "rss_at_start_bytes": self._base_rss,
-            "pooled_free_bytes": pooled_free_bytes(),  # freed KV buffers kept for the next ones
-            "heap_trims": self.heap.num_trims,  # freed pages handed back (idle, or RSS too high)
-        }
+        """Where the process's memory is (``MemoryBooks.stats``)."""
+        return self.books.stats(self.max_live_bytes or 0)
 
     def cache_figures(self) -> dict[str, Figures]:
         """The prompt cache's figures by family (``cache``, ``memory``, ``compute``, ``vision``);

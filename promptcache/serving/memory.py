@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import inspect
 import os
 import threading
 import time
@@ -93,18 +92,17 @@ def add_pool(pool: FreePool) -> None:
                 pool.spare = _spare
 
 
-def share_spare(spare: Callable[[], int]) -> None:
-    """Let every pool (now and later) keep free buffers in ``spare()`` bytes as well: what the
+def share_spare(method: Callable[[], int]) -> None:
+    """Let every pool (now and later) keep free buffers in ``method()`` bytes as well: what the
     RAM tier's budget leaves unused (a trim under load releases them once RSS passes what the
-    engine accounts for). A bound method is held weakly (0 once its engine is gone). Calling
-    again replaces it."""
+    engine accounts for). ``method`` is a bound method, held weakly (0 once its object is
+    gone). Calling again replaces it."""
     global _spare
-    if inspect.ismethod(spare):
-        ref = weakref.WeakMethod(spare)
+    ref = weakref.WeakMethod(method)
 
-        def spare() -> int:
-            method = ref()
-            return method() if method is not None else 0
+    def spare() -> int:
+        bound = ref()
+        return bound() if bound is not None else 0
 
     with _lock:
         _spare = spare

@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicLayer
 from promptcache.engines.torch import rows_kernel
 from promptcache.engines.torch.buffers import POOL
 from promptcache.engines.torch.lean import LeanDecoder, LeanLayer, attend_one
-from promptcache.engines.torch.state import LAYERS, Segments, TorchLayer
+from promptcache.engines.torch.state import LAYERS, Segments, TorchLayer, gather_positions
 
 ROOM = 128  # positions allocated ahead of a row (a reallocation every ROOM decode steps)
 
@@ -92,7 +92,10 @@ class RowLayer(DynamicLayer):
         """Hold a hit's positions (a fresh layer): copied once into buffers with ROOM ahead, so
         the first prefill piece appends in place."""
         n = sum(used for _, used in keys)
-        self._bufs = (_filled(keys, n + ROOM, device), _filled(values, n + ROOM, device))
+        self._bufs = (
+            gather_positions(keys, device, n + ROOM),
+            gather_positions(values, device, n + ROOM),
+        )
         kbuf, vbuf = self._bufs
         self.lazy_initialization(kbuf, vbuf)
         self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
@@ -109,21 +112,6 @@ class RowAdapter(TorchLayer):
 
 
 LAYERS.register(RowLayer, RowAdapter(positional=True, snapshot=False))
-
-
-def _filled(parts: Segments, capacity: int, device: Any) -> torch.Tensor:
-    """A buffer of ``capacity`` positions on ``device``, the parts' used positions first."""
-    first = parts[0][0]
-    shape = (first.shape[0], first.shape[1], capacity, first.shape[3])
-    if torch.device(device).type == "cpu":
-        out = POOL.empty(shape, first.dtype)
-    else:
-        out = torch.empty(shape, dtype=first.dtype, device=device)
-    at = 0
-    for part, used in parts:
-        out[:, :, at : at + used] = part[:, :, :used]
-        at += used
-    return out
 
 
 def _moved(old: torch.Tensor, like: torch.Tensor, used: int, capacity: int) -> torch.Tensor:

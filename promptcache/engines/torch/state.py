@@ -54,7 +54,7 @@ class TorchLayer:
 
     def set_keys_values(self, layer: Any, keys: Segments, values: Segments, device: Any) -> None:
         """Fill a fresh ``layer`` with the positions of a hit: (tensor, positions used) each."""
-        k, v = _cat_positions(keys, device), _cat_positions(values, device)
+        k, v = gather_positions(keys, device), gather_positions(values, device)
         layer.lazy_initialization(k, v)  # dtype/device bookkeeping of a fresh layer
         layer.keys, layer.values = k, v
 
@@ -142,14 +142,22 @@ def restore_cache(
     return cache
 
 
-def _cat_positions(parts: Segments, device: Any) -> torch.Tensor:
-    """The positions used of each part, one after another, in one buffer (a pooled one on a
-    CPU: ``buffers.POOL``)."""
-    if torch.device(device).type != "cpu":
-        return torch.cat([p[:, :, :n, :] for p, n in parts], dim=2).to(device)
+def gather_positions(parts: Segments, device: Any, capacity: int | None = None) -> torch.Tensor:
+    """The positions used of each part, one after another, in one buffer on ``device`` of
+    ``capacity`` positions (default: just those; the rest is written before it is read). A
+    pooled buffer on a CPU (``buffers.POOL``)."""
     first = parts[0][0]
-    shape = (first.shape[0], first.shape[1], sum(n for _, n in parts), first.shape[3])
-    return torch.cat([p[:, :, :n, :] for p, n in parts], dim=2, out=POOL.empty(shape, first.dtype))
+    n = sum(used for _, used in parts)
+    shape = (first.shape[0], first.shape[1], n if capacity is None else capacity, first.shape[3])
+    if torch.device(device).type == "cpu":
+        out = POOL.empty(shape, first.dtype)
+    else:
+        out = torch.empty(shape, dtype=first.dtype, device=device)
+    at = 0
+    for part, used in parts:
+        out[:, :, at : at + used] = part[:, :, :used]
+        at += used
+    return out
 
 
 def crop_positional(cache: DynamicCache, layout: Layout, length: int) -> None:

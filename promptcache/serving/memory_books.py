@@ -1,0 +1,77 @@
+"""An engine's memory books: what it accounts for (the live requests' state, the RAM tier's
+blocks and budget, the queued writes, the process at start) and, from those, when its heap is
+trimmed under load and how much room freed KV buffers may keep (``memory``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from promptcache.serving.memory import (
+    HeapTrim,
+    pooled_free_bytes,
+    rss_bytes,
+    share_spare,
+    tune_malloc,
+)
+from promptcache.serving.runner import ModelRunner
+from promptcache.serving.scheduler import Scheduler
+
+# allocator overhead and a step's own buffers, beyond the accounted; memory_bench, 32 sessions:
+# peak +1,110 MB over start at 128 MiB (a trim a second, no slower) against +1,328 at 512
+RSS_SLACK_BYTES = 128 << 20
+
+
+class MemoryBooks:
+    """Set up once per engine, after its scheduler: tunes malloc, takes the process's RSS before
+    any request, hooks the heap trim (``heap``) on the scheduler, and lends pools the RAM
+    budget's unused part. ``cache`` is the engine's prompt cache, or None when it is off."""
+
+    def __init__(self, cache: Any, runner: ModelRunner, scheduler: Scheduler) -> None:
+        self.cache, self.runner, self.scheduler = cache, runner, scheduler
+        tune_malloc()
+        # what a load freed leaves once it is over, or when RSS passes what is accounted for
+        self.base_rss = rss_bytes()  # the model and the process, before any request
+        self.heap = HeapTrim(lambda: scheduler.num_active == 0, self.rss_allowance)
+        if cache is not None:  # freed KV buffers wait for reuse in the budget's unused part
+            share_spare(self.spare_budget_bytes)
+        scheduler.on_idle = self.heap.on_idle
+        scheduler.after_step = self.heap.after_step
+
+    def rss_allowance(self) -> int:
+        """What RSS may reach before the heap is trimmed under load: the process at start, the
+        RAM tier's budget, the running requests' state, and ``RSS_SLACK_BYTES``. The budget, not
+        what the tier holds: trimming down to its blocks cost 32 agent sessions ~10% of their
+        tokens/s (each trim's pages fault back in) for ~1 GiB less RSS (``load_bench``)."""
+        ram = self.cache.ram.budget_bytes if self.cache is not None else 0
+        live = self.runner.held_bytes(self.scheduler.live_states())
+        return self.base_rss + ram + live + RSS_SLACK_BYTES
+
+    def spare_budget_bytes(self) -> int:
+        """What the RAM tier's budget leaves unused (its blocks and the queued writes aside)."""
+        cache = self.cache
+        if cache is None:
+            return 0
+        ram = cache.ram
+        return max(0, ram.budget_bytes - ram.held_bytes - cache.tiers.queued_bytes())
+
+    def stats(self, max_live_bytes: int) -> dict[str, int]:
+        """Where the process's memory is: the running requests' model state (with the decode
+        batch), the RAM tier's blocks and the queued block writes (both within its budget), the
+        resident set, and the resident set before any request (the model and the runtime):
+        ``rss_bytes`` less those is what nothing accounts for (heap between trims, kernels'
+        caches, a step's buffers)."""
+        live = self.scheduler.live_states()
+        cache = self.cache
+        return {
+            "live_requests": len(live),
+            "live_state_bytes": self.runner.held_bytes(live),
+            "ram_held_bytes": cache.ram.held_bytes if cache is not None else 0,
+            "ram_budget_bytes": cache.ram.budget_bytes if cache is not None else 0,
+            # inside the RAM budget (the RAM tier makes room for them)
+            "queued_write_bytes": cache.tiers.queued_bytes() if cache is not None else 0,
+            "max_live_bytes": max_live_bytes,
+            "rss_bytes": rss_bytes(),
+            "rss_at_start_bytes": self.base_rss,
+            "pooled_free_bytes": pooled_free_bytes(),  # freed KV buffers kept for the next ones
+            "heap_trims": self.heap.num_trims,  # freed pages handed back (idle, or RSS too high)
+        }
