@@ -1,6 +1,6 @@
-"""Weights stored transposed where a one-row matmul streams them faster (torch.layouts): the
-same parameters under the same keys and the same fingerprint digest, the model's logits, stack
-siblings still views of their stack."""
+"""Weights stored transposed or packed where decode matmuls run faster (torch.layouts): the
+same parameters under the same keys and the same fingerprint digest (transposed), the model's
+logits, stack siblings still views of their stack; packed weights given back exactly."""
 
 import copy
 
@@ -10,9 +10,13 @@ torch = pytest.importorskip("torch")
 
 from promptcache.engines.torch.fused import StackedLinear, fuse_projections  # noqa: E402
 from promptcache.engines.torch.layouts import (  # noqa: E402
+    can_pack,
     choose_weight_layouts,
     is_transposed,
+    set_weight_format,
     transpose_weights,
+    unpack_weights,
+    weight_format,
     weight_owners,
 )
 from promptcache.engines.torch.onednn import can_use_onednn, use_onednn_linears  # noqa: E402
@@ -68,9 +72,41 @@ def test_choosing_layouts_times_each_class_and_keeps_the_logits():
     assert choose_weight_layouts(model) == 0  # tiny weights: below the class size worth timing
     num = choose_weight_layouts(model, min_class_bytes=0)
     owners = weight_owners(model)
-    assert num == sum(is_transposed(o) for o in owners)
+    assert num == sum(weight_format(o) != "stored" for o in owners)
     assert choose_weight_layouts(model, min_class_bytes=0) == 0  # decided: nothing left to do
     ids = torch.randint(3, 250, (1, 17), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
     assert (want - got).abs().max().item() < 1e-4
+
+
+@pytest.mark.skipif(not can_pack(), reason="this torch cannot pack weights for oneDNN")
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_packed_weights_keep_the_logits_and_unpack_to_the_same_values(family):
+    plain, _ = build_family(family)
+    use_onednn_linears(plain)
+    fuse_projections(plain)
+    model = copy.deepcopy(plain)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    owners = weight_owners(model)
+    set_weight_format(model, owners, "packed")
+    assert all(weight_format(o) == "packed" for o in owners)
+    for m in model.modules():  # only the stack computes: its siblings hold no copy
+        if isinstance(m, StackedLinear):
+            assert m.weight.is_meta and m.weight.shape == (m.out_features, m.in_features)
+    ids = torch.randint(3, 250, (1, 23), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+        # one row and a few rows: the decode shapes (padded to a row bucket, torch.onednn)
+        for rows in (1, 3):
+            x = torch.randn(rows, 1, plain.config.hidden_size)
+            for a, b in zip(weight_owners(plain), weight_owners(model), strict=True):
+                if a.weight.shape[1] == x.shape[-1]:
+                    assert torch.allclose(a(x), b(x), atol=1e-5)
+    assert (want - got).abs().max().item() < 1e-4
+    assert torch.equal(want.argmax(-1), got.argmax(-1))
+    assert unpack_weights(model) == len(owners)
+    assert unpack_weights(model) == 0  # nothing packed is left
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert digest(model) == digest(plain)

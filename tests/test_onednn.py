@@ -128,3 +128,27 @@ def test_onednn_keeps_a_bounded_number_of_primitives_unless_the_user_sets_it():
 
     ours, theirs = growth(None), growth(1024)
     assert theirs > 4 * max(ours, 1 << 20), (ours, theirs)
+
+
+@needs_onednn
+def test_few_rows_run_at_a_padded_row_count_with_each_rows_own_result():
+    """Up to SMALL_ROWS rows a matmul runs at a few row counts (one primitive each kept
+    built), with F.linear's results; more rows run as they are."""
+    from promptcache.engines.torch.onednn import SMALL_ROWS, onednn_linear, padded_rows
+
+    counts = {padded_rows(n) for n in range(1, SMALL_ROWS + 1)}
+    assert len(counts) <= 12 and all(padded_rows(n) >= n for n in range(1, 200))
+    assert padded_rows(1) == 1 and padded_rows(SMALL_ROWS + 3) == SMALL_ROWS + 3
+    gen = torch.Generator().manual_seed(4)
+    w, b = torch.randn(48, 40, generator=gen), torch.randn(48, generator=gen)
+    with torch.inference_mode():
+        for rows in (1, 3, 5, 13, SMALL_ROWS + 3):
+            x = torch.randn(rows, 1, 40, generator=gen)
+            got = onednn_linear(x, w, b)
+            assert got.shape == (rows, 1, 48)
+            want = torch.nn.functional.linear(x, w, b)
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+        # within a padded count the rows beside a row change none of its bits
+        x = torch.randn(8, 40, generator=gen)
+        firsts = [onednn_linear(x[:rows], w, b)[0] for rows in (5, 6, 7, 8)]
+        assert all(torch.equal(firsts[0], f) for f in firsts[1:])

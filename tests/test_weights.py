@@ -15,6 +15,7 @@ from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
 from promptcache.engines.torch.batch import GrowingLayer, gather  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.layouts import can_pack, set_weight_format, weight_owners  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
 from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402
 from promptcache.engines.torch.weights import (  # noqa: E402
@@ -211,6 +212,8 @@ def test_compiled_decode_equals_eager(models, monkeypatch):
     monkeypatch.setattr(GrowingLayer, "ROOM", 8)  # regrown twice in 20 tokens
     eager = TorchRunner(models["model"], ByteTokenizer())
     fast = TorchRunner(copy.deepcopy(models["model"]), ByteTokenizer())
+    if can_pack():  # packed weights (torch.layouts) are given back plain for inductor
+        set_weight_format(fast.model, weight_owners(fast.model), "packed")
     assert fast.enable_compile() > 0 and fast._step is not None
     twin, eager_mlp = fast._step._orig_mod, fast.model.model.layers[0].mlp
     assert twin.model.layers[0].mlp.up_proj.weight is eager_mlp.up_proj.weight  # no copy

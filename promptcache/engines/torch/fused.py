@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from promptcache.engines.torch.onednn import OneDnnLinear
+from promptcache.engines.torch.onednn import OneDnnLinear, onednn_linear
 from promptcache.engines.torch.weights import Int4Linear
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
@@ -47,7 +47,7 @@ class StackedWeights:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Every sibling's output for ``x``, side by side (nothing kept)."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return onednn_linear(x, self.weight, self.bias)
 
     def take(self, x: torch.Tensor, start: int, stop: int, size: int) -> torch.Tensor:
         if self.x is not x or self.num_left == 0:

@@ -1,15 +1,24 @@
-"""Each float32 weight in the memory order its one-row matmul streams fastest
-(``choose_weight_layouts``).
+"""Each float32 weight in the memory format its decode matmuls run fastest in
+(``choose_weight_layouts``): as stored, transposed, or packed in oneDNN's blocked format.
 
-A decode step multiplies one row by every weight: it is bound by how fast the weights stream
-from memory. oneDNN runs ``x @ W.T`` with ``W`` stored [out, in] (PyTorch's order) as one dot
-product per output, and parallelises over the outputs only when they are many: on the CPU we
-measure, a 576-output projection (attention output, MLP down) ran on one of two threads, ~22 GB/s,
-where the same weight stored [in, out] (a transposed view of it as the parameter) ran both,
-~30 GB/s; a 3072-output one was faster as stored. It depends on the CPU and the shapes, so each
-class of weights with one shape is timed both ways at load, over enough of its weights to
-stream from memory rather than cache, and the faster kept. Values, shapes and state-dict keys
-are unchanged (only the strides differ); results differ by float32 summation order.
+A decode step multiplies one row, or one per running request, by every weight: it is bound by
+how fast the weights stream from memory and by how well the kernel uses each row it reads.
+oneDNN runs ``x @ W.T`` with ``W`` stored [out, in] (PyTorch's order) as one dot product per
+output, and parallelises over the outputs only when they are many: on an AMD EPYC a 576-output
+projection ran on one of two threads, ~22 GB/s, where the same weight stored [in, out] (a
+transposed view of it as the parameter) ran both, ~30 GB/s. On a Sapphire Rapids Xeon neither
+helps a batch of rows: the weights packed once into oneDNN's blocked format (what its matmul
+reorders them to anyway) took 24 ms a step for 4 rows where as stored took 33-42 ms, and 34
+against 43 ms for 16 (the bundled model's 425 MB of layer weights, 2 threads). It depends on the
+CPU and the shapes, so each class of weights with one shape is timed in each format, at 1 and at
+``BATCH_ROWS`` rows, over enough of its weights to stream from memory rather than cache; the
+format with the least time relative to the fastest, summed over both, is kept where it beats
+as stored by ``MARGIN``.
+
+Transposed keeps values, shapes, state-dict keys (only strides differ). A packed weight is an
+opaque oneDNN tensor (the parameter keeps its shape; a stack's siblings keep theirs on the meta
+device): the runner takes the model's fingerprint before, and ``unpack_weights`` gives plain
+weights back (``--compile``). Results differ by float32 summation order only.
 """
 
 from __future__ import annotations
@@ -31,7 +40,10 @@ log = logging.getLogger("promptcache")
 
 MIN_CLASS_BYTES = 16 << 20  # a class that fits the caches is not worth a layout
 TIMED_BYTES = 96 << 20  # timed over at least this much (more than a CPU's last-level cache)
-MARGIN = 0.93  # transposed must take under 93% of the time: noise does not flip a layout
+MARGIN = 0.95  # another format must score under 95% of as stored: noise does not flip one
+BATCH_ROWS = 16  # the decode batch a format is also timed at (beside one row)
+PACK_ROWS = 32  # the row count oneDNN packs for (the packed format barely depends on it)
+FORMATS = ("stored", "transposed", "packed")
 
 
 def weight_owners(model: Any) -> list[Any]:
@@ -47,30 +59,78 @@ def weight_owners(model: Any) -> list[Any]:
     return list(owners.values())
 
 
-def is_transposed(owner: Any) -> bool:
+def weight_format(owner: Any) -> str:
+    """The format of ``owner``'s weight: "packed" (an opaque oneDNN tensor), "transposed" (stored
+    [in, out]) or "stored"."""
     weight = owner.weight
-    return weight.dim() == 2 and weight.stride() == (1, weight.shape[0])
+    if weight.is_mkldnn:
+        return "packed"
+    if weight.dim() == 2 and weight.stride() == (1, weight.shape[0]):
+        return "transposed"
+    return "stored"
 
 
-def transpose_weights(model: Any, owners: list[Any]) -> None:
-    """Store each owner's weight [in, out] (its ``weight`` a transposed view: same values and
-    shape); a stack's siblings get views of the new storage. One copy at a time."""
+def is_transposed(owner: Any) -> bool:
+    return weight_format(owner) == "transposed"
+
+
+def can_pack() -> bool:
+    """This torch build can pack a float32 weight for oneDNN's matmul."""
+    return torch.backends.mkldnn.is_available() and hasattr(
+        torch.ops.mkldnn, "_reorder_linear_weight"
+    )
+
+
+def formatted(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """``weight`` (plain) in format ``fmt``: a new tensor, same values."""
+    if fmt == "transposed":
+        return weight.t().contiguous().t()
+    if fmt == "packed":
+        return torch.ops.mkldnn._reorder_linear_weight(weight, PACK_ROWS)
+    return weight.contiguous()
+
+
+def set_weight_format(model: Any, owners: list[Any], fmt: str) -> None:
+    """Store each owner's weight in ``fmt`` (from any format), one copy at a time; a stack's
+    siblings get views of the new storage (plain), or meta placeholders of their shape (packed:
+    only the stack computes)."""
     siblings: dict[int, list[StackedLinear]] = defaultdict(list)
     for module in model.modules():
         if isinstance(module, StackedLinear):
             siblings[id(module.stack)].append(module)
     with torch.no_grad():
         for owner in owners:
-            if is_transposed(owner):
+            if weight_format(owner) == fmt:
                 continue
-            weight = owner.weight.t().contiguous().t()
+            plain = owner.weight.to_dense() if owner.weight.is_mkldnn else owner.weight
+            weight = formatted(plain, fmt)
+            del plain
             if isinstance(owner, StackedWeights):
                 owner.weight = weight
                 for member in siblings[id(owner)]:
-                    rows = weight[member.start : member.start + member.out_features]
+                    stop = member.start + member.out_features
+                    rows = (
+                        torch.empty((member.out_features, weight.shape[1]), device="meta")
+                        if fmt == "packed"
+                        else weight[member.start : stop]
+                    )
                     member.weight = nn.Parameter(rows, requires_grad=False)
             else:
                 owner.weight = nn.Parameter(weight, requires_grad=False)
+
+
+def transpose_weights(model: Any, owners: list[Any]) -> None:
+    """Store each owner's weight [in, out] (its ``weight`` a transposed view: same values and
+    shape); a stack's siblings get views of the new storage. One copy at a time."""
+    set_weight_format(model, owners, "transposed")
+
+
+def unpack_weights(model: Any) -> int:
+    """Give every packed weight back as a plain one (as stored); how many were packed."""
+    packed = [o for o in weight_owners(model) if weight_format(o) == "packed"]
+    set_weight_format(model, packed, "stored")
+    model.__dict__.get("promptcache_layouts", {}).clear()
+    return len(packed)
 
 
 def choose_weight_layouts(
@@ -78,44 +138,59 @@ def choose_weight_layouts(
     *,
     min_class_bytes: int = MIN_CLASS_BYTES,
     clock: Callable[[], float] = time.perf_counter,
+    formats: tuple[str, ...] = FORMATS,
 ) -> int:
-    """Time each shape class of weights (at least ``min_class_bytes`` in all) as stored and
-    transposed with a one-row input, transpose the class where that is faster. In place,
-    idempotent (a class decided is not timed again); returns how many weights were transposed."""
-    decided: dict[tuple[int, ...], bool] = model.__dict__.setdefault("promptcache_layouts", {})
+    """Time each shape class of weights (at least ``min_class_bytes`` in all) in each of
+    ``formats`` at one row and at ``BATCH_ROWS``, and store the class in the format whose times,
+    each relative to the fastest at its row count, sum least, where that beats as stored by
+    ``MARGIN``. In place, idempotent (a class decided is not timed again); returns how many
+    weights changed format."""
+    decided: dict[tuple[int, ...], str] = model.__dict__.setdefault("promptcache_layouts", {})
+    if "packed" in formats and not can_pack():
+        formats = tuple(f for f in formats if f != "packed")
     classes: dict[tuple[int, ...], list[Any]] = defaultdict(list)
     for owner in weight_owners(model):
-        if not is_transposed(owner):
+        if weight_format(owner) == "stored":
             classes[tuple(owner.weight.shape)].append(owner)
-    num_transposed = 0
+    num_changed = 0
     for shape, owners in classes.items():
         if shape in decided:
             continue
         size = owners[0].weight.numel() * owners[0].weight.element_size()
         if size * len(owners) < min_class_bytes:
             continue
-        timed = owners[: max(1, -(-TIMED_BYTES // size))]
-        as_stored = [o.weight for o in timed]
-        transposed = [w.t().contiguous().t() for w in as_stored]
-        x = torch.randn(1, shape[1], dtype=as_stored[0].dtype, device=as_stored[0].device)
-        t_stored, t_transposed = (_time_pass(x, ws, clock) for ws in (as_stored, transposed))
-        del transposed
-        decided[shape] = t_transposed < MARGIN * t_stored
-        if decided[shape]:
-            transpose_weights(model, owners)
-            num_transposed += len(owners)
+        timed = [o.weight for o in owners[: max(1, -(-TIMED_BYTES // size))]]
+        seconds: dict[str, list[float]] = {}
+        for fmt in formats:
+            weights = timed if fmt == "stored" else [formatted(w, fmt) for w in timed]
+            seconds[fmt] = [_time_pass(rows, shape[1], weights, clock) for rows in (1, BATCH_ROWS)]
+            del weights
+        best = [min(t[i] for t in seconds.values()) for i in range(2)]
+        score = {f: sum(t[i] / best[i] for i in range(2)) for f, t in seconds.items()}
+        choice = min(score, key=score.__getitem__)
+        if score[choice] >= MARGIN * score["stored"]:
+            choice = "stored"
+        decided[shape] = choice
+        if choice != "stored":
+            set_weight_format(model, owners, choice)
+            num_changed += len(owners)
         log.info(
-            "weights %s x%d: one-row matmul %.0f us stored, %.0f us transposed: %s",
-            "x".join(map(str, shape)), len(owners), t_stored / len(timed) * 1e6,
-            t_transposed / len(timed) * 1e6,
-            "transposed" if decided[shape] else "as stored",
+            "weights %s x%d: matmul at 1 / %d rows (us per weight) %s: %s",
+            "x".join(map(str, shape)), len(owners), BATCH_ROWS,
+            ", ".join(f"{f} {t[0] / len(timed) * 1e6:.0f} / {t[1] / len(timed) * 1e6:.0f}"
+                      for f, t in seconds.items()),
+            choice,
         )  # fmt: skip
-    return num_transposed
+    return num_changed
 
 
 @torch.inference_mode()
-def _time_pass(x: torch.Tensor, weights: list[torch.Tensor], clock: Callable[[], float]) -> float:
-    """Median seconds of one pass of one-row matmuls over ``weights`` (after a warm pass)."""
+def _time_pass(
+    rows: int, width: int, weights: list[torch.Tensor], clock: Callable[[], float]
+) -> float:
+    """Median seconds of one pass of ``rows``-row matmuls over ``weights`` (after a warm
+    pass)."""
+    x = torch.randn(rows, width, dtype=torch.float32)
     seconds = []
     for _ in range(4):
         t0 = clock()

@@ -6,11 +6,14 @@ the rows grow (a prefill chunk), where oneDNN's matmul (shipped in the same buil
 ``torch.ops.mkldnn``) reaches ~250 on the model's own weights, no copy or repacking. Both are
 IEEE float32: only the order of the sums differs (~1e-6 relative), as between chunk sizes.
 
-oneDNN keeps every primitive it builds, one per weight shape and row count (each decode batch
-size, each prefill piece's length), up to 1,024 by default, and torch's ideep layer keeps as many
-of its own per-shape computations: after 32 concurrent sessions the primitives held ~170 MB that
-no trim gives back. ``bound_primitive_cache`` lowers both to ``PRIMITIVE_CACHE_CAPACITY``
-(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, ``LRU_CACHE_CAPACITY``) where the user has not set them.
+oneDNN builds a primitive per weight shape and row count (each decode batch size, each prefill
+piece's length): ~1-1.7 ms to build, ~0.6 MB of heap kept (with torch's ideep layer's own
+entry). It keeps up to 1,024 by default: after 32 concurrent sessions ~170 MB that no trim gives
+back. So a matmul of up to ``SMALL_ROWS`` rows runs at a few row counts (``padded_rows``: zero rows
+appended, memory-bound there, so nearly free), whose primitives stay built, and
+``bound_primitive_cache`` lowers both caches to ``PRIMITIVE_CACHE_CAPACITY``
+(``ONEDNN_PRIMITIVE_CACHE_CAPACITY``, ``LRU_CACHE_CAPACITY``) where the user has not set them: a
+longer prefill piece may rebuild its primitives, a millisecond beside its step.
 
 The swap keeps the modules' parameters (the same tensors: ``state_dict``, tied embeddings and the
 fingerprint are unchanged) and is refused, leaving ``nn.Linear``, where the kernel is missing or
@@ -28,9 +31,31 @@ from torch import nn
 
 log = logging.getLogger("promptcache")
 PROBE_TOLERANCE = 1e-4  # relative: float32 sums in another order, nothing more
-# a rebuilt primitive costs ~0.1 ms beside a 20-60 ms step; 128 hold a decode batch's
-# every row count for a model's few distinct weight shapes (memory_bench: +~130 MB, not +270)
-PRIMITIVE_CACHE_CAPACITY = 128
+# the padded row counts (11) for a model's few weight shapes (~5), and room for prefill pieces
+PRIMITIVE_CACHE_CAPACITY = 64
+SMALL_ROWS = 64  # up to this a matmul reads its weights more than it computes
+
+
+def padded_rows(rows: int) -> int:
+    """The row count a matmul of ``rows`` rows runs at: a power of two up to 8, a multiple of
+    8 up to ``SMALL_ROWS``, ``rows`` itself past that."""
+    if rows <= 8:
+        return 1 << (rows - 1).bit_length() if rows > 1 else rows
+    return -(-rows // 8) * 8 if rows <= SMALL_ROWS else rows
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` by oneDNN, at ``padded_rows`` rows (the extra rows are
+    zeros, their outputs dropped: each row's sums are its own)."""
+    width = x.shape[-1]
+    rows = x.numel() // width if width else 0
+    padded = padded_rows(rows)
+    if padded == rows:
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    buf = x.new_zeros((padded, width))
+    buf[:rows] = x.reshape(rows, width)
+    out = torch.ops.mkldnn._linear_pointwise(buf, weight, bias, "none", [], "")
+    return out[:rows].view(*x.shape[:-1], out.shape[-1])
 
 
 class OneDnnLinear(nn.Linear):
@@ -43,7 +68,7 @@ class OneDnnLinear(nn.Linear):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return onednn_linear(x, self.weight, self.bias)
 
 
 def can_use_onednn(model: Any) -> bool:

@@ -27,7 +27,7 @@ from promptcache.engines.torch.batch import (
 )
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
-from promptcache.engines.torch.layouts import choose_weight_layouts
+from promptcache.engines.torch.layouts import choose_weight_layouts, unpack_weights
 from promptcache.engines.torch.lean import LeanDecoder, make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
 from promptcache.engines.torch.quant import TorchPacker
@@ -82,7 +82,6 @@ class TorchRunner:
         self.model = model.eval().requires_grad_(False)
         use_onednn_linears(model)  # float32 CPU prefill ~2x (torch.onednn); same parameters
         fuse_projections(model)  # q/k/v and gate/up in one matmul each (torch.fused)
-        choose_weight_layouts(model)  # each weight in its faster memory order (torch.layouts)
         use_gqa_attention(model)  # no repeat_kv copy per prefill chunk (torch.attention)
         self.tokenizer = tokenizer
         # the YaRN settings load_torch_weights applied to reach max_context, or None
@@ -108,6 +107,9 @@ class TorchRunner:
             + ("" if self.weights == "model" else "+w" + self.weights),
             self.name,
         )
+        # each weight in the format its matmuls run fastest in (torch.layouts); after the
+        # fingerprint: a packed weight is opaque
+        choose_weight_layouts(model)
         forward_args = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in forward_args
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -227,6 +229,7 @@ class TorchRunner:
             return 0.0
         from promptcache.engines.torch.compiled import compile_decode, warm_up
 
+        unpack_weights(self.model)  # inductor lowers plain weights only
         self._step = compile_decode(self.model)
         return warm_up(self)
 
