@@ -55,8 +55,8 @@ def test_transposed_weights_keep_parameters_and_logits(family):
     for m in model.modules():  # siblings are views of the new storage, not copies
         if isinstance(m, StackedLinear):
             assert m.weight.data_ptr() == m.stack.weight[m.start].data_ptr()
-    out = model.get_output_embeddings()
-    assert out is None or not is_transposed(out)  # the (often tied) output embedding stays
+    out = model.get_output_embeddings()  # untied here: an owner like the other weights
+    assert out is not None and is_transposed(out)
     ids = torch.randint(3, 250, (1, 29), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
@@ -110,3 +110,18 @@ def test_packed_weights_keep_the_logits_and_unpack_to_the_same_values(family):
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
     assert digest(model) == digest(plain)
+
+
+def test_a_tied_output_embedding_keeps_its_plain_weight():
+    """The input embedding's lookup reads a tied output embedding's weight: it is no owner (an
+    untied one is: the test above)."""
+    plain, _ = build_family("llama")
+    plain.config.tie_word_embeddings = True
+    plain.tie_weights()
+    use_onednn_linears(plain)
+    fuse_projections(plain)
+    out = plain.get_output_embeddings()
+    assert out.weight.data_ptr() == plain.get_input_embeddings().weight.data_ptr()
+    assert all(o is not out for o in weight_owners(plain))
+    set_weight_format(plain, weight_owners(plain), "transposed")
+    assert not is_transposed(out)

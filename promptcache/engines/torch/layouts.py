@@ -48,8 +48,11 @@ FORMATS = ("stored", "transposed", "packed")
 
 def weight_owners(model: Any) -> list[Any]:
     """Every object that owns a oneDNN float32 weight: a plain ``OneDnnLinear`` or the
-    ``StackedWeights`` of a group; the output embedding (often tied) is left out."""
+    ``StackedWeights`` of a group; the output embedding only where it is not tied to the input
+    one (an embedding lookup reads the plain weight)."""
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if output is not None and not is_tied(model, output):
+        output = None
     owners: dict[int, Any] = {}
     for module in model.modules():
         if isinstance(module, StackedLinear):
@@ -57,6 +60,18 @@ def weight_owners(model: Any) -> list[Any]:
         elif type(module) is OneDnnLinear and module is not output:
             owners.setdefault(id(module), module)
     return list(owners.values())
+
+
+def is_tied(model: Any, output: Any) -> bool:
+    """Whether ``output`` (the output embedding) shares its weight's memory with the input
+    embedding, or cannot be told apart from it."""
+    found = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(found, "weight", None)
+    if weight is None or getattr(output, "weight", None) is None:
+        return True
+    if output.weight.is_mkldnn:  # packed here: it was not tied
+        return False
+    return bool(weight.data_ptr() == output.weight.data_ptr())
 
 
 def weight_format(owner: Any) -> str:
@@ -160,6 +175,8 @@ def choose_weight_layouts(
         if size * len(owners) < min_class_bytes:
             continue
         timed = [o.weight for o in owners[: max(1, -(-TIMED_BYTES // size))]]
+        if size > TIMED_BYTES:  # one weight past it (an untied output embedding): its first rows
+            timed = [timed[0][: max(1, TIMED_BYTES // (size // shape[0]))]]
         seconds: dict[str, list[float]] = {}
         for fmt in formats:
             weights = timed if fmt == "stored" else [formatted(w, fmt) for w in timed]
