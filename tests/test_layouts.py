@@ -36,12 +36,23 @@ def digest(model):
     return digest_weights(model.state_dict().items(), lambda t: t.detach().float().numpy())
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
-def test_transposed_weights_keep_parameters_and_logits(family):
+def onednn_pair(family):
+    """A tiny model of ``family`` on oneDNN with stacked siblings, and a copy to reformat."""
     plain, _ = build_family(family)
     use_onednn_linears(plain)
     fuse_projections(plain)
-    model = copy.deepcopy(plain)
+    return plain, copy.deepcopy(plain)
+
+
+def both_logits(plain, model, seed, length):
+    ids = torch.randint(3, 250, (1, length), generator=torch.Generator().manual_seed(seed))
+    with torch.inference_mode():
+        return plain(input_ids=ids).logits, model(input_ids=ids).logits
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_transposed_weights_keep_parameters_and_logits(family):
+    plain, model = onednn_pair(family)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     owners = weight_owners(model)
     assert owners and not any(is_transposed(o) for o in owners)
@@ -57,36 +68,26 @@ def test_transposed_weights_keep_parameters_and_logits(family):
             assert m.weight.data_ptr() == m.stack.weight[m.start].data_ptr()
     out = model.get_output_embeddings()  # untied here: an owner like the other weights
     assert out is not None and is_transposed(out)
-    ids = torch.randint(3, 250, (1, 29), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    want, got = both_logits(plain, model, 1, 29)
     assert (want - got).abs().max().item() < 1e-4
     assert torch.equal(want.argmax(-1), got.argmax(-1))
 
 
 def test_choosing_layouts_times_each_class_and_keeps_the_logits():
-    plain, _ = build_family("llama")
-    use_onednn_linears(plain)
-    fuse_projections(plain)
-    model = copy.deepcopy(plain)
+    plain, model = onednn_pair("llama")
     assert choose_weight_layouts(model) == 0  # tiny weights: below the class size worth timing
     num = choose_weight_layouts(model, min_class_bytes=0)
     owners = weight_owners(model)
     assert num == sum(weight_format(o) != "stored" for o in owners)
     assert choose_weight_layouts(model, min_class_bytes=0) == 0  # decided: nothing left to do
-    ids = torch.randint(3, 250, (1, 17), generator=torch.Generator().manual_seed(2))
-    with torch.inference_mode():
-        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
+    want, got = both_logits(plain, model, 2, 17)
     assert (want - got).abs().max().item() < 1e-4
 
 
 @pytest.mark.skipif(not can_pack(), reason="this torch cannot pack weights for oneDNN")
 @pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
 def test_packed_weights_keep_the_logits_and_unpack_to_the_same_values(family):
-    plain, _ = build_family(family)
-    use_onednn_linears(plain)
-    fuse_projections(plain)
-    model = copy.deepcopy(plain)
+    plain, model = onednn_pair(family)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     owners = weight_owners(model)
     set_weight_format(model, owners, "packed")
@@ -94,9 +95,8 @@ def test_packed_weights_keep_the_logits_and_unpack_to_the_same_values(family):
     for m in model.modules():  # only the stack computes: its siblings hold no copy
         if isinstance(m, StackedLinear):
             assert m.weight.is_meta and m.weight.shape == (m.out_features, m.in_features)
-    ids = torch.randint(3, 250, (1, 23), generator=torch.Generator().manual_seed(3))
+    want, got = both_logits(plain, model, 3, 23)
     with torch.inference_mode():
-        want, got = plain(input_ids=ids).logits, model(input_ids=ids).logits
         # one row and a few rows: the decode shapes (padded to a row bucket, torch.onednn)
         for rows in (1, 3):
             x = torch.randn(rows, 1, plain.config.hidden_size)
