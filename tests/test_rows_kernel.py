@@ -2,6 +2,7 @@
 row, for rows of different lengths read where they are (views of buffers with room ahead), every
 grouped-query shape, and head sizes with and without a specialised loop; bad input is refused."""
 
+import os
 import shutil
 
 import pytest
@@ -76,3 +77,29 @@ def test_bad_input_is_refused(op):
         op(q.transpose(0, 1).contiguous().transpose(0, 1), kv, kv, 1.0)
     with pytest.raises(RuntimeError, match="differ in length"):
         op(q, kv, [kv[1], kv[0]], 1.0)
+
+
+def test_a_parallel_region_spreads_over_torchs_threads(op):
+    # built without OpenMP, ATen's parallel_for (a header) runs every row on the calling thread
+    import threading
+
+    before = torch.get_num_threads()
+    threads = min(2, os.cpu_count() or 1)
+    if threads < 2:
+        pytest.skip("one core: nothing to spread over")
+    seen: list[int] = []
+
+    def from_a_stepping_thread() -> None:  # the server calls the kernel off the main thread
+        torch.set_num_threads(threads)
+        seen.append(rows_kernel.region_threads(64))
+
+    try:
+        worker = threading.Thread(target=from_a_stepping_thread)
+        worker.start()
+        worker.join()
+        torch.set_num_threads(threads)
+        seen.append(rows_kernel.region_threads(64))
+        seen.append(rows_kernel.region_threads(1))
+    finally:
+        torch.set_num_threads(before)
+    assert seen == [threads, threads, 1]

@@ -32,6 +32,7 @@ _SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -189,19 +190,46 @@ at::Tensor attend_rows(const at::Tensor& q, const std::vector<at::Tensor>& keys,
   return out;
 }
 
+// How many threads one parallel region of this build runs on (1 where it was built without
+// OpenMP: at::parallel_for then runs its whole range on the calling thread).
+int64_t region_threads(int64_t items) {
+  std::atomic<uint64_t> seen{0};
+  at::parallel_for(0, items, 1, [&](int64_t, int64_t) { seen.fetch_or(uint64_t{1} << (at::get_thread_num() & 63)); });
+  return __builtin_popcountll(seen.load());
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attend_rows", &attend_rows, "many decode rows' attention",
+        pybind11::call_guard<pybind11::gil_scoped_release>());
+  m.def("region_threads", &region_threads, "threads one parallel region runs on",
         pybind11::call_guard<pybind11::gil_scoped_release>());
 }
 """
 
 _lock = threading.Lock()
-_built: list[Any] = []  # [the op or None] once tried
+_built: list[Any] = []  # [the module or None] once tried
+
+# OpenMP first: ATen's parallel_for is a header, and without -fopenmp it runs the whole range on
+# the calling thread (every row on one core). Without it (a compiler that lacks OpenMP) it serves
+# serially, still one call for every row.
+_FLAG_SETS: tuple[list[str], ...] = (["-fopenmp"], [])
 
 
 def kernel() -> Any:
     """``attend_rows`` (see the module's contract), built on the first call (tens of seconds,
     then torch's cached build); None where it cannot be built. Safe from any thread."""
+    module = _module()
+    return None if module is None else module.attend_rows
+
+
+def region_threads(items: int = 64) -> int:
+    """Threads one parallel region of the built kernel spreads ``items`` work items over, from
+    the calling thread (torch's thread count there); 0 where no kernel is built."""
+    module = _module()
+    return 0 if module is None else int(module.region_threads(items))
+
+
+def _module() -> Any:
     with _lock:
         if not _built:
             _built.append(_build())
@@ -211,21 +239,28 @@ def kernel() -> Any:
 def _build() -> Any:
     if os.environ.get("PROMPTCACHE_ROWS_KERNEL", "1") == "0":
         return None
-    start = time.monotonic()
-    try:
-        from torch.utils.cpp_extension import load_inline
+    from torch.utils.cpp_extension import load_inline
 
-        # -ffast-math: the compiler may reorder the dot products' and exp's float sums (SIMD)
-        module = load_inline(
-            name="promptcache_rows_attention",
-            cpp_sources=[_SOURCE],
-            extra_cflags=["-O3", "-march=native", "-ffast-math"],
-            verbose=False,
-        )
+    failure: Exception | None = None
+    for flags in _FLAG_SETS:
+        start = time.monotonic()
+        try:
+            # -ffast-math: the compiler may reorder the dot products' and exp's float sums (SIMD)
+            module = load_inline(
+                name="promptcache_rows_attention",
+                cpp_sources=[_SOURCE],
+                extra_cflags=["-O3", "-march=native", "-ffast-math", *flags],
+                extra_ldflags=flags,
+                verbose=False,
+            )
+        except Exception as exc:  # no compiler, no ninja, no OpenMP, a build error
+            failure = exc
+            continue
         took = time.monotonic() - start
         if took > 2:  # a build, not torch's cached one: once per machine and source
             log.info("built the decode rows' attention kernel in %.0f s", took)
-        return module.attend_rows
-    except Exception as exc:  # no compiler, no ninja, a build error: the per-row path serves
-        log.warning("decode rows' attention kernel not built (%s): one SDPA call per row", exc)
-        return None
+        if not flags:
+            log.warning("decode rows' attention kernel built without OpenMP: one thread")
+        return module
+    log.warning("decode rows' attention kernel not built (%s): one SDPA call per row", failure)
+    return None
