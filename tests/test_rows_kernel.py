@@ -79,27 +79,33 @@ def test_bad_input_is_refused(op):
         op(q, kv, [kv[1], kv[0]], 1.0)
 
 
-def test_a_parallel_region_spreads_over_torchs_threads(op):
-    # built without OpenMP, ATen's parallel_for (a header) runs every row on the calling thread
+def test_a_call_runs_on_the_threads_torch_set_in_the_calling_thread(op):
+    # the server's stepping thread sets 2; a background thread then sets 1 (torch remembers the
+    # last count any thread set); the stepping thread's kernel calls must still run on 2
     import threading
 
-    before = torch.get_num_threads()
-    threads = min(2, os.cpu_count() or 1)
-    if threads < 2:
+    if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: nothing to spread over")
+    before = torch.get_num_threads()
+    stepping_set, other_set = threading.Event(), threading.Event()
     seen: list[int] = []
 
-    def from_a_stepping_thread() -> None:  # the server calls the kernel off the main thread
-        torch.set_num_threads(threads)
-        seen.append(rows_kernel.region_threads(64))
+    def stepping() -> None:
+        torch.get_num_threads()  # as threads._torch_set_threads settles torch's own first call
+        torch.set_num_threads(2)
+        stepping_set.set()
+        other_set.wait(10)
+        seen.append(rows_kernel.region_threads())
+        seen.append(rows_kernel.region_threads())
 
     try:
-        worker = threading.Thread(target=from_a_stepping_thread)
+        worker = threading.Thread(target=stepping)
         worker.start()
+        stepping_set.wait(10)
+        torch.set_num_threads(1)
+        other_set.set()
         worker.join()
-        torch.set_num_threads(threads)
-        seen.append(rows_kernel.region_threads(64))
-        seen.append(rows_kernel.region_threads(1))
+        seen.append(rows_kernel.region_threads())  # this thread: 1
     finally:
         torch.set_num_threads(before)
-    assert seen == [threads, threads, 1]
+    assert seen == [2, 2, 1]

@@ -30,7 +30,9 @@ log = logging.getLogger(__name__)
 
 _SOURCE = r"""
 #include <torch/extension.h>
-#include <ATen/Parallel.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -109,6 +111,21 @@ void attend_any(const float* __restrict q, int G, int D, const float* __restrict
   }
 }
 
+// ``work`` once on each thread of the calling thread's OpenMP team: as many threads as torch set
+// in this thread. Not at::parallel_for: compiled into this library, its first call in a thread
+// resets that thread's count to the last any thread set (a background thread's one).
+template <typename F>
+void on_team(const F& work) {
+#ifdef _OPENMP
+  if (omp_get_max_threads() > 1 && !omp_in_parallel()) {
+#pragma omp parallel
+    work();
+    return;
+  }
+#endif
+  work();
+}
+
 using Attend = void (*)(const float*, const float*, int64_t, const float*, int64_t, int64_t,
                         float, float*, float*);
 
@@ -173,9 +190,11 @@ at::Tensor attend_rows(const at::Tensor& q, const std::vector<at::Tensor>& keys,
   float* op = out.data_ptr<float>();
   const float sc = (float)scale;
   const Attend fixed = fixed_for((int)D, G);
-  at::parallel_for(0, R * KVH, 1, [&](int64_t begin, int64_t end) {
+  const int64_t items = R * KVH;
+  std::atomic<int64_t> next{0};  // items are taken one at a time: rows differ in length
+  on_team([&] {
     std::vector<float> s((size_t)G * max_n);
-    for (int64_t w = begin; w < end; ++w) {
+    for (int64_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < items;) {
       const int64_t r = w / KVH, h = w % KVH;
       const float* qg = qp + (r * H + h * G) * D;
       float* og = op + (r * H + h * G) * D;
@@ -190,12 +209,11 @@ at::Tensor attend_rows(const at::Tensor& q, const std::vector<at::Tensor>& keys,
   return out;
 }
 
-// How many threads one parallel region of this build runs on (1 where it was built without
-// OpenMP: at::parallel_for then runs its whole range on the calling thread).
-int64_t region_threads(int64_t items) {
-  std::atomic<uint64_t> seen{0};
-  at::parallel_for(0, items, 1, [&](int64_t, int64_t) { seen.fetch_or(uint64_t{1} << (at::get_thread_num() & 63)); });
-  return __builtin_popcountll(seen.load());
+// The threads one kernel call runs on from the calling thread (1 in a build without OpenMP).
+int64_t region_threads() {
+  std::atomic<int64_t> entered{0};
+  on_team([&] { entered.fetch_add(1); });
+  return entered.load();
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -209,9 +227,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 _lock = threading.Lock()
 _built: list[Any] = []  # [the module or None] once tried
 
-# OpenMP first: ATen's parallel_for is a header, and without -fopenmp it runs the whole range on
-# the calling thread (every row on one core). Without it (a compiler that lacks OpenMP) it serves
-# serially, still one call for every row.
+# OpenMP first: without it every row runs on the calling thread. A compiler that lacks OpenMP
+# gets that serial build, still one call for every row.
 _FLAG_SETS: tuple[list[str], ...] = (["-fopenmp"], [])
 
 
@@ -222,11 +239,11 @@ def kernel() -> Any:
     return None if module is None else module.attend_rows
 
 
-def region_threads(items: int = 64) -> int:
-    """Threads one parallel region of the built kernel spreads ``items`` work items over, from
-    the calling thread (torch's thread count there); 0 where no kernel is built."""
+def region_threads() -> int:
+    """Threads one kernel call from the calling thread runs on (torch's count in that thread;
+    1 in a build without OpenMP); 0 where no kernel is built."""
     module = _module()
-    return 0 if module is None else int(module.region_threads(items))
+    return 0 if module is None else int(module.region_threads())
 
 
 def _module() -> Any:
