@@ -41,6 +41,9 @@ class EngineOptions:
     # the running requests' KV state at most (parse_size); a newcomer past it waits (None: no cap)
     max_live_bytes: int | str | None = None
     max_context: int | None = None
+    # the step shapes once before the first request (a runner that ``WarmsUp``): its kernels'
+    # working memory counts as the process at start, and the first requests do not build it
+    warm_up: bool = True
     next_tier: Any = None
     policy: str | None = None
     # each registered tier's options by name (ssd_dir, ssd_budget, shared_url, ...)

@@ -23,6 +23,7 @@ from promptcache.core.figures import Figures, Joined, Series, Snapshot
 from promptcache.core.images import ImageInput, ImageSpan
 from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
+from promptcache.core.worker_threads import start_thread
 from promptcache.errors import RequestError
 from promptcache.serving.batching import DEFAULT_STEP_TOKENS, MAX_STEP_TOKENS, Batcher
 from promptcache.serving.block_scheme import quant_stats
@@ -34,7 +35,7 @@ from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, h
 from promptcache.serving.layers import Layout
 from promptcache.serving.memory_books import MemoryBooks
 from promptcache.serving.request import Request
-from promptcache.serving.runner import ComputeFigures, ModelRunner
+from promptcache.serving.runner import ComputeFigures, ModelRunner, WarmsUp
 from promptcache.serving.scheduler import Scheduler
 from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
@@ -100,6 +101,8 @@ class CachedEngine:
             self.cache.check_integrity if self.cache is not None else None,
             self._admits if self.max_live_bytes is not None else None,
         )
+        if opts.warm_up and isinstance(runner, WarmsUp):  # before the books take the process's RSS at start
+            self._warm_up(runner)
         self.books = MemoryBooks(self.cache, self.runner, self.scheduler)
         self.heap = self.books.heap  # when freed memory goes back (idle, or RSS too high)
         # a step's first tokens go out before its decode forward
@@ -107,6 +110,25 @@ class CachedEngine:
         self._ll_tokenizer: Any = None  # built on the first constrained request
         # special tokens decode() keeps (a tool-call or reasoning format's markers); None: none
         self._hidden: set[int] | None = None
+
+    def _warm_up(self, runner: WarmsUp) -> None:
+        """``runner.warm_up_steps`` on a thread started as the stepping thread is (its torch
+        threads: oneDNN keeps a primitive per thread count); a failure is logged, not raised
+        (the first requests build what it did not)."""
+        start, done = time.monotonic(), []
+
+        def run() -> None:
+            try:
+                done.append(runner.warm_up_steps(self.batcher.step_tokens,
+                                                 self.batcher.max_step_tokens))  # fmt: skip
+            except Exception as exc:
+                log.warning(
+                    "warming up the step shapes failed (%r): the first steps build them", exc
+                )
+
+        start_thread(run, "promptcache-warm-up").join()
+        if done:
+            log.info("warmed up %d step shapes in %.1f s", done[0], time.monotonic() - start)
 
     # -- what the runner knows (read by the server, tests and benchmarks) -----------------------
 

@@ -16,9 +16,10 @@ from promptcache.serving.memory import (
 from promptcache.serving.runner import ModelRunner
 from promptcache.serving.scheduler import Scheduler
 
-# allocator overhead and a step's own buffers, beyond the accounted; memory_bench, 32 sessions:
-# peak +1,110 MB over start at 128 MiB (a trim a second, no slower) against +1,328 at 512
-RSS_SLACK_BYTES = 128 << 20
+# allocator overhead beyond the accounted (a step's kernels and buffers are in the process at
+# start: the warm-up); memory_bench on a 32 MB RAM tier, past live + budget at 12 / 32 sessions:
+# +73 / +10 MB at 32 MiB against +106 / +96 at 128, in the same time (more trims, ~1 a second)
+RSS_SLACK_BYTES = 32 << 20
 
 
 class MemoryBooks:

@@ -95,6 +95,18 @@ class PackedRunner(Protocol):
 
 
 @runtime_checkable
+class WarmsUp(Protocol):
+    """An optional capability of a runner (checked by protocol): the step shapes serving runs,
+    once before the first request, so what the kernels keep per shape and a step's buffers are
+    part of the process "at start" (``MemoryBooks``) and the first requests do not build them."""
+
+    def warm_up_steps(self, step_tokens: int, max_step_tokens: int) -> int:
+        """Forwards on throwaway states at the token counts steps of ``step_tokens`` up to
+        ``max_step_tokens`` run (and decode batches); the number run. Touches no cache; leaves
+        no state behind. Call on a thread set up as the stepping thread."""
+
+
+@runtime_checkable
 class ComputeFigures(Protocol):
     """An optional capability of a runner: how its forwards use the machine (the ``compute``
     family of ``/v1/cache/stats`` and ``/metrics``), so a slow step can be told from a step

@@ -49,6 +49,7 @@ from promptcache.engines.torch.state import (
 )
 from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread, thread_figures
 from promptcache.engines.torch.vision_select import make_vision
+from promptcache.engines.torch.warm import warm_up_steps
 from promptcache.engines.torch.weights import weights_mode
 from promptcache.serving.block_scheme import BlockScheme
 from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
@@ -232,6 +233,10 @@ class TorchRunner:
         unpack_weights(self.model)  # inductor lowers plain weights only
         self._step = compile_decode(self.model)
         return warm_up(self)
+
+    def warm_up_steps(self, step_tokens: int, max_step_tokens: int) -> int:
+        """The step shapes serving runs, once (``torch.warm``): the forwards run."""
+        return warm_up_steps(self, step_tokens, max_step_tokens)
 
     def reset_decode(self) -> None:
         """Drop the kept DecodeBatch (its buffers): the next decode step gathers again."""
