@@ -101,9 +101,8 @@ class CachedEngine:
             self.cache.check_integrity if self.cache is not None else None,
             self._admits if self.max_live_bytes is not None else None,
         )
-        if opts.warm_up and isinstance(
-            runner, WarmsUp
-        ):  # before the books take the process's RSS at start
+        # before the books take the process's RSS at start
+        if opts.warm_up and isinstance(runner, WarmsUp):
             self._warm_up(runner)
         self.books = MemoryBooks(self.cache, self.runner, self.scheduler)
         self.heap = self.books.heap  # when freed memory goes back (idle, or RSS too high)
