@@ -12,9 +12,7 @@ from promptcache.engines.torch.fused import StackedLinear, fuse_projections  # n
 from promptcache.engines.torch.layouts import (  # noqa: E402
     can_pack,
     choose_weight_layouts,
-    is_transposed,
     set_weight_format,
-    transpose_weights,
     unpack_weights,
     weight_format,
     weight_owners,
@@ -55,10 +53,10 @@ def test_transposed_weights_keep_parameters_and_logits(family):
     plain, model = onednn_pair(family)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     owners = weight_owners(model)
-    assert owners and not any(is_transposed(o) for o in owners)
-    transpose_weights(model, owners)
-    transpose_weights(model, owners)  # idempotent
-    assert all(is_transposed(o) for o in owners)
+    assert owners and not any(weight_format(o) == "transposed" for o in owners)
+    set_weight_format(model, owners, "transposed")
+    set_weight_format(model, owners, "transposed")  # idempotent
+    assert all(weight_format(o) == "transposed" for o in owners)
     after = model.state_dict()
     assert after.keys() == before.keys()
     assert all(torch.equal(after[k], v) for k, v in before.items())
@@ -67,7 +65,7 @@ def test_transposed_weights_keep_parameters_and_logits(family):
         if isinstance(m, StackedLinear):
             assert m.weight.data_ptr() == m.stack.weight[m.start].data_ptr()
     out = model.get_output_embeddings()  # untied here: an owner like the other weights
-    assert out is not None and is_transposed(out)
+    assert out is not None and weight_format(out) == "transposed"
     want, got = both_logits(plain, model, 1, 29)
     assert (want - got).abs().max().item() < 1e-4
     assert torch.equal(want.argmax(-1), got.argmax(-1))
@@ -124,4 +122,4 @@ def test_a_tied_output_embedding_keeps_its_plain_weight():
     assert out.weight.data_ptr() == plain.get_input_embeddings().weight.data_ptr()
     assert all(o is not out for o in weight_owners(plain))
     set_weight_format(plain, weight_owners(plain), "transposed")
-    assert not is_transposed(out)
+    assert weight_format(out) != "transposed"

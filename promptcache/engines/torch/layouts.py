@@ -85,10 +85,6 @@ def weight_format(owner: Any) -> str:
     return "stored"
 
 
-def is_transposed(owner: Any) -> bool:
-    return weight_format(owner) == "transposed"
-
-
 def can_pack() -> bool:
     """This torch build can pack a float32 weight for oneDNN's matmul."""
     return torch.backends.mkldnn.is_available() and hasattr(
@@ -132,12 +128,6 @@ def set_weight_format(model: Any, owners: list[Any], fmt: str) -> None:
                     member.weight = nn.Parameter(rows, requires_grad=False)
             else:
                 owner.weight = nn.Parameter(weight, requires_grad=False)
-
-
-def transpose_weights(model: Any, owners: list[Any]) -> None:
-    """Store each owner's weight [in, out] (its ``weight`` a transposed view: same values and
-    shape); a stack's siblings get views of the new storage. One copy at a time."""
-    set_weight_format(model, owners, "transposed")
 
 
 def unpack_weights(model: Any) -> int:
