@@ -135,6 +135,7 @@ class MemorySampler(Sampler):
         self.url = f"http://127.0.0.1:{port}/v1/cache/stats"
         self.unaccounted_bytes: int | None = None
         self.over_target_bytes: int | None = None
+        self.heap_trims: int | None = None  # the server's heap trims so far (last sample)
         self._peak_rss = self._peak_live = 0
 
     def sample(self) -> None:
@@ -145,6 +146,7 @@ class MemorySampler(Sampler):
         except (httpx.HTTPError, ValueError, KeyError, TypeError):
             return  # a server without these figures
         extra = rss - base - held - live
+        self.heap_trims = m.get("heap_trims")
         if self.unaccounted_bytes is None or extra > self.unaccounted_bytes:
             self.unaccounted_bytes = extra
         self._peak_rss = max(self._peak_rss, rss)
@@ -252,6 +254,7 @@ def run_cell(
         "cached_share": cached / prompt if prompt else None,
         "prompt_tokens": prompt, "peak_rss_bytes": rss.peak_bytes,
         "unaccounted_peak_bytes": own.unaccounted_bytes, "over_target_peak_bytes": own.over_target_bytes,
+        "heap_trims": own.heap_trims,
         "load": os.getloadavg()[0], "phases_s": phases, "server_cpu": cpu, "rows": rows,
     }  # fmt: skip
     print(f"  N={n:>3} {name:<14} {out['output_tok_s']:6.1f} tok/s  TTFT p50 "
@@ -261,7 +264,8 @@ def run_cell(
     if own.unaccounted_bytes is not None and own.over_target_bytes is not None:
         print(f"      memory at its worst: {own.unaccounted_bytes / 2**20:+.0f} MiB past what the "
               f"server accounts for; peak RSS {own.over_target_bytes / 2**20:+.0f} MiB past the "
-              "process at start + RAM budget + the live KV's peak", flush=True)  # fmt: skip
+              f"process at start + RAM budget + the live KV's peak; {own.heap_trims} heap trims "
+              "since start", flush=True)  # fmt: skip
     if cpu is not None:
         print(f"      server CPU: user {cpu[0]:.1f} s, system {cpu[1]:.1f} s, "
               f"{cpu[2] / 1e6:.2f}M minor page faults", flush=True)  # fmt: skip

@@ -129,3 +129,40 @@ def test_a_restored_hit_lands_in_buffers_with_room_and_decodes_as_alone(runner):
     assert torch.allclose(logits[0], alone(runner, prompt[:-1], [prompt[-1]])[0], atol=TOL)
     for g, w in zip(logits[1:], want, strict=True):
         assert torch.allclose(g, w, atol=TOL)
+
+
+def test_a_state_sized_for_its_prompt_takes_every_piece_in_place(runner):
+    prompt = [(7 * i + 3) % 200 for i in range(300)]
+    first = runner.new_state()
+    runner.forward([first], [prompt[:48]])
+    segments = [(runner.slice_block(first, a, a + 16), 16) for a in (0, 16, 32)]
+    pieces = [(48, 148), (148, 248), (248, 300)]  # past ROOM (128) beyond the hit
+    for hint in (0, len(prompt)):
+        fresh = runner.new_state(hint)
+        restored = runner.restore(segments, None, hint)
+        runner.forward([fresh], [prompt[:48]])
+        buffers = [s.layers[0].keys.untyped_storage().data_ptr() for s in (fresh, restored)]
+        for a, b in pieces:
+            logits = runner.forward([fresh, restored], [prompt[a:b], prompt[a:b]])
+        moved = [s.layers[0].keys.untyped_storage().data_ptr() for s in (fresh, restored)]
+        # without the hint the prompt outgrows the first buffer; with it nothing moves
+        assert (moved == buffers) == (hint > 0), hint
+        want = alone(runner, prompt[:-1], [prompt[-1]])[0]
+        for got in logits:
+            assert torch.allclose(got, want, atol=TOL)
+        assert [s.get_seq_length() for s in (fresh, restored)] == [300, 300]
+
+
+def test_a_kept_state_stays_in_its_own_buffers_and_goes_on_as_alone(runner):
+    prompt, reply = [(5 * i + 1) % 200 for i in range(40)], [9, 33, 120]
+    state = runner.new_state(len(prompt))
+    runner.forward([state], [prompt])
+    for t in reply:
+        runner.forward([state], [[t]])
+    buffer = state.layers[0].keys.untyped_storage().data_ptr()
+    kept = runner.compact(state)  # a finished request's state, kept for the next turn
+    assert kept.layers[0].keys.untyped_storage().data_ptr() == buffer  # not copied
+    runner.crop(kept, len(prompt) + 2)  # the next turn shares all but the last reply token
+    logits = runner.forward([kept], [[77, 78]])[0]
+    want = alone(runner, prompt + reply[:2] + [77], [78])[0]
+    assert torch.allclose(logits, want, atol=TOL)

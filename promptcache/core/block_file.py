@@ -13,18 +13,19 @@ import json
 import math
 import os
 import struct
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, get_type_hints
 
 import numpy as np
 import xxhash
-from safetensors.numpy import save as st_save
 
 from promptcache.core.block import META_COLUMNS, BlockMeta
 from promptcache.core.cipher import MAGIC, BlockCipher, CipherError
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.hashing import TOKEN_BYTES, hash_block
 from promptcache.core.private_fs import make_private_dirs, open_private
+from promptcache.core.safetensors_io import DTYPES, Part, encode_parts, write_parts
 from promptcache.core.tiers.base import BlockRecord
 
 FORMAT = "promptcache-block"
@@ -95,6 +96,13 @@ def checksum_block(meta: dict[str, str], arrays: dict[str, np.ndarray]) -> str:
 
 
 def encode_block(record: BlockRecord, model: str, codec: PayloadCodec) -> bytes:
+    """The block file's bytes (one buffer: a shared tier's value, a sealed file's plaintext)."""
+    return b"".join(encode_block_parts(record, model, codec))
+
+
+def encode_block_parts(record: BlockRecord, model: str, codec: PayloadCodec) -> list[Part]:
+    """The block file as parts to write in order (``write_temp``): the header, then views of
+    the payload's arrays, not copies of them."""
     arrays, structure = codec.to_arrays(record.payload, record.checkpoint)
     meta = {
         "format": FORMAT,
@@ -107,7 +115,7 @@ def encode_block(record: BlockRecord, model: str, codec: PayloadCodec) -> bytes:
         "structure": structure,
     }
     meta["checksum"] = checksum_block(meta, arrays)
-    return st_save(arrays, metadata=meta)
+    return encode_parts(arrays, meta)
 
 
 def seal_file(data: bytes, cipher: BlockCipher | None, name: str) -> bytes:
@@ -137,16 +145,18 @@ def unseal_file(data: Buffer, cipher: BlockCipher | None, name: str) -> Buffer:
         raise CorruptBlockError(str(exc)) from None
 
 
-def write_temp(path: Path, data: bytes) -> Path:
-    """``data`` in a private (0600) temp file next to ``path``, fsynced; returns its path."""
+def write_temp(path: Path, data: bytes | Sequence[Part]) -> Path:
+    """``data`` (bytes, or parts written one after another) in a private (0600) temp file
+    next to ``path``, fsynced; returns its path."""
     make_private_dirs(path.parent)
     tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{os.getpid()}")
     try:
         fd = open_private(tmp, os.O_WRONLY | os.O_TRUNC)
-        with open(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            write_parts(fd, [data] if isinstance(data, bytes) else data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -170,10 +180,6 @@ def commit_temp(tmp: Path, path: Path) -> None:
 def write_atomic(path: Path, data: bytes) -> None:
     """Temp file, fsync, rename, fsync the folder. Raises OSError (disk full, read-only...)."""
     commit_temp(write_temp(path, data), path)
-
-
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-           "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?"}  # fmt: skip
 
 
 Buffer = bytes | bytearray | np.ndarray
@@ -214,7 +220,7 @@ def load_arrays(data: Buffer, header: dict[str, Any], start: int) -> dict[str, n
         if name == "__metadata__":
             continue
         try:
-            dtype = np.dtype(_DTYPES[spec["dtype"]])
+            dtype = np.dtype(DTYPES[spec["dtype"]])
             shape = tuple(int(x) for x in spec["shape"])
             begin, end = (int(x) for x in spec["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:

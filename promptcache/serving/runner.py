@@ -38,8 +38,9 @@ class ModelRunner(Protocol):
     def packer(self) -> BlockPacker | None:
         """How positional blocks are stored at rest (``block_scheme``; None: as they are)."""
 
-    def new_state(self) -> Any:
-        """An empty per-request model cache."""
+    def new_state(self, num_positions: int = 0) -> Any:
+        """An empty per-request model cache. ``num_positions``: how many it will hold at least
+        (the prompt), a hint a runner may size buffers by up front; 0 for none."""
 
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[Any]:
         """Run ``ids[i]`` through the model on top of ``states[i]`` (appending to it), for every
@@ -57,8 +58,11 @@ class ModelRunner(Protocol):
     def take_checkpoint(self, state: Any) -> Any:
         """A copy of the snapshot state at the current position; None without snapshot layers."""
 
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> Any:
-        """A fresh state holding a hit: block payloads (with tokens used) and the checkpoint."""
+    def restore(
+        self, segments: list[tuple[Any, int]], checkpoint: Any, num_positions: int = 0
+    ) -> Any:
+        """A fresh state holding a hit: block payloads (with tokens used) and the checkpoint;
+        ``num_positions`` as for ``new_state``."""
 
     def crop(self, state: Any, length: int) -> None:
         """Cut the positional state back to ``length`` (only called without snapshot layers)."""

@@ -240,12 +240,14 @@ class Steps:
             if req.lease.num_tokens:
                 req.state = self.reuse_live(req.seq, req.lease.num_tokens)
                 if req.state is None:
-                    req.state = self.runner.restore(req.lease.segments(), req.lease.checkpoint)
+                    req.state = self.runner.restore(
+                        req.lease.segments(), req.lease.checkpoint, req.num_prompt
+                    )
                 req.pos = req.lease.num_tokens
             phases.restore_s = time.perf_counter() - t1
         self.live = None  # the live state is now this request's (or stale)
         if req.state is None:
-            req.state = self.runner.new_state()
+            req.state = self.runner.new_state(req.num_prompt)
 
     def prefill_chunk_of(self, req: Request, end: int | None = None) -> None:
         """The next chunk (up to the next multiple of ``prefill_chunk``) or a piece of it (up to

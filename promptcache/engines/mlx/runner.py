@@ -195,8 +195,8 @@ class MlxRunner(MlxCacheSteps):
         self.vocab_size = int(getattr(args, "vocab_size", 0) or len(tokenizer.vocab))
         self.model_limit = int(getattr(args, "max_position_embeddings", None) or 2048)
 
-    def new_state(self) -> list[Any]:
-        cache = make_prompt_cache(self.model)
+    def new_state(self, num_positions: int = 0) -> list[Any]:
+        cache = make_prompt_cache(self.model)  # mlx-lm grows its caches by steps: no hint
         if self.kv_bits is None:
             return cache
         return [

@@ -210,7 +210,7 @@ class MlxCacheSteps:
     layout: Layout
     packer: BlockPacker | None
 
-    def new_state(self) -> list[Any]:
+    def new_state(self, num_positions: int = 0) -> list[Any]:
         raise NotImplementedError
 
     def slice_block(self, state: list[Any], start: int, end: int) -> Any:
@@ -219,8 +219,11 @@ class MlxCacheSteps:
     def take_checkpoint(self, state: list[Any]) -> Any:
         return take_checkpoint(state, self.layout)
 
-    def restore(self, segments: list[tuple[Any, int]], checkpoint: Any) -> list[Any]:
-        return restore_cache(self.new_state(), self.layout, segments, checkpoint, self.packer)
+    def restore(
+        self, segments: list[tuple[Any, int]], checkpoint: Any, num_positions: int = 0
+    ) -> list[Any]:
+        state = self.new_state(num_positions)
+        return restore_cache(state, self.layout, segments, checkpoint, self.packer)
 
     def crop(self, state: list[Any], length: int) -> None:
         crop_positional(state, self.layout, length)

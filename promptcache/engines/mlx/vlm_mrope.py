@@ -207,8 +207,8 @@ class MropeRunner(MlxVlmRunner):
     def make_vision(self, model: Any, processor: Any, dtype: Any) -> MropeVision:
         return MropeVision(model, processor, dtype, self.num_tokens_of)
 
-    def new_state(self) -> MropeState:
-        return MropeState(super().new_state())
+    def new_state(self, num_positions: int = 0) -> MropeState:
+        return MropeState(super().new_state(num_positions))
 
     def num_tokens_of(self, state: list[Any]) -> int:
         return int(get_slot(state, self.layout.positional[0]).offset)

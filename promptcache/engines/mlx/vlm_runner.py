@@ -191,7 +191,7 @@ class MlxVlmRunner(MlxCacheSteps):
     def make_vision(self, model: Any, processor: Any, dtype: Any) -> Any:
         return MlxVision(model, processor, dtype)
 
-    def new_state(self) -> list[Any]:
+    def new_state(self, num_positions: int = 0) -> list[Any]:
         return make_prompt_cache(self.language)
 
     def forward(self, states: Sequence[Any], ids: Sequence[Sequence[int]]) -> list[mx.array]:

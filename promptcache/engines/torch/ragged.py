@@ -49,10 +49,13 @@ class RowLayer(DynamicLayer):
     keys: Any  # DynamicLayer's (set by it, unannotated there)
     values: Any
 
-    def __init__(self) -> None:
+    def __init__(self, num_positions: int = 0) -> None:
         super().__init__()
         self._bufs: tuple[torch.Tensor, torch.Tensor] | None = None
         self._views: tuple[torch.Tensor, torch.Tensor] | None = None
+        # positions known to come (the prompt): the first buffer holds them and ROOM more,
+        # so a prompt's later pieces append without moving what earlier ones wrote
+        self.num_positions = num_positions
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -60,14 +63,8 @@ class RowLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         n, new = self.get_seq_length(), key_states.shape[-2]
-        views = self._views
-        if (
-            self._bufs is None
-            or views is None
-            or self.keys is not views[0]
-            or self.values is not views[1]
-        ):
-            cap = n + new + ROOM  # adopt what the layer holds now (one copy)
+        if self._bufs is None or not self.is_own():
+            cap = max(n + new, self.num_positions) + ROOM  # adopt what it holds (one copy)
             self._bufs = (
                 _moved(self.keys, key_states, n, cap),
                 _moved(self.values, value_states, n, cap),
@@ -83,19 +80,23 @@ class RowLayer(DynamicLayer):
         self._views = (self.keys, self.values)
         return self.keys, self.values
 
+    def is_own(self) -> bool:
+        """True when ``keys``/``values`` are the views of this layer's own buffers it handed
+        out (not a crop, a restore's replacement or a padded batch's row)."""
+        views = self._views
+        return views is not None and self.keys is views[0] and self.values is views[1]
+
     def drop_buffers(self) -> None:
         """Let go of the buffers (once keys/values no longer view them: a compaction); the
         next update adopts what the layer then holds."""
         self._bufs = self._views = None
 
     def fill(self, keys: Segments, values: Segments, device: Any) -> None:
-        """Hold a hit's positions (a fresh layer): copied once into buffers with ROOM ahead, so
-        the first prefill piece appends in place."""
+        """Hold a hit's positions (a fresh layer): copied once into buffers with room for
+        ``num_positions`` and ROOM more, so the rest of the prompt appends in place."""
         n = sum(used for _, used in keys)
-        self._bufs = (
-            gather_positions(keys, device, n + ROOM),
-            gather_positions(values, device, n + ROOM),
-        )
+        cap = max(n, self.num_positions) + ROOM
+        self._bufs = (gather_positions(keys, device, cap), gather_positions(values, device, cap))
         kbuf, vbuf = self._bufs
         self.lazy_initialization(kbuf, vbuf)
         self.keys, self.values = kbuf[:, :, :n], vbuf[:, :, :n]
@@ -123,12 +124,12 @@ def _moved(old: torch.Tensor, like: torch.Tensor, used: int, capacity: int) -> t
     return out
 
 
-def use_row_layers(state: DynamicCache) -> DynamicCache:
+def use_row_layers(state: DynamicCache, num_positions: int = 0) -> DynamicCache:
     """``state`` with each full-attention layer (exactly ``DynamicLayer``) a fresh ``RowLayer``
-    (call on a new, empty state)."""
+    sized for ``num_positions`` (call on a new, empty state)."""
     for j, layer in enumerate(state.layers):
         if type(layer) is DynamicLayer:
-            state.layers[j] = RowLayer()
+            state.layers[j] = RowLayer(num_positions)
     return state
 
 

@@ -15,8 +15,9 @@ import sqlite3
 import threading
 import time
 
-from promptcache.core.block_file import commit_temp, encode_block, seal_file, write_temp
+from promptcache.core.block_file import commit_temp, encode_block_parts, seal_file, write_temp
 from promptcache.core.hashing import BlockHash
+from promptcache.core.safetensors_io import num_bytes
 from promptcache.core.sessions import BlockUse
 from promptcache.core.tiers.base import BlockRecord
 from promptcache.core.tiers.ssd.folder import SsdFolder
@@ -151,8 +152,11 @@ class SsdWriter:
         assert index is not None
         meta = record.meta
         path = f.path_for(meta.root, meta.block_hash)
-        data = seal_file(encode_block(record, f.model, f.codec), f.cipher, path.stem)
-        tmp = write_temp(path, data)  # the slow part (fsync) outside the lock: reads go on
+        parts = encode_block_parts(record, f.model, f.codec)  # views of the payload's arrays
+        if f.cipher is not None:
+            parts = [seal_file(b"".join(parts), f.cipher, path.stem)]
+        tmp = write_temp(path, parts)  # the slow part (fsync) outside the lock: reads go on
+        num_file_bytes = num_bytes(parts)
         with f.files_lock:
             commit_temp(tmp, path)
             now = f.clock()
@@ -160,7 +164,7 @@ class SsdWriter:
             row = Row(
                 meta,
                 str(path.relative_to(f.root_dir)),
-                len(data),
+                num_file_bytes,
                 record.nbytes,
                 record.checkpoint is not None,
                 record.is_seq_end,
@@ -175,4 +179,4 @@ class SsdWriter:
                 with contextlib.suppress(sqlite3.Error):
                     index.delete([meta.block_hash])
                 raise
-        f.stats.add(num_writes=1, bytes_written=len(data))
+        f.stats.add(num_writes=1, bytes_written=num_file_bytes)
