@@ -1,10 +1,9 @@
 """The safetensors layout written straight from the arrays: an 8-byte header length, the JSON
 header (padded to 8 bytes), then each tensor's bytes in header order, no gaps.
 
-Why: ``safetensors.numpy.save`` returns one ``bytes`` built from a copy of every tensor, so a
-block file cost two fresh buffers of its size before a byte reached the disk; under 32 agent
-sessions that was a quarter of the server's page faults. Here the header is the only new
-buffer: the tensors are written from where they are (``write_parts``).
+Why: ``safetensors.numpy.save`` returns one ``bytes`` built from copies of the tensors, so
+every block file was copied whole in memory before a byte reached the disk. Here the header is
+the only new buffer: the tensors are written from where they are (``write_parts``).
 """
 
 from __future__ import annotations

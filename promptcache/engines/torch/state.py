@@ -9,7 +9,7 @@ Only the cache objects' public attributes are read and written; transformers is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,14 +181,10 @@ def held_bytes(caches: Sequence[Any]) -> int:
     return sum(seen.values())
 
 
-def compact_views(cache: Any, keep: Callable[[Any], bool] = lambda layer: False) -> None:
-    """Replace each layer's keys/values that view a larger buffer (a decode batch's row) by
-    a copy of just their positions, so the buffer can go; a layer ``keep`` says holds only
-    buffers of its own stays as it is."""
-    for layer in getattr(cache, "layers", ()):
-        if keep(layer):
-            continue
-        for name in POSITIONAL_ATTRS:
-            t = getattr(layer, name, None)
-            if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
-                setattr(layer, name, t.clone())  # exact: a pooled copy would look like a view
+def compact_views(layer: Any) -> None:
+    """Replace the layer's keys/values that view a larger buffer (a decode batch's row) by a
+    copy of just their positions, so the buffer can go."""
+    for name in POSITIONAL_ATTRS:
+        t = getattr(layer, name, None)
+        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
+            setattr(layer, name, t.clone())  # exact: a pooled copy would look like a view
