@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
+from promptcache.engines.torch.buffers import REUSE_CLASSES_ABOVE, size_class  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
 from promptcache.engines.torch.ragged import ROOM  # noqa: E402
 from promptcache.engines.torch.state import held_bytes  # noqa: E402
@@ -93,16 +94,27 @@ def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
     assert roomy.cache_stats()["num_admission_waits"] == waits
 
 
+def largest_fit(nbytes: int) -> int:
+    """The largest pooled mapping that may serve a buffer of ``nbytes`` (a free one is reused
+    up to REUSE_CLASSES_ABOVE size classes above its own)."""
+    size = size_class(nbytes)
+    for _ in range(REUSE_CLASSES_ABOVE):
+        size = size_class(size + 1)
+    return size
+
+
 def test_the_state_kept_for_the_next_turn_holds_only_its_own_positions():
     engine = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
     replies = run_concurrently(engine)  # decoded together, several rows a step
     assert engine.cache_stats()["max_batch_rows"] > 1 or pytest.skip("no batch formed")
     state, seq = engine.steps.live
-    # each layer's own positions and at most a RowLayer's room ahead: never a buffer of rows
+    # each layer's own positions and at most a RowLayer's room ahead, in the largest pooled
+    # buffer that may serve it: never a buffer of rows
     n = seq.num_tokens
-    room = max(ROOM, n // 4) * 2 * sum(layer.keys.nbytes // n for layer in state.layers)
-    own = sum(t.nbytes for layer in state.layers for t in (layer.keys, layer.values))
-    assert own <= held_bytes([state]) <= own + room
+    tensors = [t for layer in state.layers for t in (layer.keys, layer.values)]
+    own = sum(t.nbytes for t in tensors)
+    most = sum(largest_fit((n + max(ROOM, n // 4)) * (t.nbytes // n)) for t in tensors)
+    assert own <= held_bytes([state]) <= most
     # and the next turn of that conversation still reuses it, with the same reply as uncached
     i = next(k for k, p in enumerate(PROMPTS) if seq.num_tokens == len(p) + len(replies[k]))
     follow = PROMPTS[i] + replies[i] + [5, 6, 7]
