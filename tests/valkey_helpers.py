@@ -3,6 +3,7 @@ ships; Debian's ``valkey-server``/``redis-server`` on PATH as a fallback)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import socket
 import subprocess
@@ -30,6 +31,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def answering_pid(port: int) -> int | None:
+    """The process id of the valkey/redis server answering on ``port``, or None if none does."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
+            s.sendall(b"INFO server\r\n")
+            data = b""
+            while b"process_id:" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError:
+        return None
+    found = re.search(rb"process_id:(\d+)", data)
+    return int(found.group(1)) if found else None
+
+
 class ValkeyProcess:
     """One valkey-server on a loopback port, in its own folder; stop/start keep the port."""
 
@@ -47,24 +65,34 @@ class ValkeyProcess:
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> ValkeyProcess:
+    def start(self, timeout: float = 10.0, attempts: int = 3) -> ValkeyProcess:
+        """Only this child's own answer counts (INFO's process_id): ``free_port`` gives the port
+        back before the child binds it, and another test's server may take it meanwhile. A
+        child that exits after such an answer lost that race and is started on a new port."""
+        for _ in range(attempts):
+            if self._start_once(timeout):
+                return self
+            self.port = free_port()
+        raise RuntimeError(f"another process took valkey-server's port {attempts} times")
+
+    def _start_once(self, timeout: float) -> bool:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",
                str(self.folder), "--save", "", "--appendonly", "no", *self.args]  # fmt: skip
         log = open(self.folder / "server.log", "ab")  # noqa: SIM115 (owned by the child)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        is_port_taken = False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if is_port_taken:
+                    return False
                 raise RuntimeError(
                     f"valkey-server exited: {(self.folder / 'server.log').read_text()}"
                 )
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(64).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
+            pid = answering_pid(self.port)
+            if pid == self.proc.pid:
+                return True
+            is_port_taken = is_port_taken or pid is not None
             time.sleep(0.02)
         self.stop()
         raise RuntimeError("valkey-server did not start")

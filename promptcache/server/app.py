@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib import resources
@@ -141,6 +142,7 @@ def create_app(state: ServerState) -> FastAPI:
             "model": state.model_id,
             "engine": state.engine.name,
             "cache": bool(state.cache_stats()),
+            "pid": os.getpid(),  # lets a launcher tell its own server from another on the port
         }
 
     @app.get("/v1/cache/stats")

@@ -35,7 +35,20 @@ class ServerProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 120) -> ServerProcess:
+    def start(self, timeout: float = 120, attempts: int = 3) -> ServerProcess:
+        """Only this process's own ``/health`` (its pid) counts: ``free_port`` gives a port back
+        before the child binds it, so another server started meanwhile may answer there. A
+        child that exits after such an answer lost that race and is started on a new port."""
+        for _ in range(attempts):
+            if self._start_once(timeout):
+                return self
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+        raise RuntimeError(f"another process took the server's port {attempts} times")
+
+    def _start_once(self, timeout: float) -> bool:
+        """True once the child answers; False when it exited while another process held its
+        port; raises on any other exit or after ``timeout``."""
         import httpx
 
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115 (owned by the child)
@@ -43,14 +56,20 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             [*cmd, *self.args], env=self.env, stdout=out, stderr=subprocess.STDOUT
         )
+        is_port_taken = False
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                if is_port_taken:
+                    return False
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.args}")
             try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
+                r = httpx.get(self.url + "/health", timeout=1)
+                if r.status_code == 200:
+                    if r.json().get("pid") == self.proc.pid:
+                        return True
+                    is_port_taken = True
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(0.2)
         self.stop()
