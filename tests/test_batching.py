@@ -196,6 +196,28 @@ def test_identical_prompts_fired_together_compute_the_prefix_once(lib, kind):
     assert sum(f.cached_tokens for f in got) >= stats["inflight_dedup_tokens"]
 
 
+@pytest.mark.parametrize("lib", ["torch", "mlx"])
+def test_prompts_parting_just_past_a_saved_prefix_do_not_wait_for_each_other(lib):
+    # "Task 1: ..." and "Task 12: ...": after the shared system prompt (saved) they share a
+    # token or two more. Waiting for the other's prefill would save those tokens and cost a
+    # step or more of time to first token (32 agent sessions: seconds).
+    engine = build(lib, "llama", step_tokens=16)
+    plain = build(lib, "llama", cache_enabled=False)
+    rng = random.Random(5)
+    shared = [rng.randrange(3, 256) for _ in range(200)]
+    params = SamplingParams(max_tokens=6)
+    reply(engine, shared + [1, 2], params)  # the shared prefix saved, as an earlier session's
+    tails = [[5, 6] + [rng.randrange(3, 256) for _ in range(30)] for _ in range(2)]
+    tails[1][1] = 7  # both share one token past the saved prefix
+    ps = [shared + t for t in tails]
+    want = [reply(plain, p, params).completion_ids for p in ps]
+    got = concurrently([lambda p=p: reply(engine, p, params) for p in ps])
+    assert [f.completion_ids for f in got] == want
+    assert all(f.cached_tokens >= len(shared) for f in got)
+    stats = check_clean(engine)
+    assert stats["num_inflight_waits"] == 0, stats
+
+
 def test_stats_add_up_and_the_token_budget_is_an_option():
     engine = torch_engine("llama", step_tokens=4)  # below the chunk: still one chunk per step
     ps = prompts(6, seed=13)

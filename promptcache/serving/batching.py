@@ -7,9 +7,10 @@ in this order (prefill priority: a newcomer's first token does not wait for the 
    fed and prompt + reply saved before any lookup, so a session's next turn hits the reply it
    follows (without newcomers the saves ride in the decode forward of step 4);
 2. **new requests** look their prompt up and restore the cached prefix, unless another request
-   in flight is prefilling a prefix they share right now: then they wait (``waited``) and look
-   up once those tokens are saved (it saves at every chunk boundary): agents firing parallel
-   calls with the same long prefix compute it once (``inflight_dedup_tokens`` in the stats);
+   in flight is prefilling a prefix they share right now (a block or more past what it has
+   saved): then they wait (``waited``) and look up once those tokens are saved (it saves at
+   every chunk boundary): agents firing parallel calls with the same long prefix compute it
+   once (``inflight_dedup_tokens`` in the stats);
 3. **prefill within the token budget**: ``step_tokens`` (default ``DEFAULT_STEP_TOKENS``, 128)
    tokens per step in all, the one-token steps of step 4 counted first; under load the budget
    grows with the requests in the step (``ROW_SHARE`` of ``step_tokens`` each, at most
@@ -231,15 +232,19 @@ class Batcher:
         return out
 
     def _wait_for_inflight(self, req: Request, prefilling: list[Request]) -> bool:
-        """True when a request in flight is prefilling (and will save) a prefix ``req`` shares
-        beyond what it has computed so far: ``req`` looks up after it, not alongside."""
+        """True when a request in flight is prefilling (and will save) at least ``min_shared``
+        tokens of a prefix ``req`` shares beyond what it has saved so far: ``req`` looks up
+        after it, not alongside. (Prompts that part a token or two after a saved prefix, as
+        "Task 1" and "Task 12" do, do not wait: a step or more for nothing to restore.)"""
         if not self.steps.has_cache:
             return False
+        chunk = self.steps.prefill_chunk
         for other in prefilling:
             if other.tenant != req.tenant or other.pos >= len(req.prompt):
                 continue
             shared = _common_prefix(req.prompt, other.prompt)
-            if shared >= self.min_shared and shared > other.pos:
+            saved = max(other.cached, other.pos - other.pos % chunk)  # saves at chunk ends
+            if shared > other.pos and shared - saved >= self.min_shared:
                 req.waited = max(req.waited, shared)
                 return True
         return False
