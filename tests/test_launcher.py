@@ -16,10 +16,13 @@ pytestmark = pytest.mark.server
 
 
 class OtherServer(BaseHTTPRequestHandler):
-    """Another process's healthy server on the port: 200 and a pid that is not the child's."""
+    """Another process's healthy server on the port: 200 and a pid that is not the child's, or
+    no body at all (vLLM's ``/health``)."""
+
+    body = b""
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        body = json.dumps({"status": "ok", "pid": 1}).encode()
+        body = self.body
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -30,8 +33,10 @@ class OtherServer(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_port_taken_by_another_server_is_not_mistaken_for_its_own(tiny_llama_dir, tmp_path):
-    other = ThreadingHTTPServer(("127.0.0.1", 0), OtherServer)
+@pytest.mark.parametrize("body", [json.dumps({"status": "ok", "pid": 1}).encode(), b""])
+def test_a_port_taken_by_another_server_is_not_mistaken_for_its_own(body, tiny_llama_dir, tmp_path):
+    handler = type("Other", (OtherServer,), {"body": body})
+    other = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     taken = other.server_address[1]
     args = ["--engine", "torch", "--model", tiny_llama_dir, "--no-ssd"]

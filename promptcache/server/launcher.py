@@ -65,12 +65,12 @@ class ServerProcess:
                 raise RuntimeError(f"server exited with {self.proc.returncode}: {self.args}")
             try:
                 r = httpx.get(self.url + "/health", timeout=1)
-                if r.status_code == 200:
-                    if r.json().get("pid") == self.proc.pid:
-                        return True
-                    is_port_taken = True
-            except (httpx.HTTPError, ValueError):
-                pass
+            except httpx.HTTPError:
+                r = None
+            if r is not None and r.status_code == 200:
+                if _answer_pid(r) == self.proc.pid:
+                    return True
+                is_port_taken = True  # another server (ours or not) holds the port
             time.sleep(0.2)
         self.stop()
         raise RuntimeError("server did not become healthy")
@@ -91,3 +91,12 @@ class ServerProcess:
         import httpx
 
         return dict(httpx.get(self.url + "/v1/cache/stats", timeout=10).json())
+
+
+def _answer_pid(r: Any) -> int | None:
+    """The pid a ``/health`` answer reports: None for a server that reports none."""
+    try:
+        body = r.json()
+    except ValueError:
+        return None
+    return body.get("pid") if isinstance(body, dict) else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -14,6 +15,12 @@ from pathlib import Path
 from typing import Any
 
 CONNECTOR_MODULE = "promptcache.vllm"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def connector_config(cache_dir: str | None = None, shared_tier: str | None = None,
@@ -42,6 +49,7 @@ class VllmServer:
                  extra_args: list[str] | None = None, cores: str | None = None) -> None:  # fmt: skip
         self.port = port
         self.log = log
+        self.model = model
         self.args = [
             python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
             "--port", str(port), "--dtype", "float32", "--max-model-len", str(max_model_len),
@@ -68,22 +76,48 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 600.0) -> VllmServer:
+        """Ready once ``/v1/models`` serves this server's model folder: a port taken from a
+        free list may be bound by another process first (parallel tests), whose answer does
+        not count. If vLLM then exits, having lost the port, it starts again on a new one."""
+        for _ in range(3):
+            if self._start_once(timeout):
+                return self
+            self._set_port(_free_port())
+        raise RuntimeError(f"another process took vLLM's port three times: see {self.log}")
+
+    def _start_once(self, timeout: float) -> bool:
         out = self.log.open("ab")
         # its own process group: stop() ends the API server, the engine core and the worker
         self.proc = subprocess.Popen(self.args, stdout=out, stderr=subprocess.STDOUT,
                                      env=self.env, start_new_session=True)  # fmt: skip
+        is_port_taken = False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                if is_port_taken:
+                    return False
                 raise RuntimeError(f"vLLM exited with {self.proc.returncode}: see {self.log}")
             try:
                 with urllib.request.urlopen(f"{self.url}/v1/models", timeout=2) as r:
-                    if r.status == 200:
-                        return self
+                    if r.status == 200 and self._serves_model(r.read()):
+                        return True
+                    is_port_taken = True
             except OSError:
-                time.sleep(1.0)
+                pass
+            time.sleep(1.0)
         self.stop()
         raise TimeoutError(f"vLLM did not start in {timeout:.0f} s: see {self.log}")
+
+    def _serves_model(self, body: bytes) -> bool:
+        try:
+            data = json.loads(body).get("data") or []
+        except (ValueError, AttributeError):
+            return False
+        return any(m.get("root") == self.model for m in data if isinstance(m, dict))
+
+    def _set_port(self, port: int) -> None:
+        self.args[self.args.index("--port") + 1] = str(port)
+        self.port = port
 
     def stop(self, timeout: float = 60.0) -> None:
         if self.proc is None or self.proc.poll() is not None:
