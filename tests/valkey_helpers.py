@@ -14,6 +14,7 @@ import numpy as np
 
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tiers.base import BlockRecord
+from promptcache.server.launcher import free_port, start_claiming_port
 
 
 def server_binary() -> str | None:
@@ -23,12 +24,6 @@ def server_binary() -> str | None:
         return str(get_binary_path())
     except Exception:
         return shutil.which("valkey-server") or shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def answering_pid(port: int) -> int | None:
@@ -65,15 +60,13 @@ class ValkeyProcess:
     def url(self) -> str:
         return f"valkey://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0, attempts: int = 3) -> ValkeyProcess:
-        """Only this child's own answer counts (INFO's process_id): ``free_port`` gives the port
-        back before the child binds it, and another test's server may take it meanwhile. A
-        child that exits after such an answer lost that race and is started on a new port."""
-        for _ in range(attempts):
-            if self._start_once(timeout):
-                return self
-            self.port = free_port()
-        raise RuntimeError(f"another process took valkey-server's port {attempts} times")
+    def start(self, timeout: float = 10.0) -> ValkeyProcess:
+        """Its own answer (INFO's process_id) counts, not another server's on the port."""
+        start_claiming_port(lambda: self._start_once(timeout), self._move_to, "valkey-server")
+        return self
+
+    def _move_to(self, port: int) -> None:
+        self.port = port
 
     def _start_once(self, timeout: float) -> bool:
         cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir",

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def start_claiming_port(
+    start_once: Callable[[], bool], move_to: Callable[[int], None], what: str, attempts: int = 3
+) -> None:
+    """Start a server on a port from ``free_port``, which hands the port back before the child
+    binds it: another process may take it first. ``start_once`` returns True once its own child
+    answers (a server's answer that is not the child's does not count), False when the child
+    exited after another answered there (it lost the port); then ``move_to`` a new port, again."""
+    for _ in range(attempts):
+        if start_once():
+            return
+        move_to(free_port())
+    raise RuntimeError(f"another process took {what}'s port {attempts} times")
 
 
 class ServerProcess:
@@ -35,16 +50,13 @@ class ServerProcess:
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 120, attempts: int = 3) -> ServerProcess:
-        """Only this process's own ``/health`` (its pid) counts: ``free_port`` gives a port back
-        before the child binds it, so another server started meanwhile may answer there. A
-        child that exits after such an answer lost that race and is started on a new port."""
-        for _ in range(attempts):
-            if self._start_once(timeout):
-                return self
-            self.port = free_port()
-            self.url = f"http://127.0.0.1:{self.port}"
-        raise RuntimeError(f"another process took the server's port {attempts} times")
+    def start(self, timeout: float = 120) -> ServerProcess:
+        """Its own ``/health`` (its pid) counts, not another server's on the port."""
+        start_claiming_port(lambda: self._start_once(timeout), self._move_to, "the server")
+        return self
+
+    def _move_to(self, port: int) -> None:
+        self.port, self.url = port, f"http://127.0.0.1:{port}"
 
     def _start_once(self, timeout: float) -> bool:
         """True once the child answers; False when it exited while another process held its

@@ -7,20 +7,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
+from promptcache.server.launcher import start_claiming_port
+
 CONNECTOR_MODULE = "promptcache.vllm"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def connector_config(cache_dir: str | None = None, shared_tier: str | None = None,
@@ -76,14 +71,10 @@ class VllmServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 600.0) -> VllmServer:
-        """Ready once ``/v1/models`` serves this server's model folder: a port taken from a
-        free list may be bound by another process first (parallel tests), whose answer does
-        not count. If vLLM then exits, having lost the port, it starts again on a new one."""
-        for _ in range(3):
-            if self._start_once(timeout):
-                return self
-            self._set_port(_free_port())
-        raise RuntimeError(f"another process took vLLM's port three times: see {self.log}")
+        """Ready once ``/v1/models`` serves this server's model folder (another process on
+        the port does not count; ``start_claiming_port``)."""
+        start_claiming_port(lambda: self._start_once(timeout), self._move_to, f"vLLM ({self.log})")
+        return self
 
     def _start_once(self, timeout: float) -> bool:
         out = self.log.open("ab")
@@ -115,7 +106,7 @@ class VllmServer:
             return False
         return any(m.get("root") == self.model for m in data if isinstance(m, dict))
 
-    def _set_port(self, port: int) -> None:
+    def _move_to(self, port: int) -> None:
         self.args[self.args.index("--port") + 1] = str(port)
         self.port = port
 
