@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
+from promptcache.core.ports import free_port, start_claiming_port
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.tiers.base import BlockRecord
-from promptcache.server.launcher import free_port, start_claiming_port
 
 
 def server_binary() -> str | None:

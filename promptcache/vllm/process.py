@@ -13,7 +13,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from promptcache.server.launcher import start_claiming_port
+from promptcache.core.ports import start_claiming_port
 
 CONNECTOR_MODULE = "promptcache.vllm"
 
