@@ -24,6 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -47,12 +49,27 @@ def run_size(server: PeerServer, size: int, rep: int, args: argparse.Namespace) 
         "prompt_tokens": warm["prompt_tokens"], "cached_tokens": warm["cached_tokens"],
         "cold_ttft_s": cold["ttft_s"], "warm_ttft_s": warm["ttft_s"],
         "decode_tok_s": warm["decode_tok_s"], "cold_decode_tok_s": cold["decode_tok_s"],
-        "load": os.getloadavg()[0],
+        "gap_p50_ms": warm["gap_p50_ms"], "gap_max_ms": warm["gap_max_ms"],
+        "load": os.getloadavg()[0], **server_compute(server),
     }  # fmt: skip
     print(f"  {server.name:<12} {size:>6}: prompt {row['prompt_tokens']}, cold {row['cold_ttft_s']:.2f} s, "
           f"warm {row['warm_ttft_s']:.3f} s (cached {row['cached_tokens']}), decode "
-          f"{row['decode_tok_s'] or 0:.1f} tok/s, load {row['load']:.1f}", flush=True)  # fmt: skip
+          f"{row['decode_tok_s'] or 0:.1f} tok/s (gaps p50 {row['gap_p50_ms'] or 0:.1f} ms, max "
+          f"{row['gap_max_ms'] or 0:.0f} ms), load {row['load']:.1f}"
+          + (f", torch threads {row['torch_threads']} ({row['thread_changes']} changes)"
+             if "torch_threads" in row else ""), flush=True)  # fmt: skip
     return row
+
+
+def server_compute(server: PeerServer) -> dict[str, Any]:
+    """promptcache's own ``compute`` figures (torch threads in force, changes so far); {} for a
+    server without ``/v1/cache/stats``."""
+    try:
+        r = server.client.get(f"http://127.0.0.1:{server.port}/v1/cache/stats", timeout=10)
+        compute = r.json().get("compute") or {} if r.status_code == 200 else {}
+    except (httpx.HTTPError, ValueError):
+        return {}
+    return {k: compute[k] for k in ("torch_threads", "thread_changes") if k in compute}
 
 
 def main() -> int:

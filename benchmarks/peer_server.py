@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -99,7 +100,7 @@ class PeerServer:
             body["model"] = self.model
         t0 = time.perf_counter()
         first = last = None
-        text, usage, pieces = "", None, 0
+        text, usage, pieces, gaps = "", None, 0, []
         url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
         with self.client.stream("POST", url, json=body) as r:
             if r.status_code != 200:
@@ -111,7 +112,10 @@ class PeerServer:
                 for choice in chunk.get("choices") or []:
                     piece = (choice.get("delta") or {}).get("content") or ""
                     if piece:
-                        last = time.perf_counter()
+                        now = time.perf_counter()
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
                         first = first or last
                         pieces += 1
                         text += piece
@@ -123,4 +127,7 @@ class PeerServer:
         return {"ttft_s": (first or time.perf_counter()) - t0, "text": text,
                 "prompt_tokens": usage.get("prompt_tokens"),
                 "cached_tokens": details.get("cached_tokens"), "completion_tokens": tokens,
-                "decode_tok_s": (tokens - 1) / span if span > 0 and tokens > 1 else None}  # fmt: skip
+                "decode_tok_s": (tokens - 1) / span if span > 0 and tokens > 1 else None,
+                # between content pieces at the client: a stall shows in the largest
+                "gap_p50_ms": 1e3 * statistics.median(gaps) if gaps else None,
+                "gap_max_ms": 1e3 * max(gaps) if gaps else None}  # fmt: skip

@@ -17,9 +17,10 @@ from promptcache.serving.runner import ModelRunner
 from promptcache.serving.scheduler import Scheduler
 
 # allocator overhead beyond the accounted (a step's kernels and buffers are in the process at
-# start: the warm-up); memory_bench on a 32 MB RAM tier, past live + budget at 12 / 32 sessions:
-# +73 / +10 MB at 32 MiB against +106 / +96 at 128, in the same time (more trims, ~1 a second)
-RSS_SLACK_BYTES = 32 << 20
+# start: the warm-up). memory_bench on a 32 MB RAM tier, checked about every step: peak RSS past
+# live + budget at 12 / 32 sessions, medians: +19 / -7 MB at 16 MiB (~2.5 trims a second, ~5%
+# more time at 12), +51 / -3 MB at 32 MiB checked once a second
+RSS_SLACK_BYTES = 16 << 20
 
 
 class MemoryBooks:
