@@ -9,12 +9,13 @@ at the peak RSS what malloc had handed out (over the start) and held free (glibc
 the KV buffers the pool kept free (``engines/torch/buffers.py``) and the file-backed pages.
 
     python benchmarks/memory_bench.py --sessions 12 32 [--max-live-bytes 256MB] [--no-malloc-tune] \
-        [--rss-slack-mb 512] [--pool-free-mb 32 0]
+        [--rss-slack-mb 512] [--pool-free-mb 32 0] [--check-ms 1000 20]
 
 ``--rss-slack-mb``: the heap RSS may hold beyond what the engine accounts for before a trim under
 load (``memory_books.RSS_SLACK_BYTES``); the rows report the trims and the time they cost.
-``--pool-free-mb``: the freed KV buffers the pool keeps at least (``BufferPool.max_free_bytes``;
-on this budget it keeps no more).
+``--check-ms``: how often, at most, RSS is held against that allowance under load
+(``memory.CHECK_S``). ``--pool-free-mb``: the freed KV buffers the pool keeps at least
+(``BufferPool.max_free_bytes``; on this budget it keeps no more).
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def run(
     tune: bool,
     slack_mb: int | None = None,
     pool_free_mb: int | None = None,
+    check_ms: float | None = None,
 ) -> dict[str, float]:
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -96,6 +98,8 @@ def run(
     model = AutoModelForCausalLM.from_config(cfg).eval()
     engine = TorchEngine(model, ByteTokenizer(), block_size=64, ram_budget="32MB",
                          ssd_dir=tempfile.mkdtemp(), max_live_bytes=max_live)  # fmt: skip
+    if check_ms is not None:
+        engine.heap.check_s = check_ms / 1e3
     base = memory.rss_bytes()
     peak, live_peak, queued_peak, done = [base], [0], [0], threading.Event()
     used_base = heap_bytes()[0]
@@ -152,6 +156,7 @@ def run(
         "at_peak_rss_file_over_base_mb": round(at_peak[0][4] / 1e6),  # mapped files' pages
         "ram_budget_mb": round(engine.cache.ram.budget_bytes / 1e6),
         "rss_slack_mb": memory_books.RSS_SLACK_BYTES >> 20,
+        "rss_check_ms": round(engine.heap.check_s * 1e3),
         "pool_free_max_mb": POOL.max_free_bytes >> 20,
         "pool_maps": POOL.num_maps,
         "heap_trims": engine.heap.num_trims,
@@ -166,6 +171,8 @@ def main() -> None:
     ap.add_argument("--no-malloc-tune", action="store_true")
     ap.add_argument("--rss-slack-mb", type=int, nargs="+", default=[None],
                     help="runs at each slack (MiB; default: the engine's)")  # fmt: skip
+    ap.add_argument("--check-ms", type=float, nargs="+", default=[None],
+                    help="runs at each interval between RSS checks under load (ms; default: the engine's)")  # fmt: skip
     ap.add_argument("--pool-free-mb", type=int, nargs="+", default=[None],
                     help="runs at each bound on the freed KV buffers kept (MiB)")  # fmt: skip
     args = ap.parse_args()
@@ -174,10 +181,13 @@ def main() -> None:
     for n in args.sessions:  # one process per run: RSS is a process's high-water mark
         for slack in args.rss_slack_mb:
             for pool_free in args.pool_free_mb:
-                with mp.get_context("spawn").Pool(1) as pool:
-                    tune = not args.no_malloc_tune
-                    row = pool.apply(run, (n, args.max_live_bytes, tune, slack, pool_free))
-                print(json.dumps(row), flush=True)
+                for check in args.check_ms:
+                    with mp.get_context("spawn").Pool(1) as pool:
+                        tune = not args.no_malloc_tune
+                        row = pool.apply(
+                            run, (n, args.max_live_bytes, tune, slack, pool_free, check)
+                        )
+                    print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":
