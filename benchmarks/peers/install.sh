@@ -21,10 +21,17 @@ make_venv() {
 case "$NAME" in
 llama_cpp)
     # PyPI has only the source distribution: it compiles llama.cpp (cmake + a C++ compiler,
-    # ~10-20 min on 2 cores). Native CPU flags; no tests/examples/tools built.
+    # ~10-20 min on 2 cores). Native CPU flags; no tests/examples/tools built. On a CPU with
+    # AMX (Sapphire Rapids and later) the native build's AMX kernels segfaulted on the first
+    # reply (0.3.36, a 2-vCPU VM): there the AVX-512 set is named instead of native.
     make_venv
     export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-    export CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF}"
+    BUILD_ONLY="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+    CPU_FLAGS="-DGGML_NATIVE=ON"
+    if grep -qw amx_int8 /proc/cpuinfo 2>/dev/null; then
+        CPU_FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON"
+    fi
+    export CMAKE_ARGS="${CMAKE_ARGS:-$CPU_FLAGS $BUILD_ONLY}"
     "$VENV/bin/pip" install -v "llama-cpp-python[server]==$LLAMA_CPP_VERSION"
     ;;
 vllm_cpu)

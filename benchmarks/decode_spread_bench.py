@@ -1,0 +1,85 @@
+"""Decode speed process by process: how much of the run-to-run spread is the process itself.
+
+Each run is a fresh process that loads the bundled model on the torch engine (cache off, no
+HTTP), prefills one ``--context``-token prompt and decodes ``--decode`` tokens twice; its two
+rates (tokens after the first / their time) come back. Variants (``--variant NAME=ENV``, e.g.
+``thp=THP_MEM_ALLOC_ENABLE=1``) alternate run by run with the plain one, so the machine's drift
+falls on each alike. Prints every run, then per variant the median and the spread (max / min - 1)
+of the second rates.
+
+    .venv/bin/python benchmarks/decode_spread_bench.py --runs 10 --variant thp=THP_MEM_ALLOC_ENABLE=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def one_process(context: int, decode: int) -> list[float]:
+    """Runs in the child: the two decode rates of one process."""
+    import random
+    import time
+
+    from promptcache.engines.base import Finished, SamplingParams, TextDelta
+    from promptcache.engines.factory import build_engine
+
+    engine = build_engine("torch", None, cache_enabled=False)
+    rng = random.Random(7)
+    ids = [rng.randrange(100, 40000) for _ in range(context)]
+    rates = []
+    for _ in range(2):
+        first = None
+        for ev in engine.generate(ids, SamplingParams(max_tokens=decode, ignore_eos=True)):
+            if isinstance(ev, TextDelta) and first is None:
+                first = time.perf_counter()
+            elif isinstance(ev, Finished) and first is not None:
+                rates.append((ev.completion_tokens - 1) / (time.perf_counter() - first))
+    return rates
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=6, help="processes per variant")
+    p.add_argument("--context", type=int, default=1000)
+    p.add_argument("--decode", type=int, default=128)
+    p.add_argument("--variant", action="append", default=[], help="NAME=K=V[,K=V...]")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print(json.dumps(one_process(args.context, args.decode)))
+        return 0
+    variants: dict[str, dict[str, str]] = {"plain": {}}
+    for spec in args.variant:
+        name, _, pairs = spec.partition("=")
+        variants[name] = dict(kv.split("=", 1) for kv in pairs.split(",") if kv)
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for run in range(args.runs):
+        for name, env in variants.items() if run % 2 == 0 else list(variants.items())[::-1]:
+            out = subprocess.run(
+                [sys.executable, __file__, "--child", "--context", str(args.context),
+                 "--decode", str(args.decode)],
+                env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True,
+                text=True, check=True,
+            )  # fmt: skip
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            rates[name].append(got[-1])
+            print(f"run {run + 1} {name:<8} " + " / ".join(f"{r:.1f}" for r in got) + " tok/s",
+                  flush=True)  # fmt: skip
+    print("\n| variant | runs | decode tok/s, median | spread (max / min - 1) |")
+    print("|---|---|---|---|")
+    for name, got in rates.items():
+        print(f"| {name} | {len(got)} | {statistics.median(got):.1f} | "
+              f"{max(got) / min(got) - 1:.1%} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
