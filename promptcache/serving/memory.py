@@ -43,7 +43,7 @@ TRIM_THRESHOLD_BYTES = 64 << 20  # free() returns the heap's top past this; trim
 
 IDLE_TRIM_S = 2.0  # idle this long ends a load; trimming every short gap faults pages in again
 # under load, RSS against the allowance at most this often (a ~10 us /proc read: about every
-# step; once a second let 12 sessions on a 32 MB budget pass it by ~50 MB between checks)
+# step; once a second let 12 sessions on a 32 MB budget pass it by up to ~100 MB between checks)
 CHECK_S = 0.02
 
 _lock = threading.Lock()

@@ -17,9 +17,9 @@ from promptcache.serving.runner import ModelRunner
 from promptcache.serving.scheduler import Scheduler
 
 # allocator overhead beyond the accounted (a step's kernels and buffers are in the process at
-# start: the warm-up). memory_bench on a 32 MB RAM tier, checked about every step: peak RSS past
-# live + budget at 12 / 32 sessions, medians: +19 / -7 MB at 16 MiB (~2.5 trims a second, ~5%
-# more time at 12), +51 / -3 MB at 32 MiB checked once a second
+# start: the warm-up). memory_bench on a 32 MB RAM tier, peak RSS past live + budget at 12 / 32
+# sessions: +30 / -26 MB at 16 MiB checked every 20 ms (~2.5 trims a second, ~1% more time),
+# +74 / -9 MB at 32 MiB checked once a second (12: medians of 3)
 RSS_SLACK_BYTES = 16 << 20
 
 
