@@ -8,6 +8,9 @@ falls on each alike. Prints every run, then per variant the median and the sprea
 of the second rates.
 
     .venv/bin/python benchmarks/decode_spread_bench.py --runs 10 --variant thp=THP_MEM_ALLOC_ENABLE=1
+
+``--pair TURNS``: two processes loaded side by side reply in turns instead (A B A B ...), which
+tells a process's own speed from a slow phase of the machine (that one moves both).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,14 +49,61 @@ def one_process(context: int, decode: int) -> list[float]:
     return rates
 
 
+def decode_in_turns(conn: Any, context: int, decode: int) -> None:
+    """Runs in a child of ``--pair``: loads the engine, then one reply's rate per "go"."""
+    import random
+    import time
+
+    from promptcache.engines.base import Finished, SamplingParams, TextDelta
+    from promptcache.engines.factory import build_engine
+
+    engine = build_engine("torch", None, cache_enabled=False)
+    ids = [random.Random(7).randrange(100, 40000) for _ in range(context)]
+    conn.send("ready")
+    while conn.recv() == "go":
+        first = None
+        for ev in engine.generate(ids, SamplingParams(max_tokens=decode, ignore_eos=True)):
+            if isinstance(ev, TextDelta) and first is None:
+                first = time.perf_counter()
+            elif isinstance(ev, Finished) and first is not None:
+                conn.send((ev.completion_tokens - 1) / (time.perf_counter() - first))
+
+
+def run_pair(turns: int, context: int, decode: int) -> None:
+    """Two processes loaded side by side decode in turns (A B A B ...): a process of its own
+    keeps its rate from turn to turn, while a slow phase of the machine moves both."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    conns, procs = [], []
+    for _ in range(2):
+        parent, child = ctx.Pipe()
+        procs.append(ctx.Process(target=decode_in_turns, args=(child, context, decode)))
+        procs[-1].start()
+        conns.append(parent)
+    for conn in conns:
+        conn.recv()
+    for turn in range(turns):
+        conns[turn % 2].send("go")
+        print(f"turn {turn + 1} {'AB'[turn % 2]} {conns[turn % 2].recv():.1f} tok/s", flush=True)
+    for conn, proc in zip(conns, procs, strict=True):
+        conn.send("stop")
+        proc.join()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=6, help="processes per variant")
     p.add_argument("--context", type=int, default=1000)
     p.add_argument("--decode", type=int, default=128)
     p.add_argument("--variant", action="append", default=[], help="NAME=K=V[,K=V...]")
+    p.add_argument("--pair", type=int, default=0, metavar="TURNS",
+                   help="instead: two processes loaded side by side, TURNS replies in turns")  # fmt: skip
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.pair:
+        run_pair(args.pair, args.context, args.decode)
+        return 0
     if args.child:
         print(json.dumps(one_process(args.context, args.decode)))
         return 0
