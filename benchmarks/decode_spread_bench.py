@@ -27,46 +27,44 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_process(context: int, decode: int) -> list[float]:
-    """Runs in the child: the two decode rates of one process."""
+def load(context: int) -> tuple[Any, list[int]]:
+    """In a child: the bundled model on the torch engine (cache off) and a seeded prompt."""
     import random
+
+    from promptcache.engines.factory import build_engine
+
+    rng = random.Random(7)
+    ids = [rng.randrange(100, 40000) for _ in range(context)]
+    return build_engine("torch", None, cache_enabled=False), ids
+
+
+def reply_rate(engine: Any, ids: list[int], decode: int) -> float:
+    """Tokens after the first / their time, for one greedy reply of ``decode`` tokens."""
     import time
 
     from promptcache.engines.base import Finished, SamplingParams, TextDelta
-    from promptcache.engines.factory import build_engine
 
-    engine = build_engine("torch", None, cache_enabled=False)
-    rng = random.Random(7)
-    ids = [rng.randrange(100, 40000) for _ in range(context)]
-    rates = []
-    for _ in range(2):
-        first = None
-        for ev in engine.generate(ids, SamplingParams(max_tokens=decode, ignore_eos=True)):
-            if isinstance(ev, TextDelta) and first is None:
-                first = time.perf_counter()
-            elif isinstance(ev, Finished) and first is not None:
-                rates.append((ev.completion_tokens - 1) / (time.perf_counter() - first))
-    return rates
+    first = None
+    for ev in engine.generate(ids, SamplingParams(max_tokens=decode, ignore_eos=True)):
+        if isinstance(ev, TextDelta) and first is None:
+            first = time.perf_counter()
+        elif isinstance(ev, Finished) and first is not None:
+            return (ev.completion_tokens - 1) / (time.perf_counter() - first)
+    raise RuntimeError("the reply ended before its second token")
+
+
+def one_process(context: int, decode: int) -> list[float]:
+    """Runs in the child: the two decode rates of one process."""
+    engine, ids = load(context)
+    return [reply_rate(engine, ids, decode) for _ in range(2)]
 
 
 def decode_in_turns(conn: Any, context: int, decode: int) -> None:
     """Runs in a child of ``--pair``: loads the engine, then one reply's rate per "go"."""
-    import random
-    import time
-
-    from promptcache.engines.base import Finished, SamplingParams, TextDelta
-    from promptcache.engines.factory import build_engine
-
-    engine = build_engine("torch", None, cache_enabled=False)
-    ids = [random.Random(7).randrange(100, 40000) for _ in range(context)]
+    engine, ids = load(context)
     conn.send("ready")
     while conn.recv() == "go":
-        first = None
-        for ev in engine.generate(ids, SamplingParams(max_tokens=decode, ignore_eos=True)):
-            if isinstance(ev, TextDelta) and first is None:
-                first = time.perf_counter()
-            elif isinstance(ev, Finished) and first is not None:
-                conn.send((ev.completion_tokens - 1) / (time.perf_counter() - first))
+        conn.send(reply_rate(engine, ids, decode))
 
 
 def run_pair(turns: int, context: int, decode: int) -> None:

@@ -7,7 +7,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import time
@@ -16,11 +15,9 @@ from typing import Any
 
 import httpx
 
+from promptcache.core.ports import free_port
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["PeerServer", "free_port"]
 
 
 class PeerServer:
