@@ -123,3 +123,41 @@ def test_a_tied_output_embedding_keeps_its_plain_weight():
     assert all(o is not out for o in weight_owners(plain))
     set_weight_format(plain, weight_owners(plain), "transposed")
     assert weight_format(out) != "transposed"
+
+
+def test_layouts_are_timed_at_the_most_threads_forwards_run_on(monkeypatch):
+    """The loading thread holds one torch thread and the tuner may start on one (a busy
+    machine), yet forwards run on every core once it is quiet: the bundled model's down
+    projections timed alike stored and packed on one thread, and decoded 10% slower stored on
+    two. Warm-up times the layouts at the tuner's most, then steps at its count."""
+    import threading
+
+    import promptcache.engines.torch.runner as runner_module
+    from promptcache.engines.torch.runner import TorchRunner
+    from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread
+    from promptcache.testing.tiny_models import ByteTokenizer
+
+    seen: list[tuple[str, int]] = []
+    choose = runner_module.choose_weight_layouts
+
+    def spy(model, **kw):
+        seen.append(("layouts", torch.get_num_threads()))
+        return choose(model, min_class_bytes=0, **kw)
+
+    monkeypatch.setattr(runner_module, "choose_weight_layouts", spy)
+    tuner = ThreadTuner(None, cores=2)
+    tuner.threads = 1  # started beside another process's work
+    runner = TorchRunner(tiny_model("llama"), ByteTokenizer(), threads=tuner)
+    assert seen == []  # not on the loading thread
+    assert all(weight_format(o) == "stored" for o in weight_owners(runner.model))
+
+    def warm() -> None:
+        hold_one_thread()  # as every background thread starts
+        runner.warm_up_steps(16, 32)
+        seen.append(("after", torch.get_num_threads()))
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    thread.join()
+    assert seen == [("layouts", 2), ("after", 1)]
+    assert runner.model.__dict__["promptcache_layouts"]  # every class decided

@@ -47,7 +47,12 @@ from promptcache.engines.torch.state import (
     slice_positional,
     take_checkpoint,
 )
-from promptcache.engines.torch.threads import ThreadTuner, hold_one_thread, thread_figures
+from promptcache.engines.torch.threads import (
+    ThreadTuner,
+    hold_one_thread,
+    thread_figures,
+    torch_threads,
+)
 from promptcache.engines.torch.vision_select import make_vision
 from promptcache.engines.torch.warm import warm_up_steps
 from promptcache.engines.torch.weights import weights_mode
@@ -108,9 +113,6 @@ class TorchRunner:
             + ("" if self.weights == "model" else "+w" + self.weights),
             self.name,
         )
-        # each weight in the format its matmuls run fastest in (torch.layouts); after the
-        # fingerprint: a packed weight is opaque
-        choose_weight_layouts(model)
         forward_args = inspect.signature(model.forward).parameters
         self._keep_arg = "logits_to_keep" in forward_args
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
@@ -235,7 +237,14 @@ class TorchRunner:
         return warm_up(self)
 
     def warm_up_steps(self, step_tokens: int, max_step_tokens: int) -> int:
-        """The step shapes serving runs, once (``torch.warm``): the forwards run."""
+        """Each weight in the format its matmuls run fastest in (``torch.layouts``), timed at
+        the most torch threads forwards run on (at one, the loading thread's, the bundled
+        model's 576-output down projections timed alike stored and packed, and then decoded
+        10% slower stored on two); then the step shapes serving runs, once (``torch.warm``):
+        the forwards run."""
+        most = self.threads.most_threads if self.threads is not None else torch.get_num_threads()
+        with torch_threads(most):
+            choose_weight_layouts(self.model)
         return warm_up_steps(self, step_tokens, max_step_tokens)
 
     def reset_decode(self) -> None:

@@ -19,7 +19,8 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from promptcache.core.figures import Series, Snapshot
 
@@ -94,6 +95,11 @@ class ThreadTuner:
         total = os.cpu_count() or self.cores
         return threads_for(self.cores, load * self.cores / max(total, self.cores))
 
+    @property
+    def most_threads(self) -> int:
+        """The most threads it sets: what forwards run on while the machine is otherwise idle."""
+        return self.fixed or self.cores
+
     def apply(self) -> int:
         """The thread count in force for the next forward (set now if it changed)."""
         if self.fixed is None and self._clock() - self._sample[0] >= RECHECK_S:
@@ -159,6 +165,19 @@ def _torch_set_threads(n: int) -> None:
     # first, or it would later overwrite ours
     torch.get_num_threads()
     torch.set_num_threads(n)
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """The calling thread's torch threads at ``n`` for the block, then back."""
+    import torch
+
+    before = torch.get_num_threads()
+    _torch_set_threads(n)
+    try:
+        yield
+    finally:
+        _torch_set_threads(before)
 
 
 def hold_one_thread() -> None:
