@@ -179,10 +179,6 @@ class QueuesWrites(Protocol):
         """Bytes of the blocks accepted and not yet written (the one being written included).
         Read without the cache's lock: it may fall (a write done) at any moment."""
 
-    def queued_records(self) -> list[BlockRecord]:
-        """The blocks counted in ``queued_bytes``, oldest first (a snapshot; safe from any
-        thread). A record shares its payload with the RAM block it was made from."""
-
     def limit_queued_bytes(self, nbytes: int) -> None:
         """From now on ``put`` drops a block (False, counted as dropped) that would take the
         queued bytes past ``nbytes``, unless nothing is queued. Calling again replaces it."""

@@ -83,9 +83,6 @@ class PartsTier:
     def queued_bytes(self) -> int:
         return self.writer.queue.num_queued_bytes
 
-    def queued_records(self) -> list[BlockRecord]:
-        return [r for r in self.writer.queue.pending() if isinstance(r, BlockRecord)]
-
     def limit_queued_bytes(self, nbytes: int) -> None:
         self.writer.queue.max_bytes = nbytes
 

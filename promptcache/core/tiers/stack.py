@@ -79,39 +79,19 @@ class TierStack:
             share = int(ram.budget_bytes * QUEUED_SHARE) // len(self._queues)
             for tier in self._queues:
                 tier.limit_queued_bytes(share)
-            ram.held_elsewhere = self.held_outside_ram
+            ram.held_elsewhere = self.queued_bytes
 
     def queued_bytes(self) -> int:
         """Bytes of the blocks waiting for a lower tier's writer (safe from any thread)."""
         return sum(tier.queued_bytes() for tier in self._queues)
 
-    def held_outside_ram(self) -> int:
-        """Under the lock: bytes of the queued blocks whose payload RAM does not hold (evicted
-        since, or spilled), each once; a queued copy of a resident block costs nothing more."""
-        if not self._queues or not self.queued_bytes():
-            return 0
-        seen: set[int] = set()
-        total = 0
-        for tier in self._queues:
-            for record in tier.queued_records():
-                block = self.ram.get(record.block_hash)
-                if block is not None and block.payload is record.payload:
-                    continue
-                if id(record.payload) not in seen:
-                    seen.add(id(record.payload))
-                    total += record.nbytes
-        return total
-
     def fit_budget(self) -> None:
-        """Under the lock: evict (and spill) until RAM's blocks and the queued ones it no longer
-        holds fit its budget, as far as blocks can be evicted. A queued write may be taken after
-        RAM made room for it; evicting a block still queued frees nothing, so it goes on."""
+        """Under the lock: evict (and spill) until RAM's blocks and the queued ones fit its
+        budget together, as far as blocks can be evicted. RAM made room for the queue when it
+        took its last block, but that block's write-through (or a spill) may queue after."""
         ram = self.ram
-        if ram.held_bytes + ram.reserved_bytes + self.queued_bytes() <= ram.budget_bytes:
-            return  # the queued bytes counted whole: an upper bound
         while True:
-            excess = ram.held_bytes + ram.reserved_bytes + self.held_outside_ram()
-            excess -= ram.budget_bytes
+            excess = ram.held_bytes + ram.reserved_bytes + self.queued_bytes() - ram.budget_bytes
             if excess <= 0 or not ram.evict_bytes(excess):
                 return
             self._act_on_moves()

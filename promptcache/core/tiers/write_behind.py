@@ -3,8 +3,8 @@
 A request never waits on a tier's writes: ``offer`` queues an item or drops it (the queue is
 full, by count or by the bytes ``size`` says its items hold: counted by ``on_drop``, the tier's
 own counter). Queued blocks live in this process until written, so their bytes are counted
-(``num_queued_bytes``) and bounded (``max_bytes``): the tier stack counts those RAM no longer
-holds against its budget (``pending``). The writer thread hands each item to
+(``num_queued_bytes``) and bounded (``max_bytes``): the tier stack counts them against RAM's
+budget. The writer thread hands each item to
 ``handle``; an exception there goes to ``on_error`` and the thread goes on. Between items it
 calls ``idle`` (a tier's chance to reopen its folder or probe its server), which says how long
 to wait for the next item. ``Backoff`` is the doubling, capped cool-down both the SSD tier's
@@ -17,7 +17,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Generic, TypeVar, cast
+from typing import Generic, TypeVar
 
 from promptcache.core.worker_threads import lower_own_priority, start_thread
 
@@ -71,7 +71,7 @@ class WriteBehind(Generic[T]):
     """Invariant: every item ``offer`` accepted is handed to ``handle`` exactly once, in order,
     on the one writer thread (unless ``close`` timed out); ``flush`` returns True only once all
     of them are done; ``num_queued_bytes`` is the ``size`` of those accepted and not yet done
-    (the one being handled included), and ``pending`` those items."""
+    (the one being handled included)."""
 
     def __init__(
         self,
@@ -92,9 +92,6 @@ class WriteBehind(Generic[T]):
         self.max_bytes: int | None = None
         self._bytes_lock = threading.Lock()
         self._queued_bytes = 0
-        # the items accepted and not yet done, by the number ``offer`` gave them (``pending``)
-        self._pending: dict[int, T] = {}
-        self._num_offered = 0
         self._on_error = on_error
         self._on_drop = on_drop
         self._idle = idle
@@ -113,12 +110,6 @@ class WriteBehind(Generic[T]):
     def num_queued_bytes(self) -> int:
         return self._queued_bytes
 
-    def pending(self) -> list[T]:
-        """The items accepted and not yet done (the one being handled included), oldest first;
-        a snapshot, safe from any thread."""
-        with self._bytes_lock:
-            return list(self._pending.values())
-
     def offer(self, item: T) -> bool:
         """Queue ``item`` without waiting; False (and ``on_drop``) when full or closed."""
         if not self._closed:
@@ -130,15 +121,12 @@ class WriteBehind(Generic[T]):
                 )
                 if fits:
                     self._queued_bytes += nbytes
-                    self._num_offered += 1
-                    seq = self._num_offered
-                    self._pending[seq] = item
             if fits:
                 try:
-                    self._queue.put_nowait((seq, item))
+                    self._queue.put_nowait(item)
                     return True
                 except queue.Full:
-                    self._release(seq, nbytes)
+                    self._release(nbytes)
         if self._on_drop is not None:
             self._on_drop(item)
         return False
@@ -169,22 +157,21 @@ class WriteBehind(Generic[T]):
         while True:
             wait = self._idle() if self._idle is not None else None
             try:
-                got = self._queue.get(timeout=wait)
+                item = self._queue.get(timeout=wait)
             except queue.Empty:
                 continue
-            if got is _STOP:
+            if item is _STOP:
                 self._queue.task_done()
                 return
-            seq, item = cast("tuple[int, T]", got)
             try:
-                self._handle(item)
+                self._handle(item)  # type: ignore[arg-type]
             except Exception as exc:  # a tier's error must never end its writer
-                self._on_error(item, exc)
+                self._on_error(item, exc)  # type: ignore[arg-type]
             finally:
-                self._release(seq, self._size(item) if self._size is not None else 0)
+                if self._size is not None:
+                    self._release(self._size(item))  # type: ignore[arg-type]
                 self._queue.task_done()
 
-    def _release(self, seq: int, nbytes: int) -> None:
+    def _release(self, nbytes: int) -> None:
         with self._bytes_lock:
             self._queued_bytes -= nbytes
-            del self._pending[seq]
