@@ -145,7 +145,7 @@ def test_layouts_are_timed_at_the_most_threads_forwards_run_on(monkeypatch):
         return choose(model, min_class_bytes=0, **kw)
 
     monkeypatch.setattr(runner_module, "choose_weight_layouts", spy)
-    tuner = ThreadTuner(None, cores=2)
+    tuner = ThreadTuner(None, cores=2, clock=lambda: 0.0)  # no re-check during the test
     tuner.threads = 1  # started beside another process's work
     runner = TorchRunner(tiny_model("llama"), ByteTokenizer(), threads=tuner)
     assert seen == []  # not on the loading thread
