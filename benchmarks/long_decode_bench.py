@@ -24,12 +24,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from load_bench import command, words  # noqa: E402
+from peer_bench import server_compute  # noqa: E402
 from peer_server import PeerServer, free_port  # noqa: E402
 
 from promptcache.models import resolve_model  # noqa: E402
@@ -50,7 +49,8 @@ def run_size(server: PeerServer, size: int, rep: int, args: argparse.Namespace) 
         "cold_ttft_s": cold["ttft_s"], "warm_ttft_s": warm["ttft_s"],
         "decode_tok_s": warm["decode_tok_s"], "cold_decode_tok_s": cold["decode_tok_s"],
         "gap_p50_ms": warm["gap_p50_ms"], "gap_max_ms": warm["gap_max_ms"],
-        "load": os.getloadavg()[0], **server_compute(server),
+        "load": os.getloadavg()[0],
+        **{k: v for k, v in server_compute(server).items() if k in ("torch_threads", "thread_changes")},
     }  # fmt: skip
     print(f"  {server.name:<12} {size:>6}: prompt {row['prompt_tokens']}, cold {row['cold_ttft_s']:.2f} s, "
           f"warm {row['warm_ttft_s']:.3f} s (cached {row['cached_tokens']}), decode "
@@ -59,17 +59,6 @@ def run_size(server: PeerServer, size: int, rep: int, args: argparse.Namespace) 
           + (f", torch threads {row['torch_threads']} ({row['thread_changes']} changes)"
              if "torch_threads" in row else ""), flush=True)  # fmt: skip
     return row
-
-
-def server_compute(server: PeerServer) -> dict[str, Any]:
-    """promptcache's own ``compute`` figures (torch threads in force, changes so far); {} for a
-    server without ``/v1/cache/stats``."""
-    try:
-        r = server.client.get(f"http://127.0.0.1:{server.port}/v1/cache/stats", timeout=10)
-        compute = r.json().get("compute") or {} if r.status_code == 200 else {}
-    except (httpx.HTTPError, ValueError):
-        return {}
-    return {k: compute[k] for k in ("torch_threads", "thread_changes") if k in compute}
 
 
 def main() -> int:
