@@ -26,6 +26,7 @@ import ctypes.util
 import functools
 import json
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -79,11 +80,8 @@ def run(
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from promptcache.engines.base import SamplingParams
     from promptcache.engines.torch.buffers import POOL
-    from promptcache.engines.torch.engine import TorchEngine
     from promptcache.serving import memory, memory_books
-    from promptcache.testing.tiny_models import ByteTokenizer
 
     if slack_mb is not None:
         memory_books.RSS_SLACK_BYTES = slack_mb << 20
@@ -96,8 +94,29 @@ def run(
                       num_hidden_layers=30, num_attention_heads=3, num_key_value_heads=3,
                       max_position_embeddings=8192, initializer_range=0.2)  # fmt: skip
     model = AutoModelForCausalLM.from_config(cfg).eval()
+    ssd_dir = tempfile.mkdtemp(prefix="memory-bench-")  # ~0.9 GB of block files: removed below
+    try:
+        return measure(model, ssd_dir, max_live, check_ms, num_sessions, tune)
+    finally:
+        shutil.rmtree(ssd_dir, ignore_errors=True)
+
+
+def measure(
+    model: Any,
+    ssd_dir: str,
+    max_live: str | None,
+    check_ms: float | None,
+    num_sessions: int,
+    tune: bool,
+) -> dict[str, float]:
+    from promptcache.engines.base import SamplingParams
+    from promptcache.engines.torch.buffers import POOL
+    from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.serving import memory, memory_books
+    from promptcache.testing.tiny_models import ByteTokenizer
+
     engine = TorchEngine(model, ByteTokenizer(), block_size=64, ram_budget="32MB",
-                         ssd_dir=tempfile.mkdtemp(), max_live_bytes=max_live)  # fmt: skip
+                         ssd_dir=ssd_dir, max_live_bytes=max_live)  # fmt: skip
     if check_ms is not None:
         engine.heap.check_s = check_ms / 1e3
     base = memory.rss_bytes()
