@@ -5,7 +5,7 @@ HTTP), prefills one ``--context``-token prompt and decodes ``--decode`` tokens t
 rates (tokens after the first / their time) come back. Variants (``--variant NAME=ENV``, e.g.
 ``thp=THP_MEM_ALLOC_ENABLE=1``) alternate run by run with the plain one, so the machine's drift
 falls on each alike. Prints every run, then per variant the median and the spread (max / min - 1)
-of the second rates.
+of the second rates. Each run's line also names the weight layouts its process chose.
 
     .venv/bin/python benchmarks/decode_spread_bench.py --runs 10 --variant thp=THP_MEM_ALLOC_ENABLE=1
 
@@ -53,10 +53,13 @@ def reply_rate(engine: Any, ids: list[int], decode: int) -> float:
     raise RuntimeError("the reply ended before its second token")
 
 
-def one_process(context: int, decode: int) -> list[float]:
-    """Runs in the child: the two decode rates of one process."""
+def one_process(context: int, decode: int) -> dict[str, Any]:
+    """Runs in the child: the two decode rates of one process, and the weight layouts it chose
+    (``torch/layouts.py``: a near-tie can go either way from process to process)."""
     engine, ids = load(context)
-    return [reply_rate(engine, ids, decode) for _ in range(2)]
+    rates = [reply_rate(engine, ids, decode) for _ in range(2)]
+    chosen = engine.runner.model.__dict__.get("promptcache_layouts", {})
+    return {"rates": rates, "layouts": {"x".join(map(str, k)): v for k, v in chosen.items()}}
 
 
 def decode_in_turns(conn: Any, context: int, decode: int) -> None:
@@ -118,10 +121,12 @@ def main() -> int:
                 env={**os.environ, "PYTHONPATH": str(ROOT), **env}, capture_output=True,
                 text=True, check=True,
             )  # fmt: skip
-            got = json.loads(out.stdout.strip().splitlines()[-1])
+            child = json.loads(out.stdout.strip().splitlines()[-1])
+            got = child["rates"]
             rates[name].append(got[-1])
-            print(f"run {run + 1} {name:<8} " + " / ".join(f"{r:.1f}" for r in got) + " tok/s",
-                  flush=True)  # fmt: skip
+            shapes = " ".join(f"{k}:{v}" for k, v in sorted(child["layouts"].items()))
+            print(f"run {run + 1} {name:<8} " + " / ".join(f"{r:.1f}" for r in got) + " tok/s  "
+                  + shapes, flush=True)  # fmt: skip
     print("\n| variant | runs | decode tok/s, median | spread (max / min - 1) |")
     print("|---|---|---|---|")
     for name, got in rates.items():
