@@ -28,12 +28,14 @@ import statistics
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from promptcache.engines.torch.fused import StackedLinear, StackedWeights
+from promptcache.engines.torch.layout_memo import LayoutMemo, machine_key, shape_name
 from promptcache.engines.torch.onednn import OneDnnLinear, onednn_linear
 
 log = logging.getLogger("promptcache")
@@ -44,6 +46,7 @@ MARGIN = 0.95  # another format must score under 95% of as stored: noise does no
 BATCH_ROWS = 16  # the decode batch a format is also timed at (beside one row)
 PACK_ROWS = 32  # the row count oneDNN packs for (the packed format barely depends on it)
 FORMATS = ("stored", "transposed", "packed")
+TIMED_PASSES = 5  # per format and row count, formats in turn: the median is kept
 
 
 def weight_owners(model: Any) -> list[Any]:
@@ -144,64 +147,82 @@ def choose_weight_layouts(
     min_class_bytes: int = MIN_CLASS_BYTES,
     clock: Callable[[], float] = time.perf_counter,
     formats: tuple[str, ...] = FORMATS,
+    memo_file: Path | None = None,
 ) -> int:
     """Time each shape class of weights (at least ``min_class_bytes`` in all) in each of
     ``formats`` at one row and at ``BATCH_ROWS``, and store the class in the format whose times,
     each relative to the fastest at its row count, sum least, where that beats as stored by
     ``MARGIN``. In place, idempotent (a class decided is not timed again); returns how many
-    weights changed format."""
+    weights changed format. With a ``memo_file`` (``layout_memo``), a class this machine decided
+    before takes the kept format untimed, and what is timed is kept there."""
     decided: dict[tuple[int, ...], str] = model.__dict__.setdefault("promptcache_layouts", {})
     if "packed" in formats and not can_pack():
         formats = tuple(f for f in formats if f != "packed")
+    memo = LayoutMemo(memo_file, machine_key(formats)) if memo_file is not None else None
     classes: dict[tuple[int, ...], list[Any]] = defaultdict(list)
     for owner in weight_owners(model):
         if weight_format(owner) == "stored":
             classes[tuple(owner.weight.shape)].append(owner)
     num_changed = 0
+    timed_now: dict[tuple[int, ...], str] = {}
     for shape, owners in classes.items():
         if shape in decided:
             continue
         size = owners[0].weight.numel() * owners[0].weight.element_size()
         if size * len(owners) < min_class_bytes:
             continue
+        kept = memo.get(shape, formats) if memo is not None else None
+        if kept is not None:
+            decided[shape] = kept
+            if kept != "stored":
+                set_weight_format(model, owners, kept)
+                num_changed += len(owners)
+            log.info("weights %s x%d: %s (kept for this machine)", shape_name(shape), len(owners),
+                     kept)  # fmt: skip
+            continue
         timed = [o.weight for o in owners[: max(1, -(-TIMED_BYTES // size))]]
         if size > TIMED_BYTES:  # one weight past it (an untied output embedding): its first rows
             timed = [timed[0][: max(1, TIMED_BYTES // (size // shape[0]))]]
-        seconds: dict[str, list[float]] = {}
-        for fmt in formats:
-            weights = timed if fmt == "stored" else [formatted(w, fmt) for w in timed]
-            seconds[fmt] = [_time_pass(rows, shape[1], weights, clock) for rows in (1, BATCH_ROWS)]
-            del weights
+        seconds = _time_formats(timed, formats, shape[1], clock)
         best = [min(t[i] for t in seconds.values()) for i in range(2)]
         score = {f: sum(t[i] / best[i] for i in range(2)) for f, t in seconds.items()}
         choice = min(score, key=score.__getitem__)
         if score[choice] >= MARGIN * score["stored"]:
             choice = "stored"
-        decided[shape] = choice
+        decided[shape] = timed_now[shape] = choice
         if choice != "stored":
             set_weight_format(model, owners, choice)
             num_changed += len(owners)
         log.info(
             "weights %s x%d: matmul at 1 / %d rows (us per weight) %s: %s",
-            "x".join(map(str, shape)), len(owners), BATCH_ROWS,
+            shape_name(shape), len(owners), BATCH_ROWS,
             ", ".join(f"{f} {t[0] / len(timed) * 1e6:.0f} / {t[1] / len(timed) * 1e6:.0f}"
                       for f, t in seconds.items()),
             choice,
         )  # fmt: skip
+    if memo is not None and timed_now:
+        memo.put(timed_now)
     return num_changed
 
 
 @torch.inference_mode()
-def _time_pass(
-    rows: int, width: int, weights: list[torch.Tensor], clock: Callable[[], float]
-) -> float:
-    """Median seconds of one pass of ``rows``-row matmuls over ``weights`` (after a warm
-    pass)."""
-    x = torch.randn(rows, width, dtype=torch.float32)
-    seconds = []
-    for _ in range(4):
-        t0 = clock()
-        for w in weights:
-            onednn_linear(x, w, None)
-        seconds.append(clock() - t0)
-    return statistics.median(seconds[1:])
+def _time_formats(
+    timed: list[torch.Tensor], formats: tuple[str, ...], width: int, clock: Callable[[], float]
+) -> dict[str, list[float]]:
+    """Per format, the median seconds of one pass of matmuls over ``timed`` at 1 row and at
+    ``BATCH_ROWS``. The formats take turns pass by pass (after a warm pass each), so a slow
+    moment of the machine falls on each alike rather than on whichever ran then (a near-tie
+    then went either way from process to process: 2 of 8 fresh processes chose another format
+    for one class and decoded 1-2% slower)."""
+    weights = {f: timed if f == "stored" else [formatted(w, f) for w in timed] for f in formats}
+    inputs = [torch.randn(rows, width, dtype=torch.float32) for rows in (1, BATCH_ROWS)]
+    passes: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for rep in range(TIMED_PASSES + 1):
+        for fmt, ws in weights.items():
+            for i, x in enumerate(inputs):
+                t0 = clock()
+                for w in ws:
+                    onednn_linear(x, w, None)
+                if rep:  # the first pass warms (the packed weights' first use, the caches)
+                    passes[fmt, i].append(clock() - t0)
+    return {f: [statistics.median(passes[f, i]) for i in range(len(inputs))] for f in formats}

@@ -7,6 +7,7 @@ import inspect
 import logging
 from collections.abc import Sequence
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from promptcache.engines.torch.batch import (
 )
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
+from promptcache.engines.torch.layout_memo import FILE_NAME as LAYOUT_MEMO_FILE
 from promptcache.engines.torch.layouts import choose_weight_layouts, unpack_weights
 from promptcache.engines.torch.lean import LeanDecoder, make_lean_decoder
 from promptcache.engines.torch.onednn import use_onednn_linears
@@ -56,9 +58,11 @@ from promptcache.engines.torch.threads import (
 from promptcache.engines.torch.vision_select import make_vision
 from promptcache.engines.torch.warm import warm_up_steps
 from promptcache.engines.torch.weights import weights_mode
+from promptcache.models import cache_root
 from promptcache.serving.block_scheme import BlockScheme
 from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.serving.layers import Layout
+from promptcache.serving.memory import trim_heap, tune_malloc
 
 log = logging.getLogger("promptcache")
 
@@ -81,6 +85,8 @@ class TorchRunner:
         processor alone): the runner then takes images (``vision``). ``threads``: who sets torch's intra-op threads before
         each forward (None: left as they are)."""
         self.threads = threads
+        # where the weight layouts chosen on this machine are kept (None: timed at every start)
+        self.layout_memo_file: Path | None = cache_root() / LAYOUT_MEMO_FILE
         if threads is not None:  # every background thread on one torch thread (torch.threads)
             add_start_hook(hold_one_thread)
         # no autograd, wherever the model is called from: a forward outside inference mode
@@ -241,10 +247,13 @@ class TorchRunner:
         the most torch threads forwards run on (at one, the loading thread's, the bundled
         model's 576-output down projections timed alike stored and packed, and then decoded
         10% slower stored on two); then the step shapes serving runs, once (``torch.warm``):
-        the forwards run."""
+        the forwards run. A machine's layouts are timed once and kept
+        (``layout_memo``, in ``layout_memo_file``)."""
         most = self.threads.most_threads if self.threads is not None else torch.get_num_threads()
         with torch_threads(most):
-            choose_weight_layouts(self.model)
+            choose_weight_layouts(self.model, memo_file=self.layout_memo_file)
+        tune_malloc()  # as serving runs (``serving.memory``), and what makes the trim possible
+        trim_heap()  # the formats' copies timed (~0.2 GB on the bundled model) stay out of RSS
         return warm_up_steps(self, step_tokens, max_step_tokens)
 
     def reset_decode(self) -> None:
