@@ -62,7 +62,6 @@ from promptcache.models import cache_root
 from promptcache.serving.block_scheme import BlockScheme
 from promptcache.serving.fingerprint import VOLATILE_CONFIG_KEYS, digest_weights
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory import trim_heap, tune_malloc
 
 log = logging.getLogger("promptcache")
 
@@ -252,8 +251,6 @@ class TorchRunner:
         most = self.threads.most_threads if self.threads is not None else torch.get_num_threads()
         with torch_threads(most):
             choose_weight_layouts(self.model, memo_file=self.layout_memo_file)
-        tune_malloc()  # as serving runs (``serving.memory``), and what makes the trim possible
-        trim_heap()  # the formats' copies timed (~0.2 GB on the bundled model) stay out of RSS
         return warm_up_steps(self, step_tokens, max_step_tokens)
 
     def reset_decode(self) -> None:
