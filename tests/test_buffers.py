@@ -183,3 +183,28 @@ def test_with_few_bytes_lent_a_request_s_worth_stays_free_within_the_spare_budge
         del bufs
         assert pool.num_free_bytes == kept * one
         pool.check_integrity()
+
+
+def test_a_reserve_is_faulted_in_kept_through_an_idle_trim_and_serves_bigger_buffers() -> None:
+    pool = BufferPool(max_free_bytes=0, share_floor_bytes=8 << 20)
+    memory.add_pool(pool)  # (it lends the pool the engines' spare budget: replaced below)
+    try:
+        pool.spare = lambda: 4 << 20  # the RAM budget's unused part bounds the reserve
+        assert pool.reserve(64 << 20) == 4 << 20
+        assert pool.num_free_bytes == pool.reserve_bytes == 4 << 20 and pool.num_lent_bytes == 0
+        assert pool.reserve(64 << 20) == 0  # safe twice: nothing more mapped
+        pool.check_integrity()
+        maps = pool.num_maps
+        t = pool.empty((3 << 18,), torch.float32)  # 3 MiB: a reserved mapping grown in place
+        assert pool.num_maps == maps and pool.num_free_bytes < 4 << 20
+        t.fill_(2.0)
+        assert bool((t == 2.0).all())
+        del t
+        pool.check_integrity()
+        memory.trim_heap(keep_reserve=True)  # an idle trim: the reserve stays
+        assert 0 < pool.num_free_bytes <= pool.reserve_bytes
+        memory.trim_heap()  # under load, past the allowance: everything goes
+        assert pool.num_free_bytes == 0 and pool.num_mapped_bytes == 0
+        pool.check_integrity()
+    finally:
+        memory._pools.remove(pool)

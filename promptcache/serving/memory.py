@@ -30,9 +30,15 @@ class FreePool(Protocol):
 
     num_free_bytes: int  # the free buffers' bytes, waiting for reuse (resident)
     spare: Callable[[], int] | None  # bytes free buffers may also take (``share_spare``)
+    reserve_bytes: int  # free bytes an idle trim leaves (``reserve_pools``)
 
-    def release_free(self) -> int:
-        """Give every free buffer back to the system; the bytes released. Safe to call twice."""
+    def release_free(self, keep_bytes: int = 0) -> int:
+        """Give free buffers back to the system until ``keep_bytes`` are left; the bytes
+        released. Safe to call twice."""
+        ...
+
+    def reserve(self, nbytes: int) -> int:
+        """Keep ``nbytes`` of free buffers faulted in (within its bound); the bytes mapped."""
         ...
 
 
@@ -117,12 +123,18 @@ def pooled_free_bytes() -> int:
     return sum(p.num_free_bytes for p in list(_pools))
 
 
-def trim_heap() -> bool:
+def reserve_pools(nbytes: int) -> int:
+    """Have every pool keep ``nbytes`` of free buffers faulted in, through idle trims (each
+    within its bound on free bytes); the bytes mapped."""
+    return sum(p.reserve(nbytes) for p in list(_pools))
+
+
+def trim_heap(keep_reserve: bool = False) -> bool:
     """Give the heap's free pages back to the system (glibc's ``malloc_trim``; every arena),
-    and every pool's free buffers (``add_pool``): after a load, the buffers it freed stop
-    counting in RSS. Safe from any thread, at any time (later allocations fault their pages in
-    again). True when some memory was released."""
-    released = sum(p.release_free() for p in list(_pools))
+    and every pool's free buffers (``add_pool``; ``keep_reserve``: all but its reserve): after
+    a load, the buffers it freed stop counting in RSS. Safe from any thread, at any time
+    (later allocations fault their pages in again). True when some memory was released."""
+    released = sum(p.release_free(p.reserve_bytes if keep_reserve else 0) for p in list(_pools))
     libc = _libc
     trimmed = bool(libc.malloc_trim(0)) if libc is not None else False
     return trimmed or released > 0
@@ -172,9 +184,9 @@ class HeapTrim:
 
     def _fire(self) -> None:
         if self.is_idle():
-            self._trim()
+            self._trim(keep_reserve=True)  # the next load's first buffers, already faulted in
 
-    def _trim(self) -> None:
-        trim_heap()
+    def _trim(self, keep_reserve: bool = False) -> None:
+        trim_heap(keep_reserve)
         with self._lock:
             self.num_trims += 1
