@@ -208,3 +208,24 @@ def test_a_reserve_is_faulted_in_kept_through_an_idle_trim_and_serves_bigger_buf
         pool.check_integrity()
     finally:
         memory._pools.remove(pool)
+
+
+def test_an_engine_reserves_within_its_budget_and_replies_as_an_uncached_one() -> None:
+    from promptcache.engines.base import SamplingParams
+    from promptcache.engines.torch.buffers import POOL
+    from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.testing.tiny_models import ByteTokenizer, tiny_model
+
+    POOL.release_free()
+    cached = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="2MB")
+    assert 0 < POOL.reserve_bytes <= cached.cache.ram.budget_bytes
+    assert POOL.num_free_bytes > 0  # faulted in before any request
+    plain = TorchEngine(tiny_model("llama"), ByteTokenizer(), cache_enabled=False)
+    params = SamplingParams(max_tokens=12)
+    history = [3 + (5 * i) % 200 for i in range(90)]
+    for _ in range(3):  # later turns restore their history into pooled (reserved) buffers
+        want = list(plain.generate(history, params))[-1].completion_ids
+        got = list(cached.generate(history, params))[-1].completion_ids
+        assert got == want
+        history = history + got + [7, 8, 9]
+    POOL.check_integrity()

@@ -41,7 +41,8 @@ class MemoryBooks:
         self.heap = HeapTrim(lambda: scheduler.num_active == 0, self.rss_allowance)
         if cache is not None:  # freed KV buffers wait for reuse in the budget's unused part
             share_spare(self.spare_budget_bytes)
-            reserve_pools(RESERVE_BYTES)  # and some are faulted in before the first request
+            if getattr(getattr(runner, "device", None), "type", None) == "cpu":  # pooled: CPU KV
+                reserve_pools(RESERVE_BYTES)  # and some are faulted in before the first request
         scheduler.on_idle = self.heap.on_idle
         scheduler.after_step = self.heap.after_step
 
