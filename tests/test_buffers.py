@@ -208,6 +208,11 @@ def test_a_reserve_is_faulted_in_kept_through_an_idle_trim_and_serves_bigger_buf
         pool.check_integrity()
     finally:
         memory._pools.remove(pool)
+    empty = BufferPool(max_free_bytes=32 << 20)
+    empty.spare = lambda: 0  # a full RAM tier: nothing reserved, not even the free floor
+    assert empty.reserve(64 << 20) == 0 and empty.num_free_bytes == 0
+    assert empty.release_free() == 0
+    empty.check_integrity()
 
 
 def test_an_engine_reserves_within_its_budget_and_replies_as_an_uncached_one() -> None:

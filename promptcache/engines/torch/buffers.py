@@ -158,11 +158,11 @@ class BufferPool:
             limit = min(share, room) if room is not None else share  # no floor: within budget
             self._limit = max(self._limit, limit)  # the bound checked: at least this one
             self.reserve_bytes = want = min(nbytes, limit)
-            num = max(0, want - self.num_free_bytes) // RESERVE_MAP_BYTES
-            num = min(num, self.max_maps - self._num_live_maps)
-            self._num_live_maps += max(0, num)
+            num = max(0, min((want - self.num_free_bytes) // RESERVE_MAP_BYTES,
+                             self.max_maps - self._num_live_maps))  # fmt: skip
+            self._num_live_maps += num
         maps = []
-        for _ in range(max(0, num)):
+        for _ in range(num):
             try:
                 mm = mmap.mmap(-1, RESERVE_MAP_BYTES, flags=_PRIVATE)
             except (OSError, ValueError):
@@ -171,7 +171,8 @@ class BufferPool:
             maps.append(mm)
         with self._lock:
             self._num_live_maps -= num - len(maps)
-            self._free.setdefault(RESERVE_MAP_BYTES, []).extend(maps)
+            if maps:  # never an empty class: release_free takes the smallest class's last
+                self._free.setdefault(RESERVE_MAP_BYTES, []).extend(maps)
             self.num_free_bytes += len(maps) * RESERVE_MAP_BYTES
             self.num_maps += len(maps)
         return len(maps) * RESERVE_MAP_BYTES
