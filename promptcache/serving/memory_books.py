@@ -32,7 +32,8 @@ class MemoryBooks:
     """Set up once per engine, after its scheduler: tunes malloc, takes the process's RSS before
     any request, hooks the heap trim (``heap``) on the scheduler, lends pools the RAM
     budget's unused part, and has them fault a reserve in (``RESERVE_BYTES``) where the
-    runner's KV is pooled (a CPU device). ``cache`` is the engine's prompt cache, or None when it is off."""
+    runner's KV is pooled (a CPU device). ``cache`` is the engine's prompt cache, or None when
+    it is off."""
 
     def __init__(self, cache: Any, runner: ModelRunner, scheduler: Scheduler) -> None:
         self.cache, self.runner, self.scheduler = cache, runner, scheduler
