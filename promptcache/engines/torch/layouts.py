@@ -154,8 +154,8 @@ def choose_weight_layouts(
     ``formats`` at one row and at ``BATCH_ROWS``, and store the class in the format whose times,
     each relative to the fastest at its row count, sum least, where that beats as stored by
     ``MARGIN``. In place, idempotent (a class decided is not timed again); returns how many
-    weights changed format. With a ``memo_file`` (``layout_memo``), a class this machine decided
-    before takes the kept format untimed, and what is timed is kept there."""
+    weights changed format. With a ``memo_file`` (``layout_memo``), a class this machine has
+    timed ``VOTES`` times takes their majority untimed; a class timed votes there."""
     decided: dict[tuple[int, ...], str] = model.__dict__.setdefault("promptcache_layouts", {})
     if "packed" in formats and not can_pack():
         formats = tuple(f for f in formats if f != "packed")
@@ -178,7 +178,7 @@ def choose_weight_layouts(
             if kept != "stored":
                 set_weight_format(model, owners, kept)
                 num_changed += len(owners)
-            log.info("weights %s x%d: %s (kept for this machine)", shape_name(shape), len(owners),
+            log.info("weights %s x%d: %s (as most timed starts on this machine)", shape_name(shape), len(owners),
                      kept)  # fmt: skip
             continue
         timed = [o.weight for o in owners[: max(1, -(-TIMED_BYTES // size))]]
