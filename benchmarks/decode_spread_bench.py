@@ -58,8 +58,10 @@ def one_process(context: int, decode: int) -> dict[str, Any]:
     (``torch/layouts.py``: a near-tie can go either way from process to process)."""
     engine, ids = load(context)
     rates = [reply_rate(engine, ids, decode) for _ in range(2)]
+    from promptcache.engines.torch.layout_memo import shape_name
+
     chosen = engine.runner.model.__dict__.get("promptcache_layouts", {})
-    return {"rates": rates, "layouts": {"x".join(map(str, k)): v for k, v in chosen.items()}}
+    return {"rates": rates, "layouts": {shape_name(k): v for k, v in chosen.items()}}
 
 
 def decode_in_turns(conn: Any, context: int, decode: int) -> None:

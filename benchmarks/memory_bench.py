@@ -26,7 +26,6 @@ import ctypes.util
 import functools
 import json
 import random
-import shutil
 import tempfile
 import threading
 import time
@@ -94,11 +93,8 @@ def run(
                       num_hidden_layers=30, num_attention_heads=3, num_key_value_heads=3,
                       max_position_embeddings=8192, initializer_range=0.2)  # fmt: skip
     model = AutoModelForCausalLM.from_config(cfg).eval()
-    ssd_dir = tempfile.mkdtemp(prefix="memory-bench-")  # ~0.9 GB of block files: removed below
-    try:
+    with tempfile.TemporaryDirectory(prefix="memory-bench-") as ssd_dir:  # ~0.9 GB of blocks
         return measure(model, ssd_dir, max_live, check_ms, num_sessions, tune)
-    finally:
-        shutil.rmtree(ssd_dir, ignore_errors=True)
 
 
 def measure(

@@ -135,13 +135,7 @@ class BufferPool:
         with self._lock:
             freed = 0
             while self._free and self.num_free_bytes > keep_bytes:
-                smallest = min(self._free)
-                self._free[smallest].pop()
-                if not self._free[smallest]:
-                    del self._free[smallest]
-                self.num_free_bytes -= smallest
-                self._num_live_maps -= 1
-                freed += smallest
+                freed += self._drop_smallest()
         return freed
 
     def reserve(self, nbytes: int) -> int:
@@ -253,12 +247,17 @@ class BufferPool:
             else:
                 self._num_live_maps -= 1  # unmapped once the caller's array lets go
             while self.num_free_bytes > limit:  # the bound fell with the bytes lent
-                smallest = min(self._free)
-                self._free[smallest].pop()
-                if not self._free[smallest]:
-                    del self._free[smallest]
-                self.num_free_bytes -= smallest
-                self._num_live_maps -= 1
+                self._drop_smallest()
+
+    def _drop_smallest(self) -> int:
+        """Unmap one free buffer of the smallest class (lock held, some free); its bytes."""
+        smallest = min(self._free)
+        self._free[smallest].pop()
+        if not self._free[smallest]:
+            del self._free[smallest]
+        self.num_free_bytes -= smallest
+        self._num_live_maps -= 1
+        return smallest
 
 
 POOL = BufferPool()  # the process's: buffers freed by one engine serve the next

@@ -66,6 +66,7 @@ class LayoutMemo:
 
     def __init__(self, path: Path, key: str) -> None:
         self.path, self.key = path, key
+        self._data = self._read()  # read once for every class's ``get``
 
     def _read(self) -> dict[str, Any]:
         try:
@@ -84,14 +85,15 @@ class LayoutMemo:
     def get(self, shape: tuple[int, ...], formats: tuple[str, ...]) -> str | None:
         """The format most of ``VOTES`` timed starts chose for ``shape`` (one of ``formats``),
         or None while fewer have voted (time it, then ``put``)."""
-        votes = {f: n for f, n in self._votes(self._read(), shape).items() if f in formats}
+        votes = {f: n for f, n in self._votes(self._data, shape).items() if f in formats}
         if sum(votes.values()) < VOTES:
             return None
         return max(sorted(votes), key=votes.__getitem__)  # a tie: the first by name
 
     def put(self, decided: dict[tuple[int, ...], str]) -> None:
-        """Add one vote per shape for the format timed best (shape -> format)."""
-        data = self._read()
+        """Add one vote per shape for the format timed best (shape -> format), to the file as
+        it is now (another process may have voted since it was read)."""
+        self._data = data = self._read()
         mine = data.get(self.key)
         mine = dict(mine) if isinstance(mine, dict) else {}
         for shape, fmt in decided.items():

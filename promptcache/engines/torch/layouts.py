@@ -178,8 +178,8 @@ def choose_weight_layouts(
             if kept != "stored":
                 set_weight_format(model, owners, kept)
                 num_changed += len(owners)
-            log.info("weights %s x%d: %s (as most timed starts on this machine)", shape_name(shape), len(owners),
-                     kept)  # fmt: skip
+            log.info("weights %s x%d: %s (as most timed starts on this machine)",
+                     shape_name(shape), len(owners), kept)  # fmt: skip
             continue
         timed = [o.weight for o in owners[: max(1, -(-TIMED_BYTES // size))]]
         if size > TIMED_BYTES:  # one weight past it (an untied output embedding): its first rows

@@ -246,8 +246,8 @@ class TorchRunner:
         the most torch threads forwards run on (at one, the loading thread's, the bundled
         model's 576-output down projections timed alike stored and packed, and then decoded
         10% slower stored on two); then the step shapes serving runs, once (``torch.warm``):
-        the forwards run. A machine's layouts are timed once and kept
-        (``layout_memo``, in ``layout_memo_file``)."""
+        the forwards run. A machine's first starts vote on the layouts and later ones run the
+        majority untimed (``layout_memo``, in ``layout_memo_file``)."""
         most = self.threads.most_threads if self.threads is not None else torch.get_num_threads()
         with torch_threads(most):
             choose_weight_layouts(self.model, memo_file=self.layout_memo_file)
