@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from core_helpers import assert_restores, make_slicer
 
-from promptcache.core.budget import parse_size
+from promptcache.core.budget import cgroup_room_bytes, parse_size
 from promptcache.core.cache import PromptCache
 from promptcache.core.hashing import HASHERS, Namespace, hash_block, tokens_to_bytes
 from promptcache.core.policies import make_policy, policy_names
@@ -119,6 +119,49 @@ def test_parse_size():
     for bad in ("", "12XB", "-5", "150%", True):
         with pytest.raises(ValueError):
             parse_size(bad)
+
+
+def write_files(folder, files):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
+def test_a_memory_cgroup_bounds_the_room_v2_and_v1(tmp_path):
+    # cgroup v2: the tightest of the group and the groups above it, file pages it can reclaim aside
+    v2 = tmp_path / "v2"
+    write_files(v2, {"cgroup.controllers": "cpu memory\n"})
+    write_files(v2 / "box", {"memory.max": "8000\n", "memory.current": "1000\n"})
+    write_files(
+        v2 / "box" / "app",
+        {"memory.max": "max\n", "memory.current": "900\n", "memory.stat": "inactive_file 400\n"},
+    )
+    membership = tmp_path / "cgroup-v2"
+    membership.write_text("0::/box/app\n")
+    assert cgroup_room_bytes(v2, membership) == 7000  # box: 8000 - 1000; app has no limit
+    write_files(v2 / "box" / "app", {"memory.max": "2000\n"})
+    assert cgroup_room_bytes(v2, membership) == 1500  # 2000 - (900 - 400)
+    # a container sees its own group as the root: a path not mounted falls back to it
+    membership.write_text("0::/elsewhere/app\n")
+    assert cgroup_room_bytes(v2, membership) is None  # the root has no memory.max
+    # cgroup v1 (the memory controller's own hierarchy); its "no limit" is a huge number
+    v1 = tmp_path / "v1"
+    write_files(
+        v1 / "memory", {"memory.limit_in_bytes": str(2**63 - 4096), "memory.usage_in_bytes": "5"}
+    )
+    write_files(
+        v1 / "memory" / "job",
+        {
+            "memory.limit_in_bytes": "3000\n",
+            "memory.usage_in_bytes": "2500\n",
+            "memory.stat": "cache 9\ntotal_inactive_file 1000\n",
+        },
+    )
+    membership.write_text("4:memory:/job\n3:cpuset:/\n0::/\n")  # hybrid: v2 without memory
+    assert cgroup_room_bytes(v1, membership) == 1500
+    membership.write_text("4:memory:/\n")
+    assert cgroup_room_bytes(v1, membership) is None
+    assert cgroup_room_bytes(v1, tmp_path / "missing") is None  # not Linux: no bound
 
 
 def test_save_adds_only_new_blocks_and_supersedes_partials():

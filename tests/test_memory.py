@@ -90,11 +90,41 @@ def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
     roomy = TorchEngine(
         tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB", max_live_bytes="1GB"
     )
-    # a fresh engine knows no bytes per token until a request has run: warm it with one
-    assert reply(roomy, PROMPTS[0][:20]) == reply(plain, PROMPTS[0][:20])
-    waits = roomy.cache_stats()["num_admission_waits"]
+    # a fresh engine has a first bytes-per-token rate (a throwaway prompt's): the first
+    # requests are admitted together
+    assert roomy._bytes_per_token > 0
     assert run_concurrently(roomy) == expected
-    assert roomy.cache_stats()["num_admission_waits"] == waits
+    assert roomy.cache_stats()["num_admission_waits"] == 0
+    assert roomy.cache_stats()["max_batch_rows"] > 1
+
+
+def test_by_default_the_running_state_is_capped_by_the_memory_left(monkeypatch):
+    plain = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, cache_enabled=False)
+    expected = [reply(plain, p) for p in PROMPTS]
+    # plenty left: a cap below what is left, and nobody waits
+    roomy = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    cap = roomy.cache_stats()["memory"]["max_live_bytes"]
+    assert 0 < cap <= memory_books.available_ram_bytes()
+    assert run_concurrently(roomy) == expected
+    assert roomy.cache_stats()["num_admission_waits"] == 0
+    # a machine (or a container) whose memory is all but taken: what the RAM tier's budget
+    # may still take aside, room for about one prompt's state; newcomers queue
+    left = 0
+    monkeypatch.setattr(memory_books, "available_ram_bytes", lambda: 4_000_000 + left)
+    tight = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    rate = tight._bytes_per_token
+    left = int(rate * len(PROMPTS[-1]) / memory_books.LIVE_SHARE)  # read at the next start
+    tight = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    assert tight.max_live_bytes == pytest.approx(rate * len(PROMPTS[-1]), abs=2)
+    assert run_concurrently(tight) == expected
+    assert tight.cache_stats()["num_admission_waits"] > 0
+    # "off": no cap at all, however little is left
+    free = TorchEngine(
+        tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB", max_live_bytes="off"
+    )
+    assert free.max_live_bytes is None and free.cache_stats()["memory"]["max_live_bytes"] == 0
+    assert run_concurrently(free) == expected
+    assert free.cache_stats()["num_admission_waits"] == 0
 
 
 def largest_fit(nbytes: int) -> int:

@@ -115,8 +115,9 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "max-live-bytes",
         None,
         "the running requests' KV state at most (e.g. 2GB): a new request whose prompt would "
-        "pass it waits in the queue until running ones finish (one request always runs) "
-        "(default: no cap)",
+        "pass it waits in the queue until running ones finish (one request always runs); "
+        "off for no cap (default: 80%% of the memory left at start, the RAM tier's budget and "
+        "a container's limit counted)",
         str,
     )
     add_flag(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 _UNITS = {
     "": 1, "b": 1,
@@ -14,12 +15,77 @@ MIN_RAM_BUDGET_BYTES = 100 * 10**6
 
 
 def available_ram_bytes() -> int:
+    """Memory this process can still take: the machine's available memory, or less where a
+    memory cgroup (a container's ``--memory``) leaves less (``cgroup_room_bytes``)."""
     try:
         import psutil
 
-        return int(psutil.virtual_memory().available)
+        free = int(psutil.virtual_memory().available)
     except Exception:  # psutil missing or unsupported platform: assume an 8 GB machine
-        return 8 * 10**9
+        free = 8 * 10**9
+    room = cgroup_room_bytes()
+    return free if room is None else min(free, room)
+
+
+# a cgroup v1 limit at or above this is "no limit" (the kernel writes a page-rounded 2**63 - 1)
+_NO_LIMIT = 1 << 60
+
+
+def cgroup_room_bytes(
+    root: Path = Path("/sys/fs/cgroup"), membership: Path = Path("/proc/self/cgroup")
+) -> int | None:
+    """What this process's memory cgroups still allow (the tightest of its group and the
+    groups above it: limit less usage, reclaimable file pages aside); None without a limit.
+    Reads cgroup v2 (``memory.max``) or v1 (``memory.limit_in_bytes``); a group whose folder
+    is not mounted here (a container sees its own group as the root) falls back to the root."""
+    try:
+        lines = membership.read_text().splitlines()
+    except OSError:
+        return None
+    rooms = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":  # v2 (unified); in a hybrid setup it has no memory controller
+            if not (root / "cgroup.controllers").exists():
+                continue
+            folders = _folders_up(root, path)
+            names = ("memory.max", "memory.current", "inactive_file")
+        elif "memory" in controllers.split(","):
+            folders = _folders_up(root / "memory", path)
+            names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+        else:
+            continue
+        for folder in folders:
+            room = _room_in(folder, *names)
+            if room is not None:
+                rooms.append(room)
+    return min(rooms) if rooms else None
+
+
+def _folders_up(base: Path, path: str) -> list[Path]:
+    """``base``/``path`` and every folder above it up to ``base``, those that exist."""
+    parts = [p for p in path.split("/") if p]
+    folders = [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+    return [f for f in folders if f.is_dir()]
+
+
+def _room_in(folder: Path, limit_name: str, usage_name: str, inactive_name: str) -> int | None:
+    try:
+        text = (folder / limit_name).read_text().strip()
+        if text == "max" or int(text) >= _NO_LIMIT:
+            return None
+        usage = int((folder / usage_name).read_text())
+    except (OSError, ValueError):
+        return None
+    inactive = 0
+    try:
+        for stat in (folder / "memory.stat").read_text().splitlines():
+            key, _, value = stat.partition(" ")
+            if key == inactive_name:
+                inactive = int(value)
+    except (OSError, ValueError):
+        pass
+    return max(0, int(text) - max(0, usage - inactive))
 
 
 def parse_size(value: int | float | str, *, total_bytes: int | None = None) -> int:

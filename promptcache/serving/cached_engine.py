@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from promptcache.core.admin import CacheAdmin
-from promptcache.core.budget import parse_size
+from promptcache.core.budget import format_size, parse_size
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.figures import Figures, Joined, Series, Snapshot
 from promptcache.core.images import ImageInput, ImageSpan
@@ -33,7 +33,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory_books import MemoryBooks
+from promptcache.serving.memory_books import LIVE_SHARE, MemoryBooks, default_live_cap
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner, WarmsUp
 from promptcache.serving.scheduler import Scheduler
@@ -41,6 +41,9 @@ from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
+
+NO_CAP = ("off", "none")  # --max-live-bytes values for no cap on the running requests' state
+PROBE_TOKENS = 64  # the throwaway prompt that gives a first bytes-per-token rate
 
 
 class CachedEngine:
@@ -92,18 +95,16 @@ class CachedEngine:
             min_shared=opts.block_size,
             max_step_tokens=opts.max_step_tokens or MAX_STEP_TOKENS,
         )
-        self.max_live_bytes = (
-            parse_size(opts.max_live_bytes) if opts.max_live_bytes is not None else None
-        )
         self._bytes_per_token: float | None = None  # the running requests' state, last seen
         self.scheduler = Scheduler(
             self.batcher,
             self.cache.check_integrity if self.cache is not None else None,
-            self._admits if self.max_live_bytes is not None else None,
+            self._admits,
         )
         # before the books take the process's RSS at start
         if opts.warm_up and isinstance(runner, WarmsUp):
             self._warm_up(runner)
+        self.max_live_bytes = self._live_cap(opts.max_live_bytes)
         self.books = MemoryBooks(self.cache, self.runner, self.scheduler)
         self.heap = self.books.heap  # when freed memory goes back (idle, or RSS too high)
         # a step's first tokens go out before its decode forward
@@ -313,6 +314,43 @@ class CachedEngine:
                 raise
         return req.state, req.logits, req.lease, req.seq
 
+    def _live_cap(self, value: int | str | None) -> int | None:
+        """``--max-live-bytes``: a size, "off" (None: no cap), or unset: ``default_live_cap``
+        of the memory left now, with a first bytes-per-token rate (``_probe_rate``) so the
+        first requests are admitted by it too."""
+        if isinstance(value, str) and value.strip().lower() in NO_CAP:
+            return None
+        self._bytes_per_token = self._probe_rate()
+        if value is not None:
+            return parse_size(value)
+        cap = default_live_cap(self.cache, self.runner)
+        log.info(
+            "running requests' state capped at %s (%.0f%% of the memory left; "
+            "--max-live-bytes SIZE or off to change)",
+            format_size(cap),
+            LIVE_SHARE * 100,
+        )
+        return cap
+
+    def _probe_rate(self) -> float | None:
+        """Bytes of state per token of a throwaway ``PROBE_TOKENS``-token prompt (an
+        overestimate where some state does not grow with the context, replaced by the running
+        requests' own rate once one runs); None when the probe fails."""
+        runner = self.runner
+        ids = [1 + i % max(1, runner.vocab_size - 1) for i in range(PROBE_TOKENS)]
+        rate: list[float] = []
+
+        def run() -> None:  # on a thread as the stepping thread is (its torch threads)
+            try:
+                state = runner.new_state(PROBE_TOKENS)
+                runner.forward([state], [ids])
+                rate.append(runner.held_bytes([state]) / PROBE_TOKENS)
+            except Exception as exc:
+                log.debug("the state-size probe failed (%r): the first request measures it", exc)
+
+        start_thread(run, "promptcache-probe").join()
+        return rate[0] if rate else None
+
     def make_constraint(self, grammar: str) -> GrammarConstraint:
         """A fresh grammar state for one request (raises RequestError on a bad grammar)."""
         if self._ll_tokenizer is None:
@@ -323,22 +361,29 @@ class CachedEngine:
         return self.feeder.forget(tenant, session, force) if self.feeder is not None else 0
 
     def _admits(self, req: Request, running: Sequence[Request]) -> bool:
-        """Whether ``req``'s prompt fits beside ``running`` under ``max_live_bytes``, at the
-        running requests' own bytes per token."""
-        assert self.max_live_bytes is not None
+        """Whether ``req``'s prompt fits beside ``running`` under ``max_live_bytes``: what the
+        started ones hold (or, at the bytes per token last seen, will hold once their prompts
+        are in, if more) and the prompts admitted but not started, with ``req``'s."""
+        cap = self.max_live_bytes
+        if cap is None:
+            return True
         started = [r for r in running if r.state is not None]
         held = self.runner.held_bytes([r.state for r in started])
-        tokens = sum(r.pos + len(r.generated) for r in started)
+        # the rate from requests past their prefill: a state sized for its whole prompt up
+        # front holds far more than its prefilled positions
+        done = [r for r in started if r.pos >= r.num_prompt]
+        tokens = sum(r.pos + len(r.generated) for r in done)
         if tokens:
-            self._bytes_per_token = held / tokens
+            self._bytes_per_token = self.runner.held_bytes([r.state for r in done]) / tokens
         live = self.steps.live  # the last finished request's state: a rate before any runs
         if self._bytes_per_token is None and live is not None and live[1].num_tokens:
             self._bytes_per_token = self.runner.held_bytes([live[0]]) / live[1].num_tokens
-        if self._bytes_per_token is None:
+        rate = self._bytes_per_token
+        if rate is None:
             return False  # no size known yet: wait until the running request shows one
-        # admitted but not started yet: their prompts, at the same rate
+        to_come = sum(max(r.num_prompt, r.pos + len(r.generated)) for r in started)
         pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
-        return held + self._bytes_per_token * pending <= self.max_live_bytes
+        return max(held, rate * to_come) + rate * pending <= cap
 
     def memory_stats(self) -> dict[str, int]:
         """Where the process's memory is (``MemoryBooks.stats``)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from promptcache.core.budget import available_ram_bytes
 from promptcache.serving.memory import (
     HeapTrim,
     pooled_free_bytes,
@@ -14,7 +15,7 @@ from promptcache.serving.memory import (
     share_spare,
     tune_malloc,
 )
-from promptcache.serving.runner import ModelRunner
+from promptcache.serving.runner import DeviceMemory, ModelRunner
 from promptcache.serving.scheduler import Scheduler
 
 # allocator overhead allowed beyond the accounted (a step's kernels and buffers are in the
@@ -26,6 +27,22 @@ RSS_SLACK_BYTES = 4 << 20
 # part (``BufferPool.reserve``): 16 sessions' first turns on a VM, the last first token 0.9 s
 # sooner with 268 MB (of the ~450 MB their restores took)
 RESERVE_BYTES = 256 << 20
+# the running requests' state at most by default (``--max-live-bytes``): this share of what the
+# device has left once the model is loaded and warmed up (on a CPU, what the RAM tier may still
+# take aside), so that many long sessions queue rather than swap or meet the OOM killer
+LIVE_SHARE = 0.8
+
+
+def default_live_cap(cache: Any, runner: ModelRunner) -> int:
+    """``LIVE_SHARE`` of the memory the running requests' state may take: the device's free
+    memory where the runner's state is on one (``DeviceMemory``), else the RAM this process can
+    still take (``available_ram_bytes``: a container's limit too) less the part of the RAM
+    tier's budget it does not hold yet. Read once, at start."""
+    free = runner.device_free_bytes() if isinstance(runner, DeviceMemory) else None
+    if free is None:
+        to_come = cache.ram.budget_bytes - cache.ram.held_bytes if cache is not None else 0
+        free = available_ram_bytes() - to_come
+    return int(max(0, free) * LIVE_SHARE)
 
 
 class MemoryBooks:

@@ -111,6 +111,17 @@ class WarmsUp(Protocol):
 
 
 @runtime_checkable
+class DeviceMemory(Protocol):
+    """An optional capability of a runner (checked by protocol) whose model state may live
+    outside host RAM (a GPU): what the device has left, for the default cap on the running
+    requests' state (``memory_books.default_live_cap``)."""
+
+    def device_free_bytes(self) -> int | None:
+        """Bytes the device can still give this process's tensors (free, and kept by the
+        library's allocator unused); None where the state is in host RAM."""
+
+
+@runtime_checkable
 class ComputeFigures(Protocol):
     """An optional capability of a runner: how its forwards use the machine (the ``compute``
     family of ``/v1/cache/stats`` and ``/metrics``), so a slow step can be told from a step

@@ -269,6 +269,13 @@ class TorchRunner:
                 layer.drop_buffers()  # copied out of a batch's row: its own are stale
         return state
 
+    def device_free_bytes(self) -> int | None:
+        if self.device.type != "cuda":
+            return None  # a CPU's state is in host RAM (MPS's too: unified memory)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return int(free + unused)
+
     def held_bytes(self, states: Sequence[Any]) -> int:
         batch = self._last_batch
         return held_bytes([*states, batch.cache] if batch is not None else states)
