@@ -44,6 +44,8 @@ log = logging.getLogger("promptcache")
 
 NO_CAP = ("off", "none")  # --max-live-bytes values for no cap on the running requests' state
 PROBE_TOKENS = 64  # the throwaway prompt that gives a first bytes-per-token rate
+# admitted unmeasured while this many times the state at the last rate fits the cap
+FAR_FROM_CAP = 2
 
 
 class CachedEngine:
@@ -368,6 +370,11 @@ class CachedEngine:
         if cap is None:
             return True
         started = [r for r in running if r.state is not None]
+        to_come = sum(max(r.num_prompt, r.pos + len(r.generated)) for r in started)
+        pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
+        rate = self._bytes_per_token
+        if rate is not None and FAR_FROM_CAP * rate * (to_come + pending) <= cap:
+            return True  # far below the cap: not worth measuring (a walk over every state)
         held = self.runner.held_bytes([r.state for r in started])
         # the rate from requests past their prefill: a state sized for its whole prompt up
         # front holds far more than its prefilled positions
@@ -381,8 +388,6 @@ class CachedEngine:
         rate = self._bytes_per_token
         if rate is None:
             return False  # no size known yet: wait until the running request shows one
-        to_come = sum(max(r.num_prompt, r.pos + len(r.generated)) for r in started)
-        pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
         return max(held, rate * to_come) + rate * pending <= cap
 
     def memory_stats(self) -> dict[str, int]:
