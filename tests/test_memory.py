@@ -205,11 +205,17 @@ def test_under_load_the_heap_is_trimmed_when_rss_passes_the_allowance(monkeypatc
     heap.check_s = 0
     # what the engine accounts for: the process at start, the 4 MB budget, the live state
     assert heap.allowance() > rss_bytes()
+    assert heap.floor() <= heap.allowance()  # the floor: without the live state, no walk
     # with room to spare a tiny model stays within it (its freed heap pages alone can pass the
     # few MiB of slack the engine allows by default, and then a trim is right)
     monkeypatch.setattr(memory_books, "RSS_SLACK_BYTES", 64 << 20)
+    asked = []
+    allowance = heap.allowance
+    heap.allowance = lambda: asked.append(1) or allowance()
     replies = run_concurrently(engine)
     assert heap.num_trims == 0
+    assert not asked  # RSS stayed below the floor: the live state was never walked
+    heap.floor = lambda: 0
     engine.heap.allowance = lambda: 0  # an RSS past the allowance: every step trims
     assert run_concurrently(engine) == replies
     assert heap.num_trims > 0

@@ -145,7 +145,8 @@ class HeapTrim:
     ``on_idle`` as its stepping thread ends: a trim once ``idle_s`` has passed with
     ``is_idle()`` still true (each call restarts the wait). It calls ``after_step`` after every
     step: at most every ``check_s``, a trim when RSS is above ``allowance()`` bytes (what the
-    engine can account for). Safe from any thread; ``num_trims`` counts the trims done."""
+    engine can account for), asked only once RSS is above ``floor()``, a cheap lower bound of
+    it. Safe from any thread; ``num_trims`` counts the trims done."""
 
     def __init__(
         self,
@@ -153,9 +154,11 @@ class HeapTrim:
         allowance: Callable[[], int] | None = None,
         idle_s: float = IDLE_TRIM_S,
         check_s: float = CHECK_S,
+        floor: Callable[[], int] = lambda: 0,
     ) -> None:
         self.is_idle = is_idle
         self.allowance = allowance
+        self.floor = floor
         self.idle_s = idle_s
         self.check_s = check_s
         self.num_trims = 0
@@ -179,7 +182,8 @@ class HeapTrim:
             if now < self._next_check:
                 return
             self._next_check = now + self.check_s
-        if rss_bytes() > self.allowance():
+        rss = rss_bytes()
+        if rss > self.floor() and rss > self.allowance():
             self._trim()
 
     def _fire(self) -> None:

@@ -57,7 +57,9 @@ class MemoryBooks:
         tune_malloc()
         # what a load freed leaves once it is over, or when RSS passes what is accounted for
         self.base_rss = rss_bytes()  # the model and the process, before any request
-        self.heap = HeapTrim(lambda: scheduler.num_active == 0, self.rss_allowance)
+        self.heap = HeapTrim(
+            lambda: scheduler.num_active == 0, self.rss_allowance, floor=self.rss_floor
+        )
         if cache is not None:  # freed KV buffers wait for reuse in the budget's unused part
             share_spare(self.spare_budget_bytes)
             if getattr(getattr(runner, "device", None), "type", None) == "cpu":  # pooled: CPU KV
@@ -70,9 +72,13 @@ class MemoryBooks:
         RAM tier's budget, the running requests' state, and ``RSS_SLACK_BYTES``. The budget, not
         what the tier holds: trimming down to its blocks cost 32 agent sessions ~10% of their
         tokens/s (each trim's pages fault back in) for ~1 GiB less RSS (``load_bench``)."""
+        return self.rss_floor() + self.runner.held_bytes(self.scheduler.live_states())
+
+    def rss_floor(self) -> int:
+        """``rss_allowance`` without the running requests' state: a lower bound of it that
+        needs no walk over their buffers (below it, nothing is to be trimmed)."""
         ram = self.cache.ram.budget_bytes if self.cache is not None else 0
-        live = self.runner.held_bytes(self.scheduler.live_states())
-        return self.base_rss + ram + live + RSS_SLACK_BYTES
+        return self.base_rss + ram + RSS_SLACK_BYTES
 
     def spare_budget_bytes(self) -> int:
         """What the RAM tier's budget leaves unused (its blocks and the queued writes aside)."""
