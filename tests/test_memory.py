@@ -112,6 +112,9 @@ def test_by_default_the_running_state_is_capped_by_the_memory_left(monkeypatch):
     left = 0
     monkeypatch.setattr(memory_books, "available_ram_bytes", lambda: 4_000_000 + left)
     tight = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
+    # a budget that takes it all still leaves the running requests a share of the RAM
+    assert tight.max_live_bytes == int(4_000_000 * memory_books.MIN_LIVE_SHARE)
+    monkeypatch.setattr(memory_books, "MIN_LIVE_SHARE", 0)
     rate = tight._bytes_per_token
     left = int(rate * len(PROMPTS[-1]) / memory_books.LIVE_SHARE)  # read at the next start
     tight = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")

@@ -4,9 +4,10 @@ trimmed under load and how much room freed KV buffers may keep (``memory``)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from promptcache.core.budget import available_ram_bytes
+from promptcache.core.budget import available_ram_bytes, format_size
 from promptcache.serving.memory import (
     HeapTrim,
     pooled_free_bytes,
@@ -17,6 +18,8 @@ from promptcache.serving.memory import (
 )
 from promptcache.serving.runner import DeviceMemory, ModelRunner
 from promptcache.serving.scheduler import Scheduler
+
+log = logging.getLogger("promptcache")
 
 # allocator overhead allowed beyond the accounted (a step's kernels and buffers are in the
 # process at start: the warm-up). memory_bench on a 32 MB RAM tier, checked every 20 ms, peak RSS
@@ -31,18 +34,31 @@ RESERVE_BYTES = 256 << 20
 # device has left once the model is loaded and warmed up (on a CPU, what the RAM tier may still
 # take aside), so that many long sessions queue rather than swap or meet the OOM killer
 LIVE_SHARE = 0.8
+MIN_LIVE_SHARE = 0.25  # of the RAM, whatever the RAM tier's budget
 
 
 def default_live_cap(cache: Any, runner: ModelRunner) -> int:
     """``LIVE_SHARE`` of the memory the running requests' state may take: the device's free
     memory where the runner's state is on one (``DeviceMemory``), else the RAM this process can
     still take (``available_ram_bytes``: a container's limit too) less the part of the RAM
-    tier's budget it does not hold yet. Read once, at start."""
+    tier's budget it does not hold yet, but never under ``MIN_LIVE_SHARE`` of that RAM (a
+    budget set near or past it would otherwise serve one request at a time). Read once, at
+    start."""
     free = runner.device_free_bytes() if isinstance(runner, DeviceMemory) else None
-    if free is None:
-        to_come = cache.ram.budget_bytes - cache.ram.held_bytes if cache is not None else 0
-        free = available_ram_bytes() - to_come
-    return int(max(0, free) * LIVE_SHARE)
+    if free is not None:
+        return int(max(0, free) * LIVE_SHARE)
+    ram = available_ram_bytes()
+    to_come = cache.ram.budget_bytes - cache.ram.held_bytes if cache is not None else 0
+    if ram - to_come < ram * MIN_LIVE_SHARE / LIVE_SHARE:
+        log.warning(
+            "the RAM tier's budget (%s) leaves the running requests little of the %s this "
+            "process can take: their state is capped at %s; a smaller --ram-budget leaves them "
+            "more",
+            format_size(to_come),
+            format_size(ram),
+            format_size(ram * MIN_LIVE_SHARE),
+        )
+    return int(max(ram * MIN_LIVE_SHARE, (ram - to_come) * LIVE_SHARE))
 
 
 class MemoryBooks:
