@@ -9,6 +9,7 @@ exactly on these prompts, and the runners' batched logits stay within ``LOGIT_TO
 
 import random
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -20,7 +21,8 @@ CHUNK, BLOCK = 16, 8
 LOGIT_TOL = 1e-4
 TORCH_KINDS = ("llama", "gemma3", "mamba", "jamba")
 MLX_KINDS = ("llama", "gemma3", "mamba2", "falcon_h1")
-TORCH_BATCHED = {"llama"}  # the other layouts decode one sequence per forward (torch_batch)
+# full attention, and sliding windows beside it; SSM layouts decode one sequence per forward
+TORCH_BATCHED = {"llama", "gemma3"}
 
 
 def torch_engine(kind, **options):
@@ -115,7 +117,9 @@ def test_concurrent_greedy_equals_one_by_one(lib, kind):
         assert stats["num_batched_forwards"] == 0  # fallback: one sequence per forward
 
 
-@pytest.mark.parametrize("lib,kind", [("torch", "llama"), ("mlx", "llama"), ("mlx", "gemma3")])
+@pytest.mark.parametrize(
+    "lib,kind", [("torch", "llama"), ("torch", "gemma3"), ("mlx", "llama"), ("mlx", "gemma3")]
+)
 def test_runner_batched_decode_logits_match_lone_forwards(lib, kind):
     runner = build(lib, kind, cache_enabled=False).runner
     ps = prompts(3, seed=5)
@@ -353,7 +357,9 @@ def test_a_newcomer_is_prefilled_and_woken_before_the_steps_decode_forward(packe
     ]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120
     while ("forward", (1, 1)) not in log:  # both are decoding, batched
+        assert time.monotonic() < deadline and any(t.is_alive() for t in threads), log[-6:]
         threading.Event().wait(0.001)
     short_reply = reply(engine, short, short_params)
     for t in threads:

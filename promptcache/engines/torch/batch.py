@@ -9,12 +9,15 @@ must not see the padding). After the forward each request's layer takes back a *
 reuses the padded batch as it is (``DecodeBatch``): the gather copy is paid only when a request
 joins or leaves.
 
-Only layouts whose every layer is a plain ``DynamicLayer`` batch: a sliding-window ring
-(gemma3) holds a different length per layer and a linear-attention/SSM layer (mamba, jamba,
-bamba) carries convolution state that transformers' masks do not describe. Those models decode
-a lone request in place too (``lone_decode``: a batch of one row whose full-attention layers
-grow in place and whose other layers are the request's own objects) and several requests one
-sequence per forward. Only the public cache API is used.
+Layouts of full-attention layers batch, with sliding-window layers beside them (gemma3): a
+sliding layer keeps a row's last ``window - 1`` positions, and left padding puts each row's
+last positions in the batch's last slots, so a batched ``DynamicSlidingWindowLayer`` over the
+padded frame holds every row's window (the padding masked, as for the full layers). A
+linear-attention/SSM layer (mamba, jamba, bamba) carries convolution state that transformers'
+masks do not describe: those models decode a lone request in place too (``lone_decode``: a
+batch of one row whose full-attention layers grow in place and whose other layers are the
+request's own objects) and several requests one sequence per forward. Only the public cache
+API is used.
 
 ``step``: the forward to call (the model, or a compiled one: ``compiled.py``). A compiled step
 needs static shapes: its layers write the new token at a position tensor and return their whole
@@ -30,14 +33,22 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from promptcache.serving.layers import Layout
 
+BATCHED_KINDS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__)
+
+
+def is_full_attention(layout: Layout) -> bool:
+    """True when every layer is plain full attention (keys/values only)."""
+    return not layout.snapshot and all(k == DynamicLayer.__name__ for k in layout.kinds)
+
 
 def can_batch(layout: Layout) -> bool:
-    """True when every layer is full attention (keys/values only): padding + mask is exact."""
-    return not layout.snapshot and all(k == DynamicLayer.__name__ for k in layout.kinds)
+    """True when every layer is full attention or a sliding window, one at least full (its
+    length is the rows'): padding + mask is exact."""
+    return DynamicLayer.__name__ in layout.kinds and all(k in BATCHED_KINDS for k in layout.kinds)
 
 
 def in_place_layers(layout: Layout) -> tuple[int, ...]:
@@ -57,6 +68,8 @@ class DecodeBatch:
     lengths: list[int]  # real positions per row (the rest of ``width`` is left padding)
     grown: tuple[int, ...]  # the layers that are ours (GrowingLayer); the others are shared
     views: list[list[tuple[torch.Tensor, torch.Tensor]]]  # per row, per grown layer
+    slid: tuple[int, ...] = ()  # sliding layers batched (several rows): views handed out too
+    slid_views: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None  # per row, layer
 
     def covers(self, states: Sequence[DynamicCache]) -> bool:
         return (
@@ -70,7 +83,16 @@ class DecodeBatch:
             and all(
                 self.cache.layers[j] is states[0].layers[j]
                 for j in range(len(self.cache.layers))
-                if j not in self.grown
+                if j not in self.grown and j not in self.slid
+            )
+            and (
+                not self.slid
+                or self.slid_views is not None
+                and all(
+                    state.layers[j].keys is k and state.layers[j].values is v
+                    for state, row in zip(states, self.slid_views, strict=True)
+                    for j, (k, v) in zip(self.slid, row, strict=True)
+                )
             )
         )
 
@@ -134,13 +156,17 @@ def _new_buffer(like: torch.Tensor, rows: int, length: int, used: int) -> torch.
 def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -> DecodeBatch:
     """Copy every request's keys/values of the ``grown`` layers right-aligned into one padded
     batch cache; any other layer is the (single) request's own object."""
-    lengths = [s.layers[grown[0]].get_seq_length() for s in states]  # a ring's may differ
+    lengths = [s.layers[grown[0]].get_seq_length() for s in states]
     longest, rows = max(lengths), len(states)
     batch = DynamicCache(config=model.config)
-    assert rows == 1 or len(grown) == len(batch.layers), "only full attention batches"
+    slid = []
     for j in range(len(batch.layers)):
-        if j not in grown:
+        if j not in grown and rows == 1:
             batch.layers[j] = states[0].layers[j]
+            continue
+        if j not in grown:
+            batch.layers[j] = _gather_sliding([s.layers[j] for s in states], lengths, longest)
+            slid.append(j)
             continue
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
@@ -156,7 +182,29 @@ def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -
         layer = GrowingLayer()
         layer.fill(keys, values, longest)
         batch.layers[j] = layer  # our own cache object: its layers are ours to choose
-    return DecodeBatch(list(states), batch, lengths, grown, [])
+    return DecodeBatch(list(states), batch, lengths, grown, [], tuple(slid))
+
+
+def _gather_sliding(
+    parts: Sequence[Any], lengths: Sequence[int], longest: int
+) -> DynamicSlidingWindowLayer:
+    """Every row's sliding window right-aligned in one layer over the padded frame (its length
+    ``longest``): row i's last min(n_i, window - 1) positions in the last slots, zeros before."""
+    assert all(isinstance(p, DynamicSlidingWindowLayer) for p in parts), "sliding layers only"
+    window = parts[0].sliding_window
+    kept = min(longest, window - 1)
+    k0, v0 = parts[0].keys, parts[0].values
+    keys = k0.new_zeros((len(parts), k0.shape[1], kept, k0.shape[3]))
+    values = v0.new_zeros((len(parts), v0.shape[1], kept, v0.shape[3]))
+    for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
+        own = part.keys.shape[-2]
+        assert part.cumulative_length == n and own == min(n, window - 1), "a row's ring is off"
+        keys[i, :, kept - own :] = part.keys[0]
+        values[i, :, kept - own :] = part.values[0]
+    layer = DynamicSlidingWindowLayer(sliding_window=window)
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values, layer.cumulative_length = keys, values, longest
+    return layer
 
 
 def batched_decode(
@@ -167,17 +215,19 @@ def batched_decode(
     last: DecodeBatch | None,
     step: Callable[..., Any] | None = None,
     positions: Callable[[list[int]], torch.Tensor] | None = None,
+    grown: tuple[int, ...] | None = None,
 ) -> tuple[list[torch.Tensor], DecodeBatch]:
-    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward (every layer plain full
-    attention): each row's logits, and the batch to pass back as ``last`` next step. ``step``:
-    a compiled forward (static shapes), None for the model itself. ``positions``: the rows'
-    ``position_ids`` from their real lengths (a 3-D RoPE model's, ``torch.mrope``); default the
-    lengths."""
-    grown = tuple(range(len(states[0].layers)))
+    """Append ``tokens[i]`` to ``states[i]`` for every i in one forward (``can_batch``
+    layouts): each row's logits, and the batch to pass back as ``last`` next step. ``step``:
+    a compiled forward (static shapes; every layer full attention), None for the model itself.
+    ``positions``: the rows' ``position_ids`` from their real lengths (a 3-D RoPE model's,
+    ``torch.mrope``); default the lengths. ``grown``: the full-attention layers (default
+    every layer); the others are sliding windows."""
+    grown = tuple(range(len(states[0].layers))) if grown is None else grown
     batch = last if last is not None and last.covers(states) else gather(model, states, grown)
     lengths, rows = batch.lengths, len(states)
     width = batch.cache.get_seq_length()
-    device = batch.cache.layers[0].keys.device
+    device = batch.cache.layers[grown[0]].keys.device
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
     position_ids = (
         torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
@@ -228,6 +278,8 @@ def lone_decode(
 
 def _hand_out_views(batch: DecodeBatch, width: int) -> None:
     batch.views = []
+    if batch.slid:
+        _hand_out_windows(batch)
     for i, state in enumerate(batch.states):
         start = width + 1 - batch.lengths[i]  # the row's first real position; new token last
         row = []
@@ -238,6 +290,24 @@ def _hand_out_views(batch: DecodeBatch, width: int) -> None:
             state.layers[j].keys, state.layers[j].values = k, v
             row.append((k, v))
         batch.views.append(row)
+
+
+def _hand_out_windows(batch: DecodeBatch) -> None:
+    """Each row's sliding layers become views of its last min(n, window - 1) slots of the
+    batch's (transformers replaced the batch layer's tensors in the forward)."""
+    batch.slid_views = []
+    for i, state in enumerate(batch.states):
+        n = batch.lengths[i]
+        row = []
+        for j in batch.slid:
+            layer, own = batch.cache.layers[j], state.layers[j]
+            kept = min(n, own.sliding_window - 1)
+            width = layer.keys.shape[-2]
+            k = layer.keys[i : i + 1, :, width - kept :]
+            v = layer.values[i : i + 1, :, width - kept :]
+            own.keys, own.values, own.cumulative_length = k, v, n
+            row.append((k, v))
+        batch.slid_views.append(row)
 
 
 def _static_step(

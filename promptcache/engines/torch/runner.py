@@ -24,6 +24,7 @@ from promptcache.engines.torch.batch import (
     batched_decode,
     can_batch,
     in_place_layers,
+    is_full_attention,
     lone_decode,
 )
 from promptcache.engines.torch.codec import TorchCodec
@@ -195,6 +196,7 @@ class TorchRunner:
                 self._decoder, self._cache_arg, states, [x[0] for x in ids], self._last_batch,
                 self._step if len(states) == 1 else None,
                 None if positions is None else partial(positions.decode_rows, states),
+                self._grown,
             )  # fmt: skip
             return logits
         if is_decode and len(states) == 1:  # sliding / SSM layouts: in place where it can
@@ -230,7 +232,7 @@ class TorchRunner:
     def enable_compile(self) -> float:
         """Compile the decode step now (``compiled.py``; full-attention layouts only, others
         keep the eager step): the seconds it took, 0.0 when nothing was compiled."""
-        if not self._batches:
+        if not is_full_attention(self.layout):
             log.info(
                 "--compile: %s layers decode eagerly", "/".join(sorted(set(self.layout.kinds)))
             )
