@@ -1,0 +1,112 @@
+"""Decode of N requests at once on a sliding-window model: batched steps against one sequence
+per forward (how torch decoded such models before their steps batched).
+
+Builds a random-weight Gemma 3 text model from a config the bundled model's size (30 layers,
+hidden 576, 9 heads / 3 KV heads, a 512-token window on five layers of six), loads it in the
+torch engine (cache off, no HTTP), and runs ``--sessions`` requests at once, each a prompt of
+its own of ``--context`` tokens and ``--decode`` tokens out (greedy, ``ignore_eos``). Modes
+alternate over ``--runs``: ``batched`` (the engine as it is) and ``one_by_one`` (the runner's decode
+batching off for the run). Prints each run's aggregate decode tokens/s (tokens after each
+request's first / the time from the last first token to the last token) and checks that both
+modes give the same tokens.
+
+    .venv/bin/python benchmarks/sliding_decode_bench.py --sessions 8 --context 1500 --runs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def build_engine() -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    from promptcache.engines.torch.engine import TorchEngine
+    from promptcache.testing.tiny_models import ByteTokenizer
+
+    config = Gemma3TextConfig(
+        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, sliding_window=512,
+        max_position_embeddings=8192, initializer_range=0.2,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    return TorchEngine(model, ByteTokenizer(), cache_enabled=False)
+
+
+def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> dict[str, Any]:
+    from promptcache.engines.base import PrefillDone, SamplingParams
+    from promptcache.engines.torch.batch import can_batch
+
+    runner = engine.runner
+    runner._batches = batched and can_batch(runner.layout)  # False: one sequence per forward
+    runner.reset_decode()
+    firsts: list[float] = []
+    lasts: list[float] = []
+    tokens: list[list[int]] = [[] for _ in prompts]
+
+    def one(k: int) -> None:
+        params = SamplingParams(max_tokens=decode, ignore_eos=True)
+        for ev in engine.generate(prompts[k], params):
+            if isinstance(ev, PrefillDone):  # the first token is sampled with it
+                firsts.append(time.perf_counter())
+            if hasattr(ev, "completion_ids"):
+                tokens[k] = list(ev.completion_ids)
+        lasts.append(time.perf_counter())
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    span = max(lasts) - max(firsts)
+    after_first = sum(len(t) - 1 for t in tokens)
+    return {
+        "mode": "batched" if batched else "one_by_one",
+        "decode_tok_s": round(after_first / span, 1) if span > 0 else None,
+        "tokens": tokens,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--context", type=int, default=1500)
+    ap.add_argument("--decode", type=int, default=48)
+    ap.add_argument("--runs", type=int, default=2)
+    args = ap.parse_args()
+    engine = build_engine()
+    print("layout:", engine.runner.layout.kinds[:6], "...", flush=True)
+    rng = random.Random(1)
+    prompts = [
+        [rng.randrange(300, 49000) for _ in range(args.context)] for _ in range(args.sessions)
+    ]
+    rates: dict[str, list[float]] = {"batched": [], "one_by_one": []}
+    seen: dict[str, list[list[int]]] = {}
+    for i in range(args.runs):
+        for batched in [True, False] if i % 2 == 0 else [False, True]:
+            row = run(engine, prompts, args.decode, batched)
+            toks = row.pop("tokens")
+            seen.setdefault(row["mode"], toks)
+            rates[row["mode"]].append(row["decode_tok_s"])
+            print(json.dumps(row), flush=True)
+    print(json.dumps({
+        "sessions": args.sessions, "context": args.context,
+        "median_tok_s": {m: round(statistics.median(v), 1) for m, v in rates.items()},
+        "same_tokens": seen.get("batched") == seen.get("one_by_one"),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
