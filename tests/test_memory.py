@@ -92,7 +92,7 @@ def test_max_live_bytes_queues_newcomers_and_replies_stay_the_same():
     )
     # a fresh engine has a first bytes-per-token rate (a throwaway prompt's): the first
     # requests are admitted together
-    assert roomy._bytes_per_token > 0
+    assert roomy.admission.bytes_per_token > 0
     assert run_concurrently(roomy) == expected
     assert roomy.cache_stats()["num_admission_waits"] == 0
     assert roomy.cache_stats()["max_batch_rows"] > 1
@@ -115,7 +115,7 @@ def test_by_default_the_running_state_is_capped_by_the_memory_left(monkeypatch):
     # a budget that takes it all still leaves the running requests a share of the RAM
     assert tight.max_live_bytes == int(4_000_000 * memory_books.MIN_LIVE_SHARE)
     monkeypatch.setattr(memory_books, "MIN_LIVE_SHARE", 0)
-    rate = tight._bytes_per_token
+    rate = tight.admission.bytes_per_token
     left = int(rate * len(PROMPTS[-1]) / memory_books.LIVE_SHARE)  # read at the next start
     tight = TorchEngine(tiny_model("llama"), ByteTokenizer(), block_size=8, ram_budget="4MB")
     assert tight.max_live_bytes == pytest.approx(rate * len(PROMPTS[-1]), abs=2)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from promptcache.core.admin import CacheAdmin
-from promptcache.core.budget import format_size, parse_size
 from promptcache.core.codec import PayloadCodec
 from promptcache.core.figures import Figures, Joined, Series, Snapshot
 from promptcache.core.images import ImageInput, ImageSpan
@@ -25,6 +24,7 @@ from promptcache.core.lease import Lease
 from promptcache.core.sequence import TokenSeq
 from promptcache.core.worker_threads import start_thread
 from promptcache.errors import RequestError
+from promptcache.serving.admission import Admission
 from promptcache.serving.batching import DEFAULT_STEP_TOKENS, MAX_STEP_TOKENS, Batcher
 from promptcache.serving.block_scheme import quant_stats
 from promptcache.serving.cache_setup import EngineOptions, build_cache, build_vision_cache
@@ -33,7 +33,7 @@ from promptcache.serving.events import EngineLimits, Event, Finished, SamplingPa
 from promptcache.serving.forced import ForcedTokens, TokenConstraint
 from promptcache.serving.grammar import GrammarConstraint, build_ll_tokenizer, hf_tokenizer_of
 from promptcache.serving.layers import Layout
-from promptcache.serving.memory_books import LIVE_SHARE, MemoryBooks, default_live_cap
+from promptcache.serving.memory_books import MemoryBooks
 from promptcache.serving.request import Request
 from promptcache.serving.runner import ComputeFigures, ModelRunner, WarmsUp
 from promptcache.serving.scheduler import Scheduler
@@ -41,11 +41,6 @@ from promptcache.serving.steps import Steps
 from promptcache.serving.vision import VisionFeeder, VisionModel
 
 log = logging.getLogger("promptcache")
-
-NO_CAP = ("off", "none")  # --max-live-bytes values for no cap on the running requests' state
-PROBE_TOKENS = 64  # the throwaway prompt that gives a first bytes-per-token rate
-# admitted unmeasured while this many times the state at the last rate fits the cap
-FAR_FROM_CAP = 2
 
 
 class CachedEngine:
@@ -97,16 +92,17 @@ class CachedEngine:
             min_shared=opts.block_size,
             max_step_tokens=opts.max_step_tokens or MAX_STEP_TOKENS,
         )
-        self._bytes_per_token: float | None = None  # the running requests' state, last seen
+        # a newcomer waits while the running requests' state leaves no room for its prompt
+        self.admission = Admission(runner, self.steps)
         self.scheduler = Scheduler(
             self.batcher,
             self.cache.check_integrity if self.cache is not None else None,
-            self._admits,
+            self.admission.admits,
         )
         # before the books take the process's RSS at start
         if opts.warm_up and isinstance(runner, WarmsUp):
             self._warm_up(runner)
-        self.max_live_bytes = self._live_cap(opts.max_live_bytes)
+        self.admission.set_cap(opts.max_live_bytes, self.cache)  # from the memory left now
         self.books = MemoryBooks(self.cache, self.runner, self.scheduler)
         self.heap = self.books.heap  # when freed memory goes back (idle, or RSS too high)
         # a step's first tokens go out before its decode forward
@@ -316,43 +312,6 @@ class CachedEngine:
                 raise
         return req.state, req.logits, req.lease, req.seq
 
-    def _live_cap(self, value: int | str | None) -> int | None:
-        """``--max-live-bytes``: a size, "off" (None: no cap), or unset: ``default_live_cap``
-        of the memory left now, with a first bytes-per-token rate (``_probe_rate``) so the
-        first requests are admitted by it too."""
-        if isinstance(value, str) and value.strip().lower() in NO_CAP:
-            return None
-        self._bytes_per_token = self._probe_rate()
-        if value is not None:
-            return parse_size(value)
-        cap = default_live_cap(self.cache, self.runner)
-        log.info(
-            "running requests' state capped at %s (%.0f%% of the memory left; "
-            "--max-live-bytes SIZE or off to change)",
-            format_size(cap),
-            LIVE_SHARE * 100,
-        )
-        return cap
-
-    def _probe_rate(self) -> float | None:
-        """Bytes of state per token of a throwaway ``PROBE_TOKENS``-token prompt (an
-        overestimate where some state does not grow with the context, replaced by the running
-        requests' own rate once one runs); None when the probe fails."""
-        runner = self.runner
-        ids = [1 + i % max(1, runner.vocab_size - 1) for i in range(PROBE_TOKENS)]
-        rate: list[float] = []
-
-        def run() -> None:  # on a thread as the stepping thread is (its torch threads)
-            try:
-                state = runner.new_state(PROBE_TOKENS)
-                runner.forward([state], [ids])
-                rate.append(runner.held_bytes([state]) / PROBE_TOKENS)
-            except Exception as exc:
-                log.debug("the state-size probe failed (%r): the first request measures it", exc)
-
-        start_thread(run, "promptcache-probe").join()
-        return rate[0] if rate else None
-
     def make_constraint(self, grammar: str) -> GrammarConstraint:
         """A fresh grammar state for one request (raises RequestError on a bad grammar)."""
         if self._ll_tokenizer is None:
@@ -362,37 +321,14 @@ class CachedEngine:
     def forget_images(self, tenant: str, session: str | None, force: bool = False) -> int:
         return self.feeder.forget(tenant, session, force) if self.feeder is not None else 0
 
-    def _admits(self, req: Request, running: Sequence[Request]) -> bool:
-        """Whether ``req``'s prompt fits beside ``running`` under ``max_live_bytes``: what the
-        started ones hold (or, at the bytes per token last seen, will hold once their prompts
-        are in, if more) and the prompts admitted but not started, with ``req``'s."""
-        cap = self.max_live_bytes
-        if cap is None:
-            return True
-        started = [r for r in running if r.state is not None]
-        to_come = sum(max(r.num_prompt, r.pos + len(r.generated)) for r in started)
-        pending = sum(r.num_prompt for r in running if r.state is None) + req.num_prompt
-        rate = self._bytes_per_token
-        if rate is not None and FAR_FROM_CAP * rate * (to_come + pending) <= cap:
-            return True  # far below the cap: not worth measuring (a walk over every state)
-        held = self.runner.held_bytes([r.state for r in started])
-        # the rate from requests past their prefill: a state sized for its whole prompt up
-        # front holds far more than its prefilled positions
-        done = [r for r in started if r.pos >= r.num_prompt]
-        tokens = sum(r.pos + len(r.generated) for r in done)
-        if tokens:
-            self._bytes_per_token = self.runner.held_bytes([r.state for r in done]) / tokens
-        live = self.steps.live  # the last finished request's state: a rate before any runs
-        if self._bytes_per_token is None and live is not None and live[1].num_tokens:
-            self._bytes_per_token = self.runner.held_bytes([live[0]]) / live[1].num_tokens
-        rate = self._bytes_per_token
-        if rate is None:
-            return False  # no size known yet: wait until the running request shows one
-        return max(held, rate * to_come) + rate * pending <= cap
-
     def memory_stats(self) -> dict[str, int]:
         """Where the process's memory is (``MemoryBooks.stats``)."""
         return self.books.stats(self.max_live_bytes or 0)
+
+    @property
+    def max_live_bytes(self) -> int | None:
+        """The cap on the running requests' state (``Admission``); None: none."""
+        return self.admission.max_live_bytes
 
     def cache_figures(self) -> dict[str, Figures]:
         """The prompt cache's figures by family (``cache``, ``memory``, ``compute``, ``vision``);
