@@ -177,6 +177,12 @@ def check_model(args: argparse.Namespace, path: Path, dtype: str) -> list[dict]:
 
     rows: list[dict] = []
     on = TorchEngine.load(path, device=args.device, dtype=dtype)
+    # the default cap on the running requests' state: a share of the device's free memory
+    free = on.runner.device_free_bytes()
+    rows.append({"model": path.name, "dtype": dtype, "device_free_bytes": free,
+                 "max_live_bytes": on.max_live_bytes,
+                 "cap_within_free": free is not None and 0 < (on.max_live_bytes or 0) <= free})  # fmt: skip
+    print(json.dumps(rows[-1]), flush=True)
     off = TorchEngine.load(path, device=args.device, dtype=dtype, cache_enabled=False)
     vocab = on.limits.vocab_size
     start = tokens(random.Random(0), 500, vocab)
