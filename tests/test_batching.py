@@ -456,3 +456,21 @@ def test_the_step_budget_grows_with_the_requests_in_a_step():
     engine = torch_engine("llama", max_step_tokens=700)  # the option reaches the engine's batcher
     assert engine.batcher.step_budget(1000) == 700
     assert Batcher(engine.steps, 128, 32, max_step_tokens=64).step_budget(1000) == 128
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "llama"])
+def test_restored_hits_decode_batched_as_uncached(kind):
+    """Follow-up turns restored from the cache (a sliding ring from its checkpoint, full
+    attention from blocks) decode together in one batch, replying as uncached runs do."""
+    engine, plain = build("torch", kind), build("torch", kind, cache_enabled=False)
+    params = SamplingParams(max_tokens=24)
+    firsts = prompts(4, seed=11)
+    replies = [reply(engine, p, params).completion_ids for p in firsts]  # saved: turn 2 hits
+    follow = [p + r + [5, 6, 7, 8, 9, 10, 11, 12, 13] for p, r in zip(firsts, replies, strict=True)]
+    want = [reply(plain, p, params).completion_ids for p in follow]
+    hits_before = engine.cache_stats()["num_hits"]
+    got = concurrently([lambda p=p: reply(engine, p, params) for p in follow])
+    assert [g.completion_ids for g in got] == want
+    stats = check_clean(engine)
+    assert stats["num_hits"] - hits_before == len(follow)
+    assert stats["max_batch_rows"] >= 2
