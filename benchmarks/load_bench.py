@@ -109,9 +109,6 @@ class Sampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        client = getattr(self, "client", None)
-        if client is not None:
-            client.close()
 
     def _run(self) -> None:
         while True:
@@ -144,6 +141,10 @@ class MemorySampler(Sampler):
         self.over_target_bytes: int | None = None
         self.heap_trims: int | None = None  # the server's heap trims so far (last sample)
         self._peak_rss = self._peak_live = 0
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        self.client.close()
 
     def sample(self) -> None:
         try:

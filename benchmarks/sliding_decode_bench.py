@@ -46,7 +46,7 @@ def build_engine() -> Any:
 
 
 def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> dict[str, Any]:
-    from promptcache.engines.base import PrefillDone, SamplingParams
+    from promptcache.engines.base import Finished, PrefillDone, SamplingParams
     from promptcache.engines.torch.batch import can_batch
 
     runner = engine.runner
@@ -61,7 +61,7 @@ def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> di
         for ev in engine.generate(prompts[k], params):
             if isinstance(ev, PrefillDone):  # the first token is sampled with it
                 firsts.append(time.perf_counter())
-            if hasattr(ev, "completion_ids"):
+            if isinstance(ev, Finished):
                 tokens[k] = list(ev.completion_ids)
         lasts.append(time.perf_counter())
 
