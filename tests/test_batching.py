@@ -7,6 +7,7 @@ forward's in the last float bits (measured: <= 3e-6 on these models); greedy tok
 exactly on these prompts, and the runners' batched logits stay within ``LOGIT_TOL``.
 """
 
+import copy
 import random
 import threading
 import time
@@ -21,8 +22,6 @@ CHUNK, BLOCK = 16, 8
 LOGIT_TOL = 1e-4
 TORCH_KINDS = ("llama", "gemma3", "mamba", "jamba")
 MLX_KINDS = ("llama", "gemma3", "mamba2", "falcon_h1")
-# full attention, and sliding windows beside it; SSM layouts decode one sequence per forward
-TORCH_BATCHED = {"llama", "gemma3"}
 
 
 def torch_engine(kind, **options):
@@ -111,14 +110,13 @@ def test_concurrent_greedy_equals_one_by_one(lib, kind):
     )
     assert [f.completion_ids for f in got] == want
     stats = check_clean(together)
-    if lib == "mlx" or kind in TORCH_BATCHED:
-        assert stats["max_batch_rows"] >= 2, stats  # the decodes really shared forwards
-    else:
-        assert stats["num_batched_forwards"] == 0  # fallback: one sequence per forward
+    assert stats["max_batch_rows"] >= 2, stats  # the decodes really shared forwards
 
 
 @pytest.mark.parametrize(
-    "lib,kind", [("torch", "llama"), ("torch", "gemma3"), ("mlx", "llama"), ("mlx", "gemma3")]
+    "lib,kind",
+    [("torch", k) for k in ("llama", "gemma3", "mamba", "jamba", "bamba")]
+    + [("mlx", "llama"), ("mlx", "gemma3")],
 )
 def test_runner_batched_decode_logits_match_lone_forwards(lib, kind):
     runner = build(lib, kind, cache_enabled=False).runner
@@ -128,6 +126,8 @@ def test_runner_batched_decode_logits_match_lone_forwards(lib, kind):
     for _ in range(20):  # past gemma3's 16-token window
         tokens = [int(np.argmax(runner.to_numpy(x))) for x in a]
         a = runner.forward(batched, [[t] for t in tokens])
+        if lib == "torch" and not runner._ragged:  # one padded batch, not a forward per row
+            assert len(runner._last_batch.states) == len(ps)
         b = [runner.forward([s], [[t]])[0] for s, t in zip(lone, tokens, strict=True)]
         for x, y in zip(a, b, strict=True):
             x, y = runner.to_numpy(x), runner.to_numpy(y)
@@ -458,10 +458,11 @@ def test_the_step_budget_grows_with_the_requests_in_a_step():
     assert Batcher(engine.steps, 128, 32, max_step_tokens=64).step_budget(1000) == 128
 
 
-@pytest.mark.parametrize("kind", ["gemma3", "llama"])
+@pytest.mark.parametrize("kind", ["gemma3", "llama", "jamba", "mamba"])
 def test_restored_hits_decode_batched_as_uncached(kind):
-    """Follow-up turns restored from the cache (a sliding ring from its checkpoint, full
-    attention from blocks) decode together in one batch, replying as uncached runs do."""
+    """Follow-up turns restored from the cache (a sliding ring or SSM state from its
+    checkpoint, full attention from blocks) decode together in one batch, replying as
+    uncached runs do."""
     engine, plain = build("torch", kind), build("torch", kind, cache_enabled=False)
     params = SamplingParams(max_tokens=24)
     firsts = prompts(4, seed=11)
@@ -474,3 +475,29 @@ def test_restored_hits_decode_batched_as_uncached(kind):
     stats = check_clean(engine)
     assert stats["num_hits"] - hits_before == len(follow)
     assert stats["max_batch_rows"] >= 2
+
+
+@pytest.mark.parametrize("kind", ["mamba", "jamba"])
+def test_a_batched_ssm_state_counts_its_batch_and_compacts_to_its_own(kind):
+    """After a batched step each request's conv/recurrent states are views of the batch's rows:
+    its held bytes count the whole batch (the memory it keeps alive); compacted (a finished
+    request) it keeps copies of its own row only, and decodes on as an uncompacted twin."""
+    runner = build("torch", kind, cache_enabled=False).runner
+    ps = prompts(3, seed=13)
+    states = [runner.new_state() for _ in ps]
+    out = runner.forward(states, ps)
+    alone = runner.held_bytes([states[0]])
+    runner.reset_decode()
+    out = runner.forward(states, [[int(x.argmax())] for x in out])
+    batched = runner.held_bytes([states[0]])
+    assert batched >= 2 * alone  # the row views keep the three-row batch alive
+    twin = copy.deepcopy(states[0])  # views copied whole: the batch's rows, same values
+    runner.compact(states[0])
+    runner.reset_decode()
+    from promptcache.engines.torch.state import layer_tensors
+
+    own = sum(t.nbytes for x in states[0].layers for t in layer_tensors(x))
+    assert alone <= runner.held_bytes([states[0]]) == own < batched  # no view left
+    token = [[int(out[0].argmax())]]
+    a, b = runner.forward([states[0]], token)[0], runner.forward([twin], token)[0]
+    assert np.array_equal(runner.to_numpy(a), runner.to_numpy(b))

@@ -9,15 +9,9 @@ must not see the padding). After the forward each request's layer takes back a *
 reuses the padded batch as it is (``DecodeBatch``): the gather copy is paid only when a request
 joins or leaves.
 
-Layouts of full-attention layers batch, with sliding-window layers beside them (gemma3): a
-sliding layer keeps a row's last ``window - 1`` positions, and left padding puts each row's
-last positions in the batch's last slots, so a batched ``DynamicSlidingWindowLayer`` over the
-padded frame holds every row's window (the padding masked, as for the full layers). A
-linear-attention/SSM layer (mamba, jamba, bamba) carries convolution state that transformers'
-masks do not describe: those models decode a lone request in place too (``lone_decode``: a
-batch of one row whose full-attention layers grow in place and whose other layers are the
-request's own objects) and several requests one sequence per forward. Only the public cache
-API is used.
+Besides full-attention layers, a batch holds layers that do not grow in place, stacked row by
+row (``batch_stacked``): sliding-window rings (gemma3, gpt-oss) and linear-attention/SSM state
+(mamba, jamba, bamba, granite hybrids, lfm2, qwen3-next). Only the public cache API is used.
 
 ``step``: the forward to call (the model, or a compiled one: ``compiled.py``). A compiled step
 needs static shapes: its layers write the new token at a position tensor and return their whole
@@ -33,11 +27,20 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DummyLayer, DynamicLayer
 
+from promptcache.engines.torch.batch_stacked import (
+    LINEAR,
+    SLIDING,
+    hand_out_rows,
+    held,
+    row_length,
+    stack_layers,
+)
 from promptcache.serving.layers import Layout
 
-BATCHED_KINDS = (DynamicLayer.__name__, DynamicSlidingWindowLayer.__name__)
+FULL = DynamicLayer.__name__
+BATCHED_KINDS = (FULL, SLIDING, LINEAR, DummyLayer.__name__)
 
 
 def is_full_attention(layout: Layout) -> bool:
@@ -46,9 +49,11 @@ def is_full_attention(layout: Layout) -> bool:
 
 
 def can_batch(layout: Layout) -> bool:
-    """True when every layer is full attention or a sliding window, one at least full (its
-    length is the rows'): padding + mask is exact."""
-    return DynamicLayer.__name__ in layout.kinds and all(k in BATCHED_KINDS for k in layout.kinds)
+    """True when every layer is full attention, a sliding window, linear-attention state or
+    stateless, and one at least is full attention or linear (a sliding ring alone does not tell
+    its rows' lengths past its window): padding + mask is exact."""
+    kinds = set(layout.kinds)
+    return bool(kinds & {FULL, LINEAR}) and kinds <= set(BATCHED_KINDS)
 
 
 def in_place_layers(layout: Layout) -> tuple[int, ...]:
@@ -68,8 +73,8 @@ class DecodeBatch:
     lengths: list[int]  # real positions per row (the rest of ``width`` is left padding)
     grown: tuple[int, ...]  # the layers that are ours (GrowingLayer); the others are shared
     views: list[list[tuple[torch.Tensor, torch.Tensor]]]  # per row, per grown layer
-    slid: tuple[int, ...] = ()  # sliding layers batched (several rows): views handed out too
-    slid_views: list[list[tuple[torch.Tensor, torch.Tensor]]] | None = None  # per row, layer
+    stacked: tuple[int, ...] = ()  # sliding / linear layers of several rows (batch_stacked)
+    stacked_views: list[list[tuple[Any, ...]]] | None = None  # per row, per stacked layer
 
     def covers(self, states: Sequence[DynamicCache]) -> bool:
         return (
@@ -83,15 +88,15 @@ class DecodeBatch:
             and all(
                 self.cache.layers[j] is states[0].layers[j]
                 for j in range(len(self.cache.layers))
-                if j not in self.grown and j not in self.slid
+                if j not in self.grown and j not in self.stacked
             )
             and (
-                not self.slid
-                or self.slid_views is not None
+                not self.stacked
+                or self.stacked_views is not None
                 and all(
-                    state.layers[j].keys is k and state.layers[j].values is v
-                    for state, row in zip(states, self.slid_views, strict=True)
-                    for j, (k, v) in zip(self.slid, row, strict=True)
+                    all(a is b for a, b in zip(held(state.layers[j]), views, strict=True))
+                    for state, row in zip(states, self.stacked_views, strict=True)
+                    for j, views in zip(self.stacked, row, strict=True)
                 )
             )
         )
@@ -155,18 +160,20 @@ def _new_buffer(like: torch.Tensor, rows: int, length: int, used: int) -> torch.
 
 def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -> DecodeBatch:
     """Copy every request's keys/values of the ``grown`` layers right-aligned into one padded
-    batch cache; any other layer is the (single) request's own object."""
-    lengths = [s.layers[grown[0]].get_seq_length() for s in states]
+    batch cache, and stack the other stateful layers of several rows (``batch_stacked``); a
+    stateless layer, or any layer of a single request, is the request's own object."""
+    lengths = [state_length(s, grown) for s in states]
     longest, rows = max(lengths), len(states)
     batch = DynamicCache(config=model.config)
-    slid = []
+    stacked = []
     for j in range(len(batch.layers)):
-        if j not in grown and rows == 1:
+        kind = type(states[0].layers[j]).__name__
+        if j not in grown and (rows == 1 or kind not in (SLIDING, LINEAR)):
             batch.layers[j] = states[0].layers[j]
             continue
         if j not in grown:
-            batch.layers[j] = _gather_sliding([s.layers[j] for s in states], lengths, longest)
-            slid.append(j)
+            batch.layers[j] = stack_layers([s.layers[j] for s in states], lengths, longest)
+            stacked.append(j)
             continue
         parts = [s.layers[j] for s in states]
         k0, v0 = parts[0].keys, parts[0].values
@@ -182,29 +189,20 @@ def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -
         layer = GrowingLayer()
         layer.fill(keys, values, longest)
         batch.layers[j] = layer  # our own cache object: its layers are ours to choose
-    return DecodeBatch(list(states), batch, lengths, grown, [], tuple(slid))
+    return DecodeBatch(list(states), batch, lengths, grown, [], tuple(stacked))
 
 
-def _gather_sliding(
-    parts: Sequence[Any], lengths: Sequence[int], longest: int
-) -> DynamicSlidingWindowLayer:
-    """Every row's sliding window right-aligned in one layer over the padded frame (its length
-    ``longest``): row i's last min(n_i, window - 1) positions in the last slots, zeros before."""
-    assert all(isinstance(p, DynamicSlidingWindowLayer) for p in parts), "sliding layers only"
-    window = parts[0].sliding_window
-    kept = min(longest, window - 1)
-    k0, v0 = parts[0].keys, parts[0].values
-    keys = k0.new_zeros((len(parts), k0.shape[1], kept, k0.shape[3]))
-    values = v0.new_zeros((len(parts), v0.shape[1], kept, v0.shape[3]))
-    for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
-        own = part.keys.shape[-2]
-        assert part.cumulative_length == n and own == min(n, window - 1), "a row's ring is off"
-        keys[i, :, kept - own :] = part.keys[0]
-        values[i, :, kept - own :] = part.values[0]
-    layer = DynamicSlidingWindowLayer(sliding_window=window)
-    layer.lazy_initialization(keys, values)
-    layer.keys, layer.values, layer.cumulative_length = keys, values, longest
-    return layer
+def state_length(state: DynamicCache, grown: tuple[int, ...]) -> int:
+    """A request's positions: its full-attention layers' (``grown``) length, else the count of
+    its sliding or linear layers."""
+    if grown:
+        return int(state.layers[grown[0]].get_seq_length())
+    kinds = (SLIDING, LINEAR)
+    return row_length(next(x for x in state.layers if type(x).__name__ in kinds))
+
+
+def _device(cache: DynamicCache) -> torch.device:
+    return next(t.device for x in cache.layers for t in held(x) if isinstance(t, torch.Tensor))
 
 
 def batched_decode(
@@ -222,30 +220,33 @@ def batched_decode(
     a compiled forward (static shapes; every layer full attention), None for the model itself.
     ``positions``: the rows' ``position_ids`` from their real lengths (a 3-D RoPE model's,
     ``torch.mrope``); default the lengths. ``grown``: the full-attention layers (default
-    every layer); the others are sliding windows."""
+    every layer); the others are sliding windows, linear-attention state or stateless. A
+    layout of linear layers only (mamba) has no positions: no mask, no ``position_ids``."""
     grown = tuple(range(len(states[0].layers))) if grown is None else grown
     batch = last if last is not None and last.covers(states) else gather(model, states, grown)
     lengths, rows = batch.lengths, len(states)
-    width = batch.cache.get_seq_length()
-    device = batch.cache.layers[grown[0]].keys.device
+    width = max(lengths)  # the longest row has no padding
+    device = _device(batch.cache)
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
-    position_ids = (
-        torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
-        if positions is None
-        else positions(lengths)
-    )
+    kwargs: dict[str, Any] = {}
+    if any(isinstance(x, DynamicLayer) for x in batch.cache.layers):  # attention: positions
+        kwargs["position_ids"] = (
+            torch.tensor([[n] for n in lengths], dtype=torch.long, device=device)
+            if positions is None
+            else positions(lengths)
+        )
     if step is None:
         # the mask covers the cached positions and the new one; padding is the left part of a
         # row (a lone row has none: no mask)
-        mask = None
-        if rows > 1:
+        if rows > 1 and "position_ids" in kwargs:
             mask = torch.zeros((rows, width + 1), dtype=torch.long, device=device)
             for i, n in enumerate(lengths):
                 mask[i, width - n :] = 1
-        out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids,
-                    use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache})  # fmt: skip
+            kwargs["attention_mask"] = mask
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1,
+                    **{cache_arg: batch.cache}, **kwargs)  # fmt: skip
     else:
-        out = _static_step(step, model, cache_arg, batch, ids, position_ids, width)
+        out = _static_step(step, model, cache_arg, batch, ids, kwargs["position_ids"], width)
     # each request's layers become views of its row (the padding cut off): no copy back
     batch.lengths = [n + 1 for n in lengths]
     _hand_out_views(batch, width)
@@ -264,11 +265,13 @@ def lone_decode(
     """One request's next token on any layout with full-attention layers (``grown``, not
     empty): those append in place, every other layer is its own object, updated by the model as in a plain forward
     (a sliding ring or an SSM state does not grow). No mask: one row has no padding.
-    ``position_ids``: a 3-D RoPE model's (``torch.mrope``), else the model counts them."""
+    ``position_ids``: a 3-D RoPE model's (``torch.mrope``), else the row's length."""
     batch = last if last is not None and last.covers([state]) else gather(model, [state], grown)
     width = batch.lengths[0]
-    device = batch.cache.layers[grown[0]].keys.device
-    kwargs: dict[str, Any] = {} if position_ids is None else {"position_ids": position_ids}
+    device = _device(batch.cache)
+    if position_ids is None:
+        position_ids = torch.tensor([[width]], dtype=torch.long, device=device)
+    kwargs = {"position_ids": position_ids}
     out = model(input_ids=torch.tensor([[token]], dtype=torch.long, device=device),
                 use_cache=True, logits_to_keep=1, **{cache_arg: batch.cache}, **kwargs)  # fmt: skip
     batch.lengths = [width + 1]
@@ -278,8 +281,12 @@ def lone_decode(
 
 def _hand_out_views(batch: DecodeBatch, width: int) -> None:
     batch.views = []
-    if batch.slid:
-        _hand_out_windows(batch)
+    if batch.stacked:
+        by_layer = [
+            hand_out_rows(batch.cache.layers[j], batch.states, j, batch.lengths)
+            for j in batch.stacked
+        ]
+        batch.stacked_views = [list(row) for row in zip(*by_layer, strict=True)]
     for i, state in enumerate(batch.states):
         start = width + 1 - batch.lengths[i]  # the row's first real position; new token last
         row = []
@@ -290,24 +297,6 @@ def _hand_out_views(batch: DecodeBatch, width: int) -> None:
             state.layers[j].keys, state.layers[j].values = k, v
             row.append((k, v))
         batch.views.append(row)
-
-
-def _hand_out_windows(batch: DecodeBatch) -> None:
-    """Each row's sliding layers become views of its last min(n, window - 1) slots of the
-    batch's (transformers replaced the batch layer's tensors in the forward)."""
-    batch.slid_views = []
-    for i, state in enumerate(batch.states):
-        n = batch.lengths[i]
-        row = []
-        for j in batch.slid:
-            layer, own = batch.cache.layers[j], state.layers[j]
-            kept = min(n, own.sliding_window - 1)
-            width = layer.keys.shape[-2]
-            k = layer.keys[i : i + 1, :, width - kept :]
-            v = layer.values[i : i + 1, :, width - kept :]
-            own.keys, own.values, own.cumulative_length = k, v, n
-            row.append((k, v))
-        batch.slid_views.append(row)
 
 
 def _static_step(

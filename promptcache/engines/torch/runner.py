@@ -26,7 +26,9 @@ from promptcache.engines.torch.batch import (
     in_place_layers,
     is_full_attention,
     lone_decode,
+    state_length,
 )
+from promptcache.engines.torch.batch_stacked import is_linear
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.layout_memo import FILE_NAME as LAYOUT_MEMO_FILE
@@ -131,7 +133,7 @@ class TorchRunner:
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         text_config = model.config.get_text_config()
         self.model_limit = int(getattr(text_config, "max_position_embeddings", None) or 2048)
-        # decode steps batch when every layer is plain full attention (see torch_batch)
+        # decode steps batch on full-attention, sliding and linear layouts (torch.batch)
         self._batches = can_batch(self.layout)
         self._grown = in_place_layers(self.layout)  # what a lone decode appends to in place
         self._last_batch: DecodeBatch | None = None  # reused while the same requests decode
@@ -226,8 +228,11 @@ class TorchRunner:
             return packed_forward(self._decoder, states, ids, self.device)
 
     def _has_keys(self, state: DynamicCache) -> bool:
-        """Whether a decode step can append in place: some full-attention layer has keys."""
-        return bool(self._grown) and state.layers[self._grown[0]].get_seq_length() > 0
+        """Whether a decode step can append in place: some full-attention layer has keys (a
+        batched layout of linear layers only: they hold a prompt's state)."""
+        if self._grown:
+            return bool(state.layers[self._grown[0]].get_seq_length() > 0)
+        return self._batches and all(x.has_previous_state[0] for x in state.layers if is_linear(x))
 
     def enable_compile(self) -> float:
         """Compile the decode step now (``compiled.py``; full-attention layouts only, others
@@ -292,6 +297,9 @@ class TorchRunner:
         kwargs[self._cache_arg] = state
         if self._positions is not None:  # never the model's shared rope_deltas
             kwargs["position_ids"] = self._positions.text(state, len(ids))
+        elif self._grown:  # as batched steps give them (bamba counts from 0 every forward)
+            past = state_length(state, self._grown)
+            kwargs["position_ids"] = torch.arange(past, past + len(ids), device=self.device)[None]
         out = self.model(input_ids=x, use_cache=True, **kwargs)
         return out.logits[0, -1]
 

@@ -28,6 +28,7 @@ from promptcache.serving.block_scheme import BlockPacker, unpack_hit
 from promptcache.serving.layers import AdapterRegistry, Layout
 
 POSITIONAL_ATTRS = ("keys", "values")
+LINEAR_STATE_ATTRS = ("conv_states", "recurrent_states")  # dicts by state index
 Segments = list[tuple[torch.Tensor, int]]  # a hit's blocks of one layer: (tensor, positions used)
 
 
@@ -173,18 +174,38 @@ def held_bytes(caches: Sequence[Any]) -> int:
     seen: dict[int, int] = {}
     for cache in caches:
         for layer in getattr(cache, "layers", ()):
-            for value in vars(layer).values() if hasattr(layer, "__dict__") else ():
-                for t in value if isinstance(value, tuple | list) else (value,):
-                    if isinstance(t, torch.Tensor):
-                        storage = t.untyped_storage()
-                        seen[storage.data_ptr()] = storage.nbytes()
+            for t in layer_tensors(layer):
+                storage = t.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
 
 
+def layer_tensors(layer: Any) -> list[torch.Tensor]:
+    """The tensors a layer's attributes hold, in tuples, lists and dicts (an SSM layer's
+    conv/recurrent states are dicts by state index) too."""
+    found: list[torch.Tensor] = []
+    for value in vars(layer).values() if hasattr(layer, "__dict__") else ():
+        items = value.values() if isinstance(value, dict) else value
+        for t in items if isinstance(value, tuple | list | dict) else (value,):
+            if isinstance(t, torch.Tensor):
+                found.append(t)
+    return found
+
+
 def compact_views(layer: Any) -> None:
-    """Replace the layer's keys/values that view a larger buffer (a decode batch's row) by a
-    copy of just their positions, so the buffer can go."""
+    """Replace the layer's keys/values, and an SSM layer's states, that view a larger buffer (a
+    decode batch's row) by a copy of just what they view, so the buffer can go."""
     for name in POSITIONAL_ATTRS:
         t = getattr(layer, name, None)
-        if isinstance(t, torch.Tensor) and t.untyped_storage().nbytes() > t.nbytes:
+        if isinstance(t, torch.Tensor) and _is_view(t):
             setattr(layer, name, t.clone())  # exact: a pooled copy would look like a view
+    for name in LINEAR_STATE_ATTRS:
+        states = getattr(layer, name, None)
+        if isinstance(states, dict):
+            for idx, t in states.items():
+                if isinstance(t, torch.Tensor) and _is_view(t):
+                    states[idx] = t.clone()
+
+
+def _is_view(t: torch.Tensor) -> bool:
+    return t.untyped_storage().nbytes() > t.nbytes

@@ -1,16 +1,19 @@
-"""Decode of N requests at once on a sliding-window model: batched steps against one sequence
-per forward (how torch decoded such models before their steps batched).
+"""Decode of N requests at once on a model whose layers do not all grow (sliding windows, SSM
+or linear-attention state beside full attention): batched steps against one sequence per
+forward (how torch decoded such models before their steps batched).
 
-Builds a random-weight Gemma 3 text model from a config the bundled model's size (30 layers,
-hidden 576, 9 heads / 3 KV heads, a 512-token window on five layers of six), loads it in the
-torch engine (cache off, no HTTP), and runs ``--sessions`` requests at once, each a prompt of
-its own of ``--context`` tokens and ``--decode`` tokens out (greedy, ``ignore_eos``). Modes
-alternate over ``--runs``: ``batched`` (the engine as it is) and ``one_by_one`` (the runner's decode
-batching off for the run). Prints each run's aggregate decode tokens/s (tokens after each
-request's first / the time from the last first token to the last token) and checks that both
-modes give the same tokens.
+Builds a random-weight model the bundled model's size (30 layers, hidden 576, 9 heads / 3 KV
+heads) of ``--family``: ``gemma3`` (a 512-token window on five layers of six), ``bamba`` (Mamba2
+layers, attention on every sixth) or ``qwen3_5`` (gated delta net layers, attention on every
+fourth). It loads it in the torch engine (cache off, no HTTP) and runs ``--sessions`` requests
+at once, each a prompt of its own of ``--context`` tokens and ``--decode`` tokens out (greedy,
+``ignore_eos``). Modes alternate over ``--runs``: ``batched`` (the engine as it is) and
+``one_by_one`` (the runner's decode batching off for the run). Prints each run's aggregate
+decode tokens/s (tokens after each request's first / the time from the last first token to the
+last token) and checks that both modes give the same tokens.
 
-    .venv/bin/python benchmarks/sliding_decode_bench.py --sessions 8 --context 1500 --runs 2
+    .venv/bin/python benchmarks/layout_decode_bench.py --family gemma3 --sessions 8 --context 1500 --runs 2
+    .venv/bin/python benchmarks/layout_decode_bench.py --family bamba --sessions 8 --context 500 --runs 2
 """
 
 from __future__ import annotations
@@ -28,20 +31,41 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def build_engine() -> Any:
+SIZE: dict[str, Any] = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                           num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                           head_dim=64, max_position_embeddings=8192, initializer_range=0.2)  # fmt: skip
+FAMILIES = ("gemma3", "bamba", "qwen3_5")
+
+
+def family_config(family: str) -> Any:
+    from transformers import AutoConfig
+
+    layers = SIZE["num_hidden_layers"]
+    if family == "gemma3":
+        return AutoConfig.for_model("gemma3_text", **SIZE, sliding_window=512)
+    if family == "bamba":
+        attention = [i for i in range(layers) if i % 6 == 5]
+        return AutoConfig.for_model("bamba", **SIZE, attn_layer_indices=attention,
+                                    mamba_n_heads=18, mamba_d_head=64, mamba_d_state=64,
+                                    mamba_n_groups=1, mamba_expand=2, mamba_chunk_size=64)  # fmt: skip
+    if family == "qwen3_5":
+        kinds = ["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)]
+        return AutoConfig.for_model("qwen3_5_text", **SIZE, layer_types=kinds,
+                                    linear_conv_kernel_dim=4, linear_key_head_dim=64,
+                                    linear_value_head_dim=64, linear_num_key_heads=4,
+                                    linear_num_value_heads=8)  # fmt: skip
+    raise ValueError(f"unknown family {family!r}; known: {', '.join(FAMILIES)}")
+
+
+def build_engine(family: str) -> Any:
     import torch
-    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+    from transformers import AutoModelForCausalLM
 
     from promptcache.engines.torch.engine import TorchEngine
     from promptcache.testing.tiny_models import ByteTokenizer
 
-    config = Gemma3TextConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-        num_attention_heads=9, num_key_value_heads=3, head_dim=64, sliding_window=512,
-        max_position_embeddings=8192, initializer_range=0.2,
-    )  # fmt: skip
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = AutoModelForCausalLM.from_config(family_config(family)).eval()
     return TorchEngine(model, ByteTokenizer(), cache_enabled=False)
 
 
@@ -81,12 +105,13 @@ def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> di
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", choices=FAMILIES, default="gemma3")
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--context", type=int, default=1500)
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--runs", type=int, default=2)
     args = ap.parse_args()
-    engine = build_engine()
+    engine = build_engine(args.family)
     print("layout:", engine.runner.layout.kinds[:6], "...", flush=True)
     rng = random.Random(1)
     prompts = [
@@ -102,7 +127,7 @@ def main() -> None:
             rates[row["mode"]].append(row["decode_tok_s"])
             print(json.dumps(row), flush=True)
     print(json.dumps({
-        "sessions": args.sessions, "context": args.context,
+        "family": args.family, "sessions": args.sessions, "context": args.context,
         "median_tok_s": {m: round(statistics.median(v), 1) for m, v in rates.items()},
         "same_tokens": seen.get("batched") == seen.get("one_by_one"),
     }))  # fmt: skip
