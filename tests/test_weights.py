@@ -13,8 +13,9 @@ from engine_checks import greedy_turns, hit_results, token_ids  # noqa: E402
 
 from promptcache.engines.base import SamplingParams  # noqa: E402
 from promptcache.engines.factory import build_engine  # noqa: E402
-from promptcache.engines.torch.batch import GrowingLayer, gather  # noqa: E402
+from promptcache.engines.torch.batch import gather  # noqa: E402
 from promptcache.engines.torch.engine import TorchEngine  # noqa: E402
+from promptcache.engines.torch.growing import GrowingLayer  # noqa: E402
 from promptcache.engines.torch.layouts import can_pack, set_weight_format, weight_owners  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
 from promptcache.engines.torch.threads import ThreadTuner, make_thread_tuner, threads_for  # noqa: E402

@@ -161,6 +161,18 @@ FAMILIES: dict[str, Family] = {
         ),
         {"layer_types": ["mamba", "attention"]},
     ),  # fmt: skip
+    "falcon_h1": Family(  # Mamba2 and attention side by side in every layer
+        "falcon_h1",
+        dict(
+            num_hidden_layers=2,
+            mamba_d_ssm=128,
+            mamba_n_heads=4,
+            mamba_d_head=32,
+            mamba_d_state=8,
+            mamba_d_conv=4,
+            mamba_chunk_size=16,
+        ),
+    ),  # fmt: skip
     "mamba2": Family(
         "mamba2",
         dict(

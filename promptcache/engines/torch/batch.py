@@ -30,17 +30,21 @@ from transformers import DynamicCache
 from transformers.cache_utils import DummyLayer, DynamicLayer
 
 from promptcache.engines.torch.batch_stacked import (
+    HYBRID,
     LINEAR,
     SLIDING,
+    fill_linear,
     hand_out_rows,
     held,
     row_length,
     stack_layers,
 )
+from promptcache.engines.torch.growing import GrowingHybridLayer, GrowingLayer, new_buffer
 from promptcache.serving.layers import Layout
 
 FULL = DynamicLayer.__name__
-BATCHED_KINDS = (FULL, SLIDING, LINEAR, DummyLayer.__name__)
+GROWN_KINDS = (FULL, HYBRID)  # a batch grows their keys in place (a hybrid's states stack)
+BATCHED_KINDS = (*GROWN_KINDS, SLIDING, LINEAR, DummyLayer.__name__)
 
 
 def is_full_attention(layout: Layout) -> bool:
@@ -53,13 +57,13 @@ def can_batch(layout: Layout) -> bool:
     stateless, and one at least is full attention or linear (a sliding ring alone does not tell
     its rows' lengths past its window): padding + mask is exact."""
     kinds = set(layout.kinds)
-    return bool(kinds & {FULL, LINEAR}) and kinds <= set(BATCHED_KINDS)
+    return bool(kinds & {FULL, HYBRID, LINEAR}) and kinds <= set(BATCHED_KINDS)
 
 
 def in_place_layers(layout: Layout) -> tuple[int, ...]:
-    """The layers a lone decode grows in place: the plain full-attention ones (any other kind
-    is the request's own object, updated by transformers as it always is)."""
-    return tuple(i for i, k in enumerate(layout.kinds) if k == DynamicLayer.__name__)
+    """The layers a lone decode grows in place: the full-attention ones, a hybrid's attention
+    part too (any other kind is the request's own object, updated by transformers as always)."""
+    return tuple(i for i, k in enumerate(layout.kinds) if k in GROWN_KINDS)
 
 
 @dataclass(slots=True)
@@ -102,62 +106,6 @@ class DecodeBatch:
         )
 
 
-class GrowingLayer(DynamicLayer):
-    """A ``DynamicLayer`` whose keys/values are views of a buffer with room to grow: a decode
-    token is written in place (``DynamicLayer.update`` concatenates: a fresh allocation and a
-    copy of the whole layer for every token). Positions already handed out as views are never
-    written again, so requests holding them see no change. With ``at`` set (a compiled step) the
-    token goes to position ``at`` and the whole buffer is returned: shapes stay static."""
-
-    ROOM = 128  # positions allocated ahead (a reallocation every ROOM decode steps)
-    at: torch.Tensor | None = None
-
-    def fill(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
-        self.lazy_initialization(keys, values)
-        self._bufs = (keys, values)
-        self.keys, self.values = keys[:, :, :length], values[:, :, :length]
-
-    def reserve(self, total: int) -> None:
-        """Room for ``total`` positions (a copy into a larger buffer when there is not)."""
-        kbuf, vbuf = self._bufs
-        n = self.keys.shape[-2]
-        if total > kbuf.shape[-2]:
-            self._bufs = (
-                _grow(kbuf, n, total - n + self.ROOM),
-                _grow(vbuf, n, total - n + self.ROOM),
-            )
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        kbuf, vbuf = self._bufs
-        if self.at is not None:  # compiled: static shapes, the mask hides the unwritten rest
-            kbuf.index_copy_(2, self.at, key_states)
-            vbuf.index_copy_(2, self.at, value_states)
-            return kbuf, vbuf
-        n, new = self.keys.shape[-2], key_states.shape[-2]
-        self.reserve(n + new)
-        kbuf, vbuf = self._bufs
-        kbuf[:, :, n : n + new] = key_states
-        vbuf[:, :, n : n + new] = value_states
-        self.keys, self.values = kbuf[:, :, : n + new], vbuf[:, :, : n + new]
-        return self.keys, self.values
-
-
-def _grow(buf: torch.Tensor, used: int, more: int) -> torch.Tensor:
-    out = _new_buffer(buf, buf.shape[0], used + more, used)
-    out[:, :, :used] = buf[:, :, :used]
-    return out
-
-
-def _new_buffer(like: torch.Tensor, rows: int, length: int, used: int) -> torch.Tensor:
-    """A ``rows`` x heads x ``length`` x dim buffer like ``like``, zero past ``used``: a compiled
-    step reads the room ahead under a mask, and masked scores weigh it by 0 (0 * NaN is NaN)."""
-    out = like.new_empty((rows, like.shape[1], length, like.shape[3]))
-    out[:, :, used:].zero_()
-    return out
-
-
 def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -> DecodeBatch:
     """Copy every request's keys/values of the ``grown`` layers right-aligned into one padded
     batch cache, and stack the other stateful layers of several rows (``batch_stacked``); a
@@ -179,14 +127,19 @@ def gather(model: Any, states: Sequence[DynamicCache], grown: tuple[int, ...]) -
         k0, v0 = parts[0].keys, parts[0].values
         room = longest + GrowingLayer.ROOM
         # the left padding is zeroed too: masked, and finite for the same reason as the room
-        keys = _new_buffer(k0, rows, room, longest)
-        values = _new_buffer(v0, rows, room, longest)
+        keys = new_buffer(k0, rows, room, longest)
+        values = new_buffer(v0, rows, room, longest)
         for i, (part, n) in enumerate(zip(parts, lengths, strict=True)):
             keys[i, :, : longest - n].zero_()
             values[i, :, : longest - n].zero_()
             keys[i, :, longest - n : longest] = part.keys[0]
             values[i, :, longest - n : longest] = part.values[0]
-        layer = GrowingLayer()
+        if kind == HYBRID:  # keys grown, conv/recurrent states stacked as a linear layer's
+            layer: GrowingLayer = GrowingHybridLayer(parts[0].number_of_states)
+            fill_linear(layer, parts, longest)
+            stacked.append(j)
+        else:
+            layer = GrowingLayer()
         layer.fill(keys, values, longest)
         batch.layers[j] = layer  # our own cache object: its layers are ours to choose
     return DecodeBatch(list(states), batch, lengths, grown, [], tuple(stacked))

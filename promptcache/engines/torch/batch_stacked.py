@@ -10,9 +10,12 @@ batch layer before the forward, and handed back as views of its row after it.
   concatenated along the batch. A one-token step updates each row's state from that row's
   token only (transformers gives such a step no padding mask), so padding never reaches it.
 
-``held(layer)``: the tensors a row's layer holds; a batch is reused while every row still
-holds the views it was handed (``DecodeBatch.covers``). Only the layers' public attributes
-are read and written.
+A hybrid layer (Falcon-H1: ``LinearAttentionAndFullAttentionLayer``) has both: its keys grow
+in the batch (``growing.GrowingHybridLayer``) and its states stack as a linear layer's.
+
+``held(layer)``: the tensors a row's layer holds (a hybrid's: its states; its keys are the
+grown part's); a batch is reused while every row still holds the views it was handed
+(``DecodeBatch.covers``). Only the layers' public attributes are read and written.
 """
 
 from __future__ import annotations
@@ -21,19 +24,31 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicSlidingWindowLayer, LinearAttentionLayer
+from transformers.cache_utils import (
+    DynamicSlidingWindowLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionCacheLayerMixin,
+    LinearAttentionLayer,
+)
 
 SLIDING = DynamicSlidingWindowLayer.__name__
 LINEAR = LinearAttentionLayer.__name__
+HYBRID = LinearAttentionAndFullAttentionLayer.__name__
 
 
 def is_linear(layer: Any) -> bool:
+    """A layer of linear-attention state only."""
     return type(layer) is LinearAttentionLayer
+
+
+def has_states(layer: Any) -> bool:
+    """A layer with linear-attention conv/recurrent state (alone or beside attention)."""
+    return isinstance(layer, LinearAttentionCacheLayerMixin)
 
 
 def held(layer: Any) -> tuple[Any, ...]:
     """The tensors that are a row's state in ``layer`` (compared by identity)."""
-    if is_linear(layer):
+    if has_states(layer):
         return (*layer.conv_states.values(), *layer.recurrent_states.values())
     return (getattr(layer, "keys", None), getattr(layer, "values", None))
 
@@ -55,7 +70,7 @@ def stack_layers(parts: Sequence[Any], lengths: Sequence[int], longest: int) -> 
 def hand_out_rows(layer: Any, states: Sequence[Any], j: int, lengths: Sequence[int]) -> list:
     """Each row's layer ``j`` becomes views of its row of the batch ``layer`` (transformers may
     have replaced the batch layer's tensors in the forward); the views, per row."""
-    if is_linear(layer):
+    if has_states(layer):
         return [_hand_out_linear(layer, s.layers[j], i, n) for i, (s, n) in enumerate(zip(states, lengths, strict=True))]  # fmt: skip
     return [_hand_out_window(layer, s.layers[j], i, n) for i, (s, n) in enumerate(zip(states, lengths, strict=True))]  # fmt: skip
 
@@ -91,11 +106,17 @@ def _hand_out_window(layer: Any, own: Any, i: int, n: int) -> tuple[Any, ...]:
 
 
 def _stack_linear(parts: Sequence[Any], longest: int) -> LinearAttentionLayer:
-    """Every state of the rows concatenated along the batch; the batch layer counts the padded
-    frame's positions (a hybrid's first layer may be this one: ``get_seq_length`` reads it)."""
+    layer = LinearAttentionLayer(number_of_states=parts[0].number_of_states)
+    fill_linear(layer, parts, longest)
+    return layer
+
+
+def fill_linear(layer: Any, parts: Sequence[Any], longest: int) -> None:
+    """``layer``'s (fresh) linear-attention state: every row's states concatenated along the
+    batch; it counts the padded frame's positions (a hybrid model's first layer may be this
+    one: ``get_seq_length`` reads it)."""
     first = parts[0]
-    assert all(is_linear(p) and not p.record_past for p in parts), "plain linear layers only"
-    layer = LinearAttentionLayer(number_of_states=first.number_of_states)
+    assert all(has_states(p) and not p.record_past for p in parts), "plain linear state only"
     for idx in range(first.number_of_states):
         assert all(p.has_previous_state[idx] for p in parts), "a row has no state yet"
         layer.has_previous_state[idx] = True
@@ -106,7 +127,6 @@ def _stack_linear(parts: Sequence[Any], longest: int) -> LinearAttentionLayer:
                 getattr(layer, f"is_{name}_initialized")[idx] = True
     layer.device, layer.dtype = first.device, first.dtype
     layer.cumulative_length_linear = torch.tensor(longest, device=first.device)
-    return layer
 
 
 def _hand_out_linear(layer: Any, own: Any, i: int, n: int) -> tuple[Any, ...]:
