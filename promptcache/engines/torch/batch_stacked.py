@@ -118,8 +118,9 @@ def fill_linear(layer: Any, parts: Sequence[Any], longest: int) -> None:
     first = parts[0]
     assert all(has_states(p) and not p.record_past for p in parts), "plain linear state only"
     for idx in range(first.number_of_states):
-        assert all(p.has_previous_state[idx] for p in parts), "a row has no state yet"
-        layer.has_previous_state[idx] = True
+        begun = first.has_previous_state[idx]  # a state index the model never uses stays False
+        assert all(p.has_previous_state[idx] == begun for p in parts), "rows at other stages"
+        layer.has_previous_state[idx] = begun
         layer.conv_kernel_size[idx] = first.conv_kernel_size[idx]
         for name in ("conv_states", "recurrent_states"):
             if getattr(first, f"is_{name}_initialized")[idx]:
