@@ -130,6 +130,49 @@ def test_by_default_the_running_state_is_capped_by_the_memory_left(monkeypatch):
     assert free.cache_stats()["num_admission_waits"] == 0
 
 
+@pytest.mark.parametrize("kind", ["mamba", "jamba", "llama"])
+def test_admission_counts_ssm_state_once_per_request_not_per_token(kind):
+    """SSM / linear-attention state is the same size at any context length: the probe at
+    start splits it off (per request) from the state that grows (per token), so long prompts
+    on a Mamba model are not taken for many times their size."""
+    from promptcache.engines.torch.batch_stacked import has_states, held
+
+    engine = TorchEngine(tiny_model(kind), ByteTokenizer(), block_size=8, max_live_bytes="1GB")
+    runner, admission = engine.runner, engine.admission
+    state = runner.new_state()
+    runner.forward([state], [list(range(3, 40))])
+    ssm = sum(t.nbytes for x in state.layers if has_states(x) for t in held(x))
+    assert admission.bytes_per_request == ssm and (ssm > 0) == (kind != "llama")
+    keys = [t for x in state.layers if not has_states(x) for t in (x.keys, x.values)]
+    per_token = sum(t.nbytes for t in keys) / 37  # 8-byte length counters aside
+    assert admission.bytes_per_token == pytest.approx(per_token, abs=1) or kind == "llama"
+    if kind != "mamba":
+        return
+    # four 300-token prompts under a cap of about 1.5x their fixed state: all run at once
+    # (by the probe's bytes per token alone each would look 300 / 64 times as big)
+    prompts = [[3 + (5 * i + j) % 200 for j in range(300)] for i in range(4)]
+    plain = TorchEngine(tiny_model(kind), ByteTokenizer(), block_size=8, cache_enabled=False)
+    expected = [reply(plain, p) for p in prompts]
+    cap = int(1.5 * len(prompts) * ssm)
+    assert 300 * (ssm / 64) * len(prompts) > cap
+    engine = TorchEngine(tiny_model(kind), ByteTokenizer(), block_size=8, max_live_bytes=cap)
+    got: list = [None] * len(prompts)
+    gate = threading.Barrier(len(prompts))
+
+    def one(i):
+        gate.wait()
+        got[i] = reply(engine, prompts[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == expected
+    stats = engine.cache_stats()
+    assert stats["num_admission_waits"] == 0 and stats["max_batch_rows"] >= 2, stats
+
+
 def largest_fit(nbytes: int) -> int:
     """The largest pooled mapping that may serve a buffer of ``nbytes`` (a free one is reused
     up to REUSE_CLASSES_ABOVE size classes above its own)."""

@@ -165,3 +165,21 @@ def test_state_restored_on_one_thread_runs_on_another(kind):
     got = cached.to_numpy(cached.forward(restored[0], [9, 10]))
     want, _ = logits_of(plain, prompt[: lease.num_tokens] + [9, 10])
     assert float(np.abs(got - want).max()) <= TOL
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "falcon_h1", "llama"])
+def test_admission_counts_ssm_arrays_once_per_request(kind):
+    """The ``ArraysCache`` state (SSM, conv) is the same at any length: counted per request,
+    the growing KV caches per token (``admission.probe_rate``)."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models.cache import ArraysCache, CacheList
+
+    cached, _ = make_engines(kind, max_live_bytes="1GB")
+    runner, admission = cached.runner, cached.admission
+    state = runner.new_state()
+    runner.forward([state], [list(range(3, 40))])
+    parts = [p for c in state for p in (c.caches if isinstance(c, CacheList) else (c,))]
+    arrays = [v for p in parts if isinstance(p, ArraysCache) for _, v in tree_flatten(p.state)]
+    assert admission.bytes_per_request == sum(a.nbytes for a in arrays if a is not None)
+    assert (admission.bytes_per_request > 0) == (kind != "llama")
+    assert (admission.bytes_per_token > 0) == (kind != "mamba2")

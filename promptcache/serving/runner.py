@@ -122,6 +122,17 @@ class DeviceMemory(Protocol):
 
 
 @runtime_checkable
+class FixedState(Protocol):
+    """An optional capability of a runner whose states hold some that does not grow with the
+    context (SSM / linear-attention state): admission counts it per request, not per token
+    (``admission.Admission``)."""
+
+    def fixed_bytes(self, state: Any) -> int:
+        """Bytes of ``state`` that stay the same whatever its length (its own, not a batch
+        buffer's it may view)."""
+
+
+@runtime_checkable
 class ComputeFigures(Protocol):
     """An optional capability of a runner: how its forwards use the machine (the ``compute``
     family of ``/v1/cache/stats`` and ``/metrics``), so a slow step can be told from a step

@@ -231,6 +231,16 @@ class MlxCacheSteps:
     def compact(self, state: list[Any]) -> list[Any]:
         return state  # a batch's rows come back as their own arrays (``extract``)
 
+    def fixed_bytes(self, state: list[Any]) -> int:
+        parts = [p for c in state for p in (c.caches if isinstance(c, CacheList) else (c,))]
+        return sum(
+            v.nbytes
+            for p in parts
+            if isinstance(p, ArraysCache)
+            for _, v in tree_flatten(p.state)
+            if isinstance(v, mx.array)
+        )
+
     def held_bytes(self, states: Sequence[list[Any]]) -> int:
         arrays = {
             id(v): v

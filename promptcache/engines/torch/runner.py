@@ -28,7 +28,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
     state_length,
 )
-from promptcache.engines.torch.batch_stacked import is_linear
+from promptcache.engines.torch.batch_stacked import has_states, held, is_linear
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.layout_memo import FILE_NAME as LAYOUT_MEMO_FILE
@@ -282,6 +282,11 @@ class TorchRunner:
         free, _ = torch.cuda.mem_get_info(self.device)
         unused = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
         return int(free + unused)
+
+    def fixed_bytes(self, state: Any) -> int:
+        return sum(
+            t.nbytes for x in state.layers if has_states(x) for t in held(x) if t is not None
+        )
 
     def held_bytes(self, states: Sequence[Any]) -> int:
         batch = self._last_batch
