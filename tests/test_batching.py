@@ -134,9 +134,11 @@ def test_runner_batched_decode_logits_match_lone_forwards(lib, kind):
             assert np.abs(x - y).max() <= LOGIT_TOL and x.argmax() == y.argmax()
 
 
-@pytest.mark.parametrize("lib", ["torch", "mlx"])
-def test_request_joining_mid_batch_and_a_cancelled_member(lib):
-    alone, together = build(lib, "llama"), build(lib, "llama")
+@pytest.mark.parametrize(
+    "lib,kind", [("torch", "llama"), ("mlx", "llama"), ("torch", "jamba"), ("torch", "mamba")]
+)
+def test_request_joining_mid_batch_and_a_cancelled_member(lib, kind):
+    alone, together = build(lib, kind), build(lib, kind)
     ps = prompts(3, seed=9)
     params = SamplingParams(max_tokens=40)
     want = [reply(alone, p, params).completion_ids for p in ps[:2]]
