@@ -7,13 +7,16 @@ heads) of ``--family``: ``gemma3`` (a 512-token window on five layers of six), `
 layers, attention on every sixth) or ``qwen3_5`` (gated delta net layers, attention on every
 fourth). It loads it in the torch engine (cache off, no HTTP) and runs ``--sessions`` requests
 at once, each a prompt of its own of ``--context`` tokens and ``--decode`` tokens out (greedy,
-``ignore_eos``). Modes alternate over ``--runs``: ``batched`` (the engine as it is) and
-``one_by_one`` (the runner's decode batching off for the run). Prints each run's aggregate
+``ignore_eos``). ``--modes`` alternate over ``--runs``: ``batched`` (the engine as it is),
+``one_by_one`` (the runner's decode batching off for the run) and ``model_step`` (batched,
+through the model's own forward rather than the lean step, where the model has one:
+``torch.lean``). Prints each run's aggregate
 decode tokens/s (tokens after each request's first / the time from the last first token to the
 last token) and checks that both modes give the same tokens.
 
     .venv/bin/python benchmarks/layout_decode_bench.py --family gemma3 --sessions 8 --context 1500 --runs 2
     .venv/bin/python benchmarks/layout_decode_bench.py --family bamba --sessions 8 --context 500 --runs 2
+    .venv/bin/python benchmarks/layout_decode_bench.py --family gemma3 --modes batched model_step
 """
 
 from __future__ import annotations
@@ -69,12 +72,17 @@ def build_engine(family: str) -> Any:
     return TorchEngine(model, ByteTokenizer(), cache_enabled=False)
 
 
-def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> dict[str, Any]:
+MODES = ("batched", "one_by_one", "model_step")
+
+
+def run(engine: Any, prompts: list[list[int]], decode: int, mode: str) -> dict[str, Any]:
     from promptcache.engines.base import Finished, PrefillDone, SamplingParams
     from promptcache.engines.torch.batch import can_batch
 
     runner = engine.runner
-    runner._batches = batched and can_batch(runner.layout)  # False: one sequence per forward
+    lean = runner.__dict__.setdefault("bench_lean", runner._decoder)
+    runner._batches = mode != "one_by_one" and can_batch(runner.layout)
+    runner._decoder = runner.model if mode == "model_step" else lean  # the model's forward
     runner.reset_decode()
     firsts: list[float] = []
     lasts: list[float] = []
@@ -97,7 +105,7 @@ def run(engine: Any, prompts: list[list[int]], decode: int, batched: bool) -> di
     span = max(lasts) - max(firsts)
     after_first = sum(len(t) - 1 for t in tokens)
     return {
-        "mode": "batched" if batched else "one_by_one",
+        "mode": mode,
         "decode_tok_s": round(after_first / span, 1) if span > 0 else None,
         "tokens": tokens,
     }
@@ -110,6 +118,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=1500)
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=["batched", "one_by_one"])
     args = ap.parse_args()
     engine = build_engine(args.family)
     print("layout:", engine.runner.layout.kinds[:6], "...", flush=True)
@@ -117,11 +126,11 @@ def main() -> None:
     prompts = [
         [rng.randrange(300, 49000) for _ in range(args.context)] for _ in range(args.sessions)
     ]
-    rates: dict[str, list[float]] = {"batched": [], "one_by_one": []}
+    rates: dict[str, list[float]] = {m: [] for m in args.modes}
     seen: dict[str, list[list[int]]] = {}
     for i in range(args.runs):
-        for batched in [True, False] if i % 2 == 0 else [False, True]:
-            row = run(engine, prompts, args.decode, batched)
+        for mode in args.modes if i % 2 == 0 else args.modes[::-1]:
+            row = run(engine, prompts, args.decode, mode)
             toks = row.pop("tokens")
             seen.setdefault(row["mode"], toks)
             rates[row["mode"]].append(row["decode_tok_s"])
@@ -129,7 +138,7 @@ def main() -> None:
     print(json.dumps({
         "family": args.family, "sessions": args.sessions, "context": args.context,
         "median_tok_s": {m: round(statistics.median(v), 1) for m, v in rates.items()},
-        "same_tokens": seen.get("batched") == seen.get("one_by_one"),
+        "same_tokens": all(t == seen[args.modes[0]] for t in seen.values()),
     }))  # fmt: skip
 
 

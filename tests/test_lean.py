@@ -24,6 +24,7 @@ from promptcache.engines.torch.layouts import choose_weight_layouts  # noqa: E40
 from promptcache.engines.torch.lean import LeanDecoder, agrees, make_lean_decoder  # noqa: E402
 from promptcache.engines.torch.onednn import use_onednn_linears  # noqa: E402
 from promptcache.engines.torch.runner import TorchRunner  # noqa: E402
+from promptcache.engines.torch.state import describe_layers  # noqa: E402
 from promptcache.testing.tiny_families import build_family  # noqa: E402
 from promptcache.testing.tiny_models import tiny_model  # noqa: E402
 
@@ -77,11 +78,14 @@ def greedy(step, model, prompt, num_tokens):
 
 
 @pytest.mark.parametrize(
-    "name", ["llama", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe"]
+    "name", ["llama", "qwen2", "mistral", "mixtral", "qwen2_moe", "qwen3", "qwen3_moe", "gemma3"]
 )
 def test_lean_steps_equal_the_models_steps(name):
+    """gemma3: (1 + w) norms around attention and MLP, RoPE bases per layer type, a sliding
+    layer (window 16) the 9-token prompt and 16 steps pass."""
     model = prepared(built(name))
-    decoder = make_lean_decoder(model, "cache", ("DynamicLayer",) * model.config.num_hidden_layers)
+    kinds = describe_layers(DynamicCache(config=model.config)).kinds
+    decoder = make_lean_decoder(model, "cache", kinds)
     assert isinstance(decoder, LeanDecoder)
     prompt = [5, 17, 99, 3, 42, 7, 120, 64, 11]
     want_tokens, want_logits = greedy(model, model, prompt, 16)
@@ -131,7 +135,7 @@ def test_families_it_does_not_cover_run_the_models_forward():
     config = Gemma2Config(**COMMON, head_dim=16)  # gemma: (1 + w) norms, scaled embeddings
     model = AutoModelForCausalLM.from_config(config).eval()
     assert make_lean_decoder(model, "cache", ("DynamicLayer",) * 2) is None
-    llama = tiny_model("llama")
+    llama = tiny_model("llama")  # sliding layers only where the step covers them (gemma3)
     assert make_lean_decoder(llama, "cache", ("DynamicLayer", "DynamicSlidingWindowLayer")) is None
 
 

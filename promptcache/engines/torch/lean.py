@@ -6,8 +6,9 @@ op: on the bundled 135M model ~17 ms of matmuls and ~6 ms of everything else (mo
 mask and cache bookkeeping, a dozen small ops per norm and RoPE, a copy of every key/value head
 for grouped attention). For decoders whose layers are exactly RMSNorm, attention with RoPE
 (optionally per-head q/k norms), RMSNorm, gated MLP (llama, mistral, qwen2, qwen3 and their
-fine-tunes, dense or mixture-of-experts) this step calls the model's own weights, rotary
-module and activation directly, reads grouped KV heads in place (``enable_gqa``) and writes
+fine-tunes, dense or mixture-of-experts), and Gemma 3's (its (1 + w) norms after attention and
+around the MLP too, RoPE bases per layer type, sliding-window layers beside full ones) this
+step calls the model's own weights, rotary module and activation directly, reads grouped KV heads in place (``enable_gqa``) and writes
 keys/values through the cache layers' public ``update``. A request's prefill alone stays the
 model's forward; several requests' pieces packed into one forward run here too
 (``ragged.packed_forward``).
@@ -19,6 +20,7 @@ same tokens, logits within float noise); a model that does not match runs its ow
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from typing import Any, NamedTuple
 
@@ -29,8 +31,12 @@ from transformers import DynamicCache
 log = logging.getLogger("promptcache")
 
 # dense or mixture-of-experts MLPs (an MLP without gate/up/down is called as the model's module)
-FAMILIES = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
+FAMILIES = frozenset(
+    {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma3_text"}
+)
+WINDOWED = frozenset({"gemma3_text"})  # families whose sliding-window layers the step covers
 GATED = ("gate_proj", "up_proj", "down_proj", "act_fn")
+OFFSET_NORMS = frozenset({"Gemma3RMSNorm"})  # normalized x * (1 + weight)
 TOLERANCE = 1e-3  # of the largest logit: float32 sums in another order, nothing more
 
 
@@ -39,14 +45,18 @@ class Output(NamedTuple):
 
 
 class LeanLayer(NamedTuple):
-    norm1: Any
+    norm1: Any  # each norm a call x -> normed (``_norm_call``)
     project_qkv: Any  # hidden -> [rows, tokens, heads + 2 * kv_heads, head_dim]
-    q_norm: Any  # per-head RMSNorms (qwen3) or None
+    q_norm: Any  # per-head RMSNorms (qwen3, gemma3) or None
     k_norm: Any
     o_proj: Any
+    post_attn: Any  # the attention output's norm before the residual (gemma3) or None
     norm2: Any
     mlp: Any  # hidden -> hidden: a gated MLP's three matmuls, or the model's MoE block
+    post_mlp: Any  # the MLP output's norm before the residual (gemma3) or None
     scaling: float
+    rope: str | None = None  # the rotary module's layer type (gemma3's bases per type)
+    window: int | None = None  # a sliding-window layer's window
 
 
 class LeanDecoder:
@@ -62,7 +72,9 @@ class LeanDecoder:
         self.num_heads, self.num_kv_heads = text.num_attention_heads, text.num_key_value_heads
         self.head_dim = inner.layers[0].self_attn.head_dim
         self.embed, self.rotary, self.norm = inner.embed_tokens, inner.rotary_emb, inner.norm
-        self.layers = [_lean_layer(layer, self.head_dim) for layer in inner.layers]
+        typed = "layer_type" in inspect.signature(self.rotary.forward).parameters
+        self.layers = [_lean_layer(layer, self.head_dim, typed) for layer in inner.layers]
+        self.softcap = getattr(text, "final_logit_softcapping", None)
         # one-row steps fold grouped heads (attend_one); off: the model's own SDPA call (agrees)
         self.fold_gqa = True
 
@@ -87,10 +99,11 @@ class LeanDecoder:
             i: int, layer: LeanLayer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         ) -> torch.Tensor:
             keys, values = cache.layers[i].update(k, v)
-            if rows == 1:
+            if rows == 1:  # a sliding layer hands back its window's keys: all visible
                 return attend_one(q, keys, values, layer.scaling, gqa, self.fold_gqa)
+            seen = None if mask is None else mask[..., -keys.shape[-2] :]  # a window's tail
             return F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, scale=layer.scaling, enable_gqa=gqa
+                q, keys, values, attn_mask=seen, scale=layer.scaling, enable_gqa=gqa
             )
 
         return self.run_layers(input_ids, position_ids, attend)
@@ -111,29 +124,43 @@ class LeanDecoder:
         work), else every position's."""
         rows, length = input_ids.shape
         h = self.embed(input_ids)
-        cos, sin = self.rotary(h, position_ids)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # [rows, 1 (heads), tokens, dim]
-        half = sin.shape[-1] // 2
-        # rotate_half(x) * sin == roll(x, half) * signed_sin: two ops fewer per layer
-        signed_sin = torch.cat((-sin[..., :half], sin[..., half:]), -1)
+        ropes = {t: self._rope(h, position_ids, t) for t in {x.rope for x in self.layers}}
         heads, kv_heads = self.num_heads, self.num_kv_heads
         for i, layer in enumerate(self.layers):
-            x = _rms(layer.norm1, h)
+            cos, signed_sin, half = ropes[layer.rope]
+            x = layer.norm1(h)
             qkv = layer.project_qkv(x)
             if layer.q_norm is not None:
-                q = _rms(layer.q_norm, qkv[:, :, :heads])
-                k = _rms(layer.k_norm, qkv[:, :, heads : heads + kv_heads])
+                q = layer.q_norm(qkv[:, :, :heads])
+                k = layer.k_norm(qkv[:, :, heads : heads + kv_heads])
                 qk = torch.cat((q, k), 2).transpose(1, 2)
             else:
                 qk = qkv[:, :, : heads + kv_heads].transpose(1, 2)
             qk = qk * cos + qk.roll(half, -1) * signed_sin
             v = qkv[:, :, heads + kv_heads :].transpose(1, 2)
             o = attend(i, layer, qk[:, :heads], qk[:, heads:], v)
-            h = h + layer.o_proj(o.transpose(1, 2).reshape(rows, length, -1))
-            h = h + layer.mlp(_rms(layer.norm2, h))
+            o = layer.o_proj(o.transpose(1, 2).reshape(rows, length, -1))
+            h = h + (o if layer.post_attn is None else layer.post_attn(o))
+            m = layer.mlp(layer.norm2(h))
+            h = h + (m if layer.post_mlp is None else layer.post_mlp(m))
         if keep is not None:
             h = h[:, keep]
-        return Output(self.model.lm_head(self.norm(h)))
+        logits = self.model.lm_head(self.norm(h))
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return Output(logits)
+
+    def _rope(self, h: torch.Tensor, position_ids: torch.Tensor, kind: str | None) -> Any:
+        """cos, signed sin (rows x 1 (heads) x tokens x dim) and half the dim, for layers of
+        rotary type ``kind``: rotate_half(x) * sin == roll(x, half) * signed_sin, two ops
+        fewer per layer."""
+        if kind is None:
+            cos, sin = self.rotary(h, position_ids)
+        else:
+            cos, sin = self.rotary(h, position_ids, kind)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat((-sin[..., :half], sin[..., half:]), -1), half
 
 
 def attend_one(
@@ -157,23 +184,44 @@ def attend_one(
     return F.scaled_dot_product_attention(q, keys, values, scale=scale, enable_gqa=gqa)
 
 
-def _rms(norm: Any, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
-    return norm(x)  # other dtypes: the model's own (it computes in float32 and casts back)
+def _norm_call(norm: Any) -> Any:
+    """``norm`` as a call: float32 through one fused ``rms_norm`` (a (1 + w) norm with its
+    weight plus one, taken once), other dtypes the model's own module (it computes in float32
+    and casts back); None stays None."""
+    if norm is None:
+        return None
+    eps = getattr(norm, "variance_epsilon", None)
+    eps = norm.eps if eps is None else eps
+    is_offset = type(norm).__name__ in OFFSET_NORMS
+    weight = norm.weight + 1.0 if is_offset else norm.weight
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        return norm(x)
+
+    return run
 
 
-def _lean_layer(layer: Any, head_dim: int) -> LeanLayer:
+def _lean_layer(layer: Any, head_dim: int, typed_rope: bool) -> LeanLayer:
+    """A decoder layer's parts. Gemma 3's: norms after attention and around the MLP
+    (``post_attention_layernorm`` is then the attention output's, not the MLP's input's)."""
     attn, mlp = layer.self_attn, layer.mlp
+    pre_mlp = getattr(layer, "pre_feedforward_layernorm", None)
+    is_sandwich = pre_mlp is not None
     return LeanLayer(
-        layer.input_layernorm,
+        _norm_call(layer.input_layernorm),
         _projector(attn.q_proj, attn.k_proj, attn.v_proj, head_dim=head_dim),
-        getattr(attn, "q_norm", None),
-        getattr(attn, "k_norm", None),
+        _norm_call(getattr(attn, "q_norm", None)),
+        _norm_call(getattr(attn, "k_norm", None)),
         _linear_call(attn.o_proj),
-        layer.post_attention_layernorm,
+        _norm_call(layer.post_attention_layernorm) if is_sandwich else None,
+        _norm_call(pre_mlp if is_sandwich else layer.post_attention_layernorm),
         _gated_mlp(mlp) if all(hasattr(mlp, a) for a in GATED) else _module_call(mlp),
+        _norm_call(getattr(layer, "post_feedforward_layernorm", None)),
         float(attn.scaling),
+        attn.layer_type if typed_rope else None,
+        attn.sliding_window if getattr(attn, "is_sliding", False) else None,
     )
 
 
@@ -231,11 +279,14 @@ def _linear_call(module: Any) -> Any:
 
 def make_lean_decoder(model: Any, cache_arg: str, kinds: tuple[str, ...]) -> LeanDecoder | None:
     """A ``LeanDecoder`` for a model of a family it covers whose every layer is plain full
-    attention (``kinds``), that agrees with the model's forward; None otherwise."""
+    attention (``kinds``; or a sliding window, in ``WINDOWED`` families), that agrees with
+    the model's forward; None otherwise."""
     config = model.config
-    if getattr(config, "model_type", None) not in FAMILIES or hasattr(config, "vision_config"):
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES or hasattr(config, "vision_config"):
         return None
-    if any(k != "DynamicLayer" for k in kinds) or not _has_parts(model):
+    covered = {"DynamicLayer"} | ({"DynamicSlidingWindowLayer"} if family in WINDOWED else set())
+    if any(k not in covered for k in kinds) or not _has_parts(model):
         return None
     try:
         decoder = LeanDecoder(model, cache_arg)

@@ -192,6 +192,10 @@ def packed_forward(
         _causal_mask(p, n, dtype, device) if n > 1 and p else None
         for p, n in zip(pasts, lengths, strict=True)
     ]
+    # a sliding layer's keys are its window's last positions then the piece: a mask always
+    windows = {w: [_window_mask(p, n, w, dtype, device) if n > 1 else None
+                   for p, n in zip(pasts, lengths, strict=True)]
+               for w in {x.window for x in decoder.layers if x.window}}  # fmt: skip
     gqa = decoder.num_heads != decoder.num_kv_heads
     rows_op = rows_attention(decoder)
     # the decode rows' token indices: their attention runs in one call where the kernel is built
@@ -207,9 +211,10 @@ def packed_forward(
             a, b = bounds[r], bounds[r + 1]
             keys, values = state.layers[i].update(k[:, :, a:b], v[:, :, a:b])
             if b - a > 1:
+                mask = masks[r] if layer.window is None else windows[layer.window][r]
                 out[:, :, a:b] = F.scaled_dot_product_attention(
-                    q[:, :, a:b], keys, values, attn_mask=masks[r],
-                    is_causal=masks[r] is None,  # a first piece: keys = its queries
+                    q[:, :, a:b], keys, values, attn_mask=mask,
+                    is_causal=mask is None,  # a first piece: keys = its queries
                     scale=layer.scaling, enable_gqa=gqa,
                 )  # fmt: skip
             elif rows_op is None:  # a decode row
@@ -230,6 +235,18 @@ def packed_forward(
 def _causal_mask(past: int, n: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     hidden = torch.ones(n, past + n, dtype=torch.bool, device=device).triu(past + 1)
     return torch.zeros(n, past + n, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
+
+
+def _window_mask(
+    past: int, n: int, window: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Query j of a piece after ``past`` positions over a sliding layer's keys: its last
+    min(past, window - 1) positions then the piece's; it sees the ``window`` up to itself."""
+    kept = min(past, window - 1)
+    keys = torch.arange(past - kept, past + n, device=device)[None, :]  # absolute positions
+    queries = torch.arange(past, past + n, device=device)[:, None]
+    hidden = (keys > queries) | (keys <= queries - window)
+    return torch.zeros(hidden.shape, dtype=dtype, device=device).masked_fill(hidden, float("-inf"))
 
 
 def rows_attention(decoder: LeanDecoder) -> Any:
