@@ -138,8 +138,9 @@ def ragged_decode(
     decoder: LeanDecoder, states: Sequence[DynamicCache], tokens: Sequence[int]
 ) -> list[torch.Tensor]:
     """Append ``tokens[i]`` to ``states[i]`` for every i in one forward: each row's logits.
-    Every layer of every state is full attention (a ``RowLayer`` appends in place; a plain
-    ``DynamicLayer`` would concatenate, correct but a copy)."""
+    A full-attention layer is a ``RowLayer`` (appends in place; a plain ``DynamicLayer`` would
+    concatenate, correct but a copy); a sliding ring hands back its window with the new token,
+    all of it visible."""
     device = states[0].layers[0].keys.device
     ids = torch.tensor([[t] for t in tokens], dtype=torch.long, device=device)
     positions = torch.tensor([[s.get_seq_length()] for s in states], device=device)
@@ -172,8 +173,8 @@ def packed_forward(
 ) -> list[torch.Tensor]:
     """Append ``ids[i]`` (a prefill piece, or one decode token) to ``states[i]`` for every i in
     one forward: each sequence's last-position logits. Projections, norms and MLP run over all
-    the tokens at once; attention per sequence over its own layers (full attention; a
-    ``RowLayer`` appends in place), causal within its new tokens."""
+    the tokens at once; attention per sequence over its own layers (a ``RowLayer`` appends in
+    place), causal within its new tokens; a sliding layer under its window too."""
     lengths = [len(x) for x in ids]
     if min(lengths) < 1:
         raise ValueError("packed_forward: every sequence needs at least one new token")

@@ -215,7 +215,7 @@ class TorchRunner:
 
     def packs(self, states: Sequence[Any]) -> bool:
         """Several requests' prefill pieces and decode tokens run in one lean forward
-        (``forward_packed``) on the models the lean step covers (every layer full attention)."""
+        (``forward_packed``) on the models the lean step covers (``torch.lean``)."""
         return self._ragged
 
     @torch.inference_mode()
