@@ -11,7 +11,8 @@ joins or leaves.
 
 Besides full-attention layers, a batch holds layers that do not grow in place, stacked row by
 row (``batch_stacked``): sliding-window rings (gemma3, gpt-oss) and linear-attention/SSM state
-(mamba, jamba, bamba, granite hybrids, lfm2, qwen3-next). Only the public cache API is used.
+(mamba, jamba, bamba, granite hybrids, lfm2, qwen3-next); a layer holding both (falcon-h1)
+grows its keys and stacks its states. Only the public cache API is used.
 
 ``step``: the forward to call (the model, or a compiled one: ``compiled.py``). A compiled step
 needs static shapes: its layers write the new token at a position tensor and return their whole
