@@ -39,7 +39,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_next", "nemotron_h")  # attention, sliding, SSM
+# attention, sliding windows, SSM, attention and SSM in one layer
+FAMILIES = ("llama", "qwen3", "gemma3", "qwen3_next", "nemotron_h", "falcon_h1")
 
 
 def run_request(engine: Any, prompt: list[int], max_tokens: int, ignore_eos: bool = False) -> dict:
