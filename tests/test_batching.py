@@ -503,3 +503,34 @@ def test_a_batched_ssm_state_counts_its_batch_and_compacts_to_its_own(kind):
     token = [[int(out[0].argmax())]]
     a, b = runner.forward([states[0]], token)[0], runner.forward([twin], token)[0]
     assert np.array_equal(runner.to_numpy(a), runner.to_numpy(b))
+
+
+def test_a_layout_of_sliding_windows_only_decodes_batched_as_alone():
+    """Mistral 7B v0.1's layout: every layer a sliding window (16 here), no full attention.
+    Rows of different lengths, past their windows, decode in one padded batch with the logits
+    of lone forwards; a one-token prompt on a fresh state beside them is a prefill, not a row."""
+    pytest.importorskip("torch")
+    import torch
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from promptcache.engines.torch.runner import TorchRunner
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                           initializer_range=0.2, sliding_window=16)  # fmt: skip
+    runner = TorchRunner(AutoModelForCausalLM.from_config(config).eval(), ByteTokenizer())
+    assert set(runner.layout.kinds) == {"DynamicSlidingWindowLayer"} and runner._batches
+    ps = prompts(3, seed=5)
+    batched, lone = [runner.new_state() for _ in ps], [runner.new_state() for _ in ps]
+    a, b = runner.forward(batched, ps), runner.forward(lone, ps)
+    for _ in range(25):
+        tokens = [int(x.argmax()) for x in a]
+        a = runner.forward(batched, [[t] for t in tokens])
+        assert len(runner._last_batch.states) == len(ps)
+        b = [runner.forward([s], [[t]])[0] for s, t in zip(lone, tokens, strict=True)]
+        for x, y in zip(a, b, strict=True):
+            assert (x - y).abs().max().item() <= LOGIT_TOL and x.argmax() == y.argmax()
+    fresh = runner.new_state()
+    out = runner.forward([fresh, *batched], [[7], *[[int(x.argmax())] for x in a]])
+    assert fresh.get_seq_length() == 1 and len(out) == len(ps) + 1

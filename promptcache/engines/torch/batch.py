@@ -54,11 +54,10 @@ def is_full_attention(layout: Layout) -> bool:
 
 
 def can_batch(layout: Layout) -> bool:
-    """True when every layer is full attention, a sliding window, linear-attention state or
-    stateless, and one at least is full attention or linear (a sliding ring alone does not tell
-    its rows' lengths past its window): padding + mask is exact."""
+    """True when every layer is full attention, a sliding window (alone too: Mistral 7B v0.1),
+    linear-attention state or stateless, one at least holding state: padding + mask is exact."""
     kinds = set(layout.kinds)
-    return bool(kinds & {FULL, HYBRID, LINEAR}) and kinds <= set(BATCHED_KINDS)
+    return bool(kinds - {DummyLayer.__name__}) and kinds <= set(BATCHED_KINDS)
 
 
 def in_place_layers(layout: Layout) -> tuple[int, ...]:

@@ -28,7 +28,7 @@ from promptcache.engines.torch.batch import (
     lone_decode,
     state_length,
 )
-from promptcache.engines.torch.batch_stacked import has_states, held, is_linear
+from promptcache.engines.torch.batch_stacked import has_states, held
 from promptcache.engines.torch.codec import TorchCodec
 from promptcache.engines.torch.fused import fuse_projections
 from promptcache.engines.torch.layout_memo import FILE_NAME as LAYOUT_MEMO_FILE
@@ -229,10 +229,10 @@ class TorchRunner:
 
     def _has_keys(self, state: DynamicCache) -> bool:
         """Whether a decode step can append in place: some full-attention layer has keys (a
-        batched layout of linear layers only: they hold a prompt's state)."""
+        batched layout without any: its sliding or linear layers hold a prompt's state)."""
         if self._grown:
             return bool(state.layers[self._grown[0]].get_seq_length() > 0)
-        return self._batches and all(x.has_previous_state[0] for x in state.layers if is_linear(x))
+        return self._batches and state_length(state, self._grown) > 0
 
     def enable_compile(self) -> float:
         """Compile the decode step now (``compiled.py``; full-attention layouts only, others
