@@ -54,11 +54,16 @@ def make_workspace(tmp: Path) -> Workspace:
     return ws
 
 
-def write_loop_script(path: Path, first: dict[str, Any], second: dict[str, Any]) -> Path:
-    """Two tool calls, then the answer; ``first``/``second``: {"name", "arguments"}."""
+def write_loop_script(
+    path: Path, first: dict[str, Any], second: dict[str, Any], first_result: str | None = None
+) -> Path:
+    """Two tool calls, then the answer; ``first``/``second``: {"name", "arguments"}.
+    ``first_result``: a regex the first tool's result must match (default: the note's name,
+    which the first call lists)."""
+    first_result = NOTE.replace(".", r"\.") if first_result is None else first_result
     replies = [
         {"turn": 0, "tool_calls": [first]},
-        {"turn": 1, "match": NOTE.replace(".", r"\."), "tool_calls": [second]},
+        {"turn": 1, "match": first_result, "tool_calls": [second]},
         {"turn": 2, "match": SECRET, "content": f"{NOTE} says {SECRET}."},
         {"turn": 0, "content": "Tool loop test"},  # side requests without tools (titles)
     ]
