@@ -26,13 +26,13 @@ def reply(engine, prompt):
     return list(engine.generate(prompt, SamplingParams(max_tokens=12)))[-1].completion_ids
 
 
-def run_concurrently(engine):
-    out = [None] * len(PROMPTS)
+def run_concurrently(engine, prompts=PROMPTS):
+    out = [None] * len(prompts)
 
     def one(i):
-        out[i] = reply(engine, PROMPTS[i])
+        out[i] = reply(engine, prompts[i])
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
     for t in threads:
         t.start()
     for t in threads:
@@ -156,19 +156,7 @@ def test_admission_counts_ssm_state_once_per_request_not_per_token(kind):
     cap = int(1.5 * len(prompts) * ssm)
     assert 300 * (ssm / 64) * len(prompts) > cap
     engine = TorchEngine(tiny_model(kind), ByteTokenizer(), block_size=8, max_live_bytes=cap)
-    got: list = [None] * len(prompts)
-    gate = threading.Barrier(len(prompts))
-
-    def one(i):
-        gate.wait()
-        got[i] = reply(engine, prompts[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert got == expected
+    assert run_concurrently(engine, prompts) == expected
     stats = engine.cache_stats()
     assert stats["num_admission_waits"] == 0 and stats["max_batch_rows"] >= 2, stats
 
