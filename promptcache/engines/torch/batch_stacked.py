@@ -31,6 +31,8 @@ from transformers.cache_utils import (
     LinearAttentionLayer,
 )
 
+from promptcache.engines.torch.state import LINEAR_STATE_ATTRS
+
 SLIDING = DynamicSlidingWindowLayer.__name__
 LINEAR = LinearAttentionLayer.__name__
 HYBRID = LinearAttentionAndFullAttentionLayer.__name__
@@ -122,7 +124,7 @@ def fill_linear(layer: Any, parts: Sequence[Any], longest: int) -> None:
         assert all(p.has_previous_state[idx] == begun for p in parts), "rows at other stages"
         layer.has_previous_state[idx] = begun
         layer.conv_kernel_size[idx] = first.conv_kernel_size[idx]
-        for name in ("conv_states", "recurrent_states"):
+        for name in LINEAR_STATE_ATTRS:
             if getattr(first, f"is_{name}_initialized")[idx]:
                 getattr(layer, name)[idx] = torch.cat([getattr(p, name)[idx] for p in parts])
                 getattr(layer, f"is_{name}_initialized")[idx] = True
@@ -131,7 +133,7 @@ def fill_linear(layer: Any, parts: Sequence[Any], longest: int) -> None:
 
 
 def _hand_out_linear(layer: Any, own: Any, i: int, n: int) -> tuple[Any, ...]:
-    for name in ("conv_states", "recurrent_states"):
+    for name in LINEAR_STATE_ATTRS:
         theirs, mine = getattr(layer, name), getattr(own, name)
         for idx, t in theirs.items():
             if t is not None:

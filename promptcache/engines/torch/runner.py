@@ -230,9 +230,7 @@ class TorchRunner:
     def _has_keys(self, state: DynamicCache) -> bool:
         """Whether a decode step can append in place: some full-attention layer has keys (a
         batched layout without any: its sliding or linear layers hold a prompt's state)."""
-        if self._grown:
-            return bool(state.layers[self._grown[0]].get_seq_length() > 0)
-        return self._batches and state_length(state, self._grown) > 0
+        return bool(self._grown or self._batches) and state_length(state, self._grown) > 0
 
     def enable_compile(self) -> float:
         """Compile the decode step now (``compiled.py``; full-attention layouts only, others
