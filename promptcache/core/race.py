@@ -103,8 +103,9 @@ class Decayed:
         self.horizon = horizon
         self.race = Race(len(sims), race_horizon, rate) if race_horizon else None
 
-    def lookup(self, chain: list[BlockHash], tail: float = 0.0) -> None:
-        """``tail``: the last hash is a partial block of that fraction of a block."""
+    def lookup(self, chain: list[BlockHash], tail: float = 0.0) -> list[float]:
+        """Each miniature's hits; ``tail``: the last hash is a partial block of that fraction
+        of a block."""
         size = len(chain) - (1.0 - tail if tail else 0.0)
         keep = math.exp(-size / self.horizon)
         self.volume = self.volume * keep + size
@@ -115,6 +116,7 @@ class Decayed:
         race = self.race
         if race is not None and (race.volume or any(s.used + s.unit > s.budget for s in self.sims)):
             race.add(got, size)
+        return got
 
     def save(self, root: BlockHash, chain: list[BlockHash], tail: float = 0.0) -> None:
         for sim in self.sims:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from promptcache.core.budget import format_size
 from promptcache.core.figures import Series, Snapshot
+from promptcache.core.follow import Following
 from promptcache.core.hashing import BlockHash
 from promptcache.core.minisim import Census, MiniCache, sampled_indices
 from promptcache.core.policies import make_policy
@@ -70,7 +71,8 @@ class WhatIf:
         self.policy_names = tuple(policy_names)
         self.leader = 0  # index into policy_names
         self.on_switch: Callable[[int], None] | None = None  # told the new leader's index
-        self.num_switches = 0
+        self.num_switches = 0  # the live cache's hand-overs
+        self.following: Following | None = None  # which race the live cache follows
         self.rates: tuple[int, int] = (0, 0)  # (live, curve) R; 0 until a save tells block bytes
         self.live: Decayed | None = None  # every candidate at 1x
         self.curve: Decayed | None = None  # the leader at 0.5x, 1x and 2x (1x: see _curve_at)
@@ -84,7 +86,6 @@ class WhatIf:
         self._tail_seq: TokenSeq | None = None  # the sequence and end of _tail_hash
         self._tail_end = 0
         self._tail_hash = BlockHash(b"")
-        self._since_switch = math.inf  # the first switch needs no settling
         self._lookups_since_log = 0
         self._logged_gain = 0.0
         # the live cache's sampled image (``follow``): the miniatures hold what it holds
@@ -126,11 +127,15 @@ class WhatIf:
         if fitted == self._fitted:
             return
         self._fitted = fitted
-        for sim in self.live.sims:
+        for sim in self._sims_at_1x():
             sim.resize(fitted[0])
         for f, k in zip(FACTORS, self._curve_at, strict=True):
             if k >= 0:
                 self.curve.sims[k].resize(self._capacity(f, self.rates[1]))
+
+    def _sims_at_1x(self) -> list[MiniCache]:
+        assert self.live is not None and self.following is not None
+        return [*self.live.sims, *self.following.sims]
 
     def _new_curve(self) -> Decayed:
         """The leader's miniatures at each factor; at 1x its candidate miniature (simulated
@@ -167,7 +172,7 @@ class WhatIf:
             return
         self._block_bytes = block_bytes
         if self.live is not None and self.curve is not None:
-            for sim in self.live.sims:
+            for sim in self._sims_at_1x():
                 sim.resize(self._capacity(1.0, self.rates[0]))
             for f, k in zip(FACTORS, self._curve_at, strict=True):
                 if k >= 0:
@@ -183,6 +188,8 @@ class WhatIf:
         sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
         self.live = Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0), live)
         self.curve = self._new_curve()
+        assert self.live.race is not None
+        self.following = Following(self.live.race, self.policy_names, cap, live)
 
     # -- the live request stream --------------------------------------------------------------
 
@@ -228,23 +235,18 @@ class WhatIf:
         if not live_chain:
             return
         live = self.live
-        live.lookup(live_chain, live_tail)
-        race = live.race
-        assert race is not None
-        if race.volume:
-            self._since_switch += len(live_chain)
-        best = race.challenger(self.leader, self.num_switches)
-        if (
-            best is not None
-            # evidence from two miniature cache-fulls of lookups since the last hand-over
-            and self._since_switch >= 2 * live.sims[0].budget / live.sims[0].unit
-        ):
-            self.leader = best
-            self.num_switches += 1
-            self._since_switch = 0.0
-            self.curve = self._new_curve()
-            if self.on_switch is not None:
-                self.on_switch(best)
+        got = live.lookup(live_chain, live_tail)
+        following = self.following
+        assert live.race is not None and following is not None
+        if live.race.volume:
+            sim = live.sims[0]
+            following.lookup(live_chain, live_tail, got, sim.budget // sim.unit, sim.unit)
+            if following.pick != self.leader:
+                self.leader = following.pick
+                self.num_switches += 1
+                self.curve = self._new_curve()
+                if self.on_switch is not None:
+                    self.on_switch(self.leader)
         self._lookups_since_log += 1
         if self._lookups_since_log >= 256:
             self._lookups_since_log = 0
@@ -255,6 +257,8 @@ class WhatIf:
             return
         (live_chain, live_tail), (curve_chain, curve_tail) = self._sampled(seq, num_tokens)
         self.live.save(seq.root, live_chain, live_tail)
+        assert self.following is not None
+        self.following.save(seq.root, live_chain, live_tail)
         self.curve.save(seq.root, curve_chain, curve_tail)
 
     # -- results -----------------------------------------------------------------------------
