@@ -205,6 +205,7 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
     curve = stats["whatif_hit_rate_by_budget"]
     assert curve["2x"] > curve["1x"] + 0.3 and curve["0.5x"] <= curve["1x"]
     assert stats["policy"] == "adaptive" and stats["policy_leader"] in CANDIDATES
+    assert stats["policy_race"] == "fast"  # the slow race only where the fast one churned
     assert any("2x" in r.getMessage() for r in caplog.records)
 
     from promptcache.core.figures import render_series
@@ -212,6 +213,7 @@ def test_whatif_curve_in_stats_and_a_logged_recommendation(caplog):
     text = "\n".join(render_series(cache.stats().series(), "promptcache_cache_"))
     assert 'promptcache_cache_whatif_hit_rate_by_budget{budget="2x"}' in text
     assert f'promptcache_cache_policy_leader{{policy="{stats["policy_leader"]}"}} 1' in text
+    assert f'promptcache_cache_policy_race{{race="{stats["policy_race"]}"}} 1' in text
 
 
 def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():

@@ -285,8 +285,10 @@ class WhatIf:
         )
         rate = 1 / self.rates[0] if self.rates[0] else 0.0
         volume = round(live.volume, 1) if live else 0.0
+        race = "slow" if self.following is not None and self.following.is_slow else "fast"
         values = {
             "policy_leader": leader,
+            "policy_race": race,
             "num_policy_switches": self.num_switches,
             "whatif_sample_rate": rate,
             "whatif_sampled_lookup_blocks": volume,
@@ -295,6 +297,7 @@ class WhatIf:
         }
         series = (
             Series("policy_leader", "gauge", {leader: 1}, "policy"),  # the name as a label
+            Series("policy_race", "gauge", {race: 1}, "race"),
             Series("num_policy_switches", "counter", self.num_switches),
             Series("whatif_sample_rate", "gauge", rate),
             Series("whatif_sampled_lookup_blocks", "gauge", volume),
