@@ -67,12 +67,11 @@ class Following:
     """Which race the live cache follows. Not thread-safe: ``WhatIf`` calls it under the
     owning cache's lock."""
 
-    __slots__ = ("names", "rate", "fast", "slow", "judge", "is_slow")
+    __slots__ = ("names", "fast", "slow", "judge", "is_slow")
 
     def __init__(self, race: Race, names: Sequence[str], capacity: int, rate: int) -> None:
         """``race``: the candidates' (fast) race; ``rate``: the miniatures sample 1 in it."""
         self.names = tuple(names)
-        self.rate = rate
         horizon = max(SLOW_FULLS * capacity, 4096.0)
         self.fast = Follower(race)
         self.slow = Follower(Race(len(self.names), horizon, rate))
