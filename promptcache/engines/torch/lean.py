@@ -8,8 +8,9 @@ for grouped attention). For decoders whose layers are exactly RMSNorm, attention
 (optionally per-head q/k norms), RMSNorm, gated MLP (llama, mistral, qwen2, qwen3 and their
 fine-tunes, dense or mixture-of-experts), and Gemma 3's (its (1 + w) norms after attention and
 around the MLP too, RoPE bases per layer type, sliding-window layers beside full ones) this
-step calls the model's own weights, rotary module and activation directly, reads grouped KV heads in place (``enable_gqa``) and writes
-keys/values through the cache layers' public ``update``. A request's prefill alone stays the
+step calls the model's own weights, rotary module and activation directly, reads grouped KV
+heads in place (``enable_gqa``) and writes keys/values through the cache layers' public
+``update``. A request's prefill alone stays the
 model's forward; several requests' pieces packed into one forward run here too
 (``ragged.packed_forward``).
 
