@@ -3,6 +3,7 @@ miniature simulations against full-size replays, hand-overs between policies, an
 curve in the stats."""
 
 import logging
+import math
 import os
 import random
 import sys
@@ -257,6 +258,34 @@ def test_a_frecency_leader_keeps_the_hand_over_state_itself():
     policy.hand_over(0)  # back to frecency, which adopts the history kept meanwhile
     assert policy.policy._history and not policy._history
     churn_conversations(cache, random.Random(5), steps=200, check_every=50)
+
+
+def test_frecency_handed_the_cache_back_starts_from_the_reuse_intervals_measured_meanwhile():
+    """The adaptive policy measures reuse intervals under any leader (a frecency leader into the
+    same estimate): frecency back in charge starts from them, not from its first observation,
+    and a fixed frecency fed the same requests measures the same window."""
+    from core_helpers import churn_conversations
+
+    policy = AdaptivePolicy(("frecency", "lru", "s3fifo"))
+    cache = PromptCache("r", block_size=4, ram_budget=64 * 30, policy=policy)
+    cache.whatif.on_switch = None
+    fixed = PromptCache("r", block_size=4, ram_budget=64 * 30, policy="frecency")
+    for c, seed in ((cache, 3), (fixed, 3)):
+        churn_conversations(c, random.Random(seed), steps=300, check_every=50)
+    first = policy.policy
+    assert first.window_bytes > 0
+    assert first.window_bytes == fixed.ram.policy.window_bytes  # one estimate, same requests
+    policy.hand_over(0)  # frecency to a fresh frecency: the window carries over exactly
+    assert policy.policy is not first and policy.policy.window_bytes == first.window_bytes
+    policy.hand_over(2)  # s3fifo: the intervals are measured here meanwhile
+    before = policy._reuse.log_gap
+    churn_conversations(cache, random.Random(4), steps=300, check_every=50)
+    assert policy._reuse.log_gap != before
+    policy.hand_over(0)
+    back = policy.policy
+    assert back.window_bytes == back.reuse_windows * math.exp(policy._reuse.log_gap) > 0
+    churn_conversations(cache, random.Random(5), steps=200, check_every=50)
+    assert policy.policy is back and back._reuse is policy._reuse  # measured in the shared one
 
 
 def test_the_namespace_moves_the_miniatures_sample_but_no_fixed_policy():

@@ -27,6 +27,27 @@ from promptcache.core.policy import register_policy
 _heappush, _heappop = heapq.heappush, heapq.heappop
 
 
+class ReuseGap:
+    """The geometric mean of observed reuse intervals (tier clock units): an EMA of their logs.
+    The adaptive policy keeps one across hand-overs, so a frecency leader starts from the
+    workload's estimate rather than from its first observation, which would set it alone."""
+
+    __slots__ = ("log_gap",)
+
+    def __init__(self) -> None:
+        self.log_gap: float | None = None
+
+    def observe(self, gap: int, weight: float) -> float | None:
+        """Count one interval of ``weight``: the new log gap, or None (nothing counted) when
+        nothing was inserted in between."""
+        if gap < TICKS_PER_BYTE:
+            return None
+        x = math.log(gap)
+        lg = self.log_gap
+        lg = self.log_gap = x if lg is None else (1 - weight) * lg + weight * x
+        return lg
+
+
 class _Meta:
     __slots__ = ("base_freq", "entry")
 
@@ -43,8 +64,8 @@ class FrecencyPolicy:
         # history holds this many times the resident block count: reuse intervals on a busy
         # server span several cache-fulls
         self.history_factor = history_factor
-        self._log_gap: float | None = None  # EMA of ln(reuse interval, in tier clock units)
-        self._window = 0.0  # window_bytes, recomputed when _log_gap moves
+        self._reuse = ReuseGap()
+        self._window = 0.0  # window_bytes, recomputed when the reuse gap moves
         self._heap: list[list[object]] = []
         self._num_listed = 0
         self._metas: dict[Block, _Meta] = {}
@@ -56,11 +77,16 @@ class FrecencyPolicy:
         return self._window
 
     def _observe(self, gap: int, weight: float) -> None:
-        if gap >= TICKS_PER_BYTE:  # something was inserted in between
-            x = math.log(gap)
-            lg = self._log_gap
-            lg = self._log_gap = x if lg is None else (1 - weight) * lg + weight * x
+        lg = self._reuse.observe(gap, weight)
+        if lg is not None:
             self._window = self.reuse_windows * math.exp(lg)
+
+    def share_reuse(self, reuse: ReuseGap) -> None:
+        """Measure reuse intervals into ``reuse`` from now on, starting from its estimate
+        (``AdaptivePolicy`` keeps it across hand-overs)."""
+        self._reuse = reuse
+        if reuse.log_gap is not None:
+            self._window = self.reuse_windows * math.exp(reuse.log_gap)
 
     def _priority(self, block: Block, last: int, freq: int) -> float:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""

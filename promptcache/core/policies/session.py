@@ -111,7 +111,7 @@ class SessionPolicy(FrecencyPolicy):
         if shared > 0:
             pri += self.shared_weight * self._window * math.log1p(shared)
         if s.turns:
-            lg = self._log_gap
+            lg = self._reuse.log_gap
             glob = math.exp(lg) if lg is not None else 0.0
             gap = math.exp(s.log_gap) if s.log_gap is not None and self.own_gap else glob
             if glob and gap > self.gap_cap * glob:
