@@ -24,7 +24,7 @@ from eviction_shapes import shapes  # noqa: E402
 
 from promptcache.core.cache import PromptCache  # noqa: E402
 from promptcache.core.policies import DEFAULT_POLICY  # noqa: E402
-from promptcache.core.policies.adaptive import AdaptivePolicy  # noqa: E402
+from promptcache.core.policies.adaptive import CANDIDATES, AdaptivePolicy  # noqa: E402
 from promptcache.core.race import Decayed  # noqa: E402
 from promptcache.core.replay import null_slicer, prompt_tokens  # noqa: E402
 
@@ -49,7 +49,9 @@ def run(
     policy: str,
     name: str = "replay",
     schedule: dict[int, int] | None = None,
+    counter: list[int] | None = None,
 ) -> Hits:
+    """Per request (hit tokens, prompt tokens); ``counter[0]``: the request being served."""
     cache = PromptCache(name, block_size=block, ram_budget=capacity, policy=policy)
     adaptive: AdaptivePolicy | None = None
     if schedule is not None:
@@ -58,6 +60,8 @@ def run(
         cache.whatif = None  # the schedule, not the race, picks
     out: Hits = []
     for i, req in enumerate(requests):
+        if counter is not None:
+            counter[0] = i
         if adaptive is not None and schedule and i in schedule:
             adaptive.hand_over(schedule[i])
         seq = cache.sequence(prompt_tokens(req, block))
@@ -81,7 +85,7 @@ def watch_miniatures(window: int, counter: list[int]) -> dict[int, list[float]]:
             row[-1] += len(chain) - (1.0 - tail if tail else 0.0)
         return got
 
-    Decayed.lookup = counted  # type: ignore[method-assign]
+    Decayed.lookup = counted  # type: ignore[method-assign]  # our own class, this process only
     return acc
 
 
@@ -106,21 +110,11 @@ def main() -> None:
         raise SystemExit(f"no shape {args.shape!r} (the held-out one needs --mooncake)")
     shape = found[0]
     requests = shape.load()
-    names = AdaptivePolicy().candidate_names
+    names = CANDIDATES
     cols: dict[str, Hits] = {p: run(requests, shape.block, args.capacity, p) for p in args.policies}
     counter = [0]
     minis = watch_miniatures(args.window, counter) if args.miniatures else {}
-    default: Hits = []
-    cache = PromptCache(
-        "replay", block_size=shape.block, ram_budget=args.capacity, policy=DEFAULT_POLICY
-    )
-    for i, req in enumerate(requests):
-        counter[0] = i
-        seq = cache.sequence(prompt_tokens(req, shape.block))
-        with cache.lookup(seq) as hit:
-            default.append((hit.num_tokens, seq.num_tokens))
-        cache.save(seq, None, null_slicer)
-    cols["default"] = default
+    cols["default"] = run(requests, shape.block, args.capacity, DEFAULT_POLICY, counter=counter)
     for text in args.schedule:
         sched = parse_schedule(text, names)
         cols[text] = run(requests, shape.block, args.capacity, DEFAULT_POLICY, schedule=sched)
