@@ -97,8 +97,8 @@ class AdaptivePolicy:
         self._follow(p)
 
     def _track_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
-        if is_hit:  # as frecency measures them: the deepest block's interval, by chain length
-            self._reuse.observe(now - blocks[-1].last_access, min(0.001 * len(blocks), 0.5))
+        if is_hit:
+            self._reuse.observe_hit(blocks, now)
         self._on_access(blocks, is_hit, now)
 
     def _track_insert(self, block: Block) -> None:
@@ -107,7 +107,7 @@ class AdaptivePolicy:
             self._resident[block] = 0
         else:
             self._resident[block] = seen[0]
-            self._reuse.observe(block.last_access - seen[1], 0.001)
+            self._reuse.observe_return(block, seen[1])
         self._on_insert(block)
 
     def _track_evict(self, block: Block) -> None:

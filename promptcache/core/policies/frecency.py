@@ -47,6 +47,17 @@ class ReuseGap:
         lg = self.log_gap = x if lg is None else (1 - weight) * lg + weight * x
         return lg
 
+    def observe_hit(self, blocks: Sequence[Block], now: int) -> float | None:
+        """A hit on ``blocks`` at ``now``, before their last use is stamped. Every hit block's
+        interval counts, but in O(1): the blocks after the point where a chain leaves the shared
+        prefix were last used together, so the deepest block's stands for the chain, weighted
+        by its length."""
+        return self.observe(now - blocks[-1].last_access, min(0.001 * len(blocks), 0.5))
+
+    def observe_return(self, block: Block, last_use: int) -> float | None:
+        """A remembered hash inserted again, last used at ``last_use``."""
+        return self.observe(block.last_access - last_use, 0.001)
+
 
 class _Meta:
     __slots__ = ("base_freq", "entry")
@@ -76,17 +87,15 @@ class FrecencyPolicy:
     def window_bytes(self) -> float:
         return self._window
 
-    def _observe(self, gap: int, weight: float) -> None:
-        lg = self._reuse.observe(gap, weight)
-        if lg is not None:
-            self._window = self.reuse_windows * math.exp(lg)
+    def _set_window(self, log_gap: float | None) -> None:
+        if log_gap is not None:
+            self._window = self.reuse_windows * math.exp(log_gap)
 
     def share_reuse(self, reuse: ReuseGap) -> None:
         """Measure reuse intervals into ``reuse`` from now on, starting from its estimate
         (``AdaptivePolicy`` keeps it across hand-overs)."""
         self._reuse = reuse
-        if reuse.log_gap is not None:
-            self._window = self.reuse_windows * math.exp(reuse.log_gap)
+        self._set_window(reuse.log_gap)
 
     def _priority(self, block: Block, last: int, freq: int) -> float:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""
@@ -113,19 +122,16 @@ class FrecencyPolicy:
         seen = self._history.pop(block.block_hash, None)
         if seen is not None:
             base += seen[0]
-            self._observe(block.last_access - seen[1], 0.001)
+            self._set_window(self._reuse.observe_return(block, seen[1]))
         return base
 
     def on_insert(self, block: Block) -> None:
         self._metas[block] = _Meta(self._seed_uses(block))
 
     def on_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
-        # every hit block's reuse interval counts, but in O(1): the blocks after the point where
-        # a chain leaves the shared prefix were last used together, so the deepest block's
-        # interval stands for the whole chain, weighted by its length
         block = blocks[-1]
         if is_hit:
-            self._observe(now - block.last_access, min(0.001 * len(blocks), 0.5))
+            self._set_window(self._reuse.observe_hit(blocks, now))
         meta = self._metas.get(block)
         if meta is not None and meta.entry is not None:
             self._unlist(meta)
