@@ -288,6 +288,38 @@ def test_frecency_handed_the_cache_back_starts_from_the_reuse_intervals_measured
     assert policy.policy is back and back._reuse is policy._reuse  # measured in the shared one
 
 
+def test_a_sampled_frecency_learns_its_reuse_window_at_the_full_size_pace():
+    """A miniature holds 1 block in R, so each block it sees stands for R: its frecency weighs
+    an observed reuse interval R times (``sample_at``), and after the workload's reuse
+    intervals change its window follows as the full-size cache's does. Weighed once, it lagged
+    R times behind (at 1/8: the held-out chat trace's cold start, coding agents)."""
+    block, rate = 8, 4
+    rng = random.Random(5)
+    cache = PromptCache("w", block_size=block, ram_budget=400 * block, policy="frecency")
+    minis = {r: MiniCache(make_policy("frecency"), 100, block, r) for r in (rate, 1)}
+    docs = [list(range(1000 * d, 1000 * d + 30)) for d in range(60)]
+    for i in range(501):
+        # short reuse first (4 documents asked in turn), then long (60, at random)
+        ids = [*(docs[i % 4] if i < 300 else rng.choice(docs)), 10**6 + i]
+        seq = cache.sequence(prompt_tokens(TraceRequest(i, len(ids) * block, 0, ids), block))
+        hashes = seq.full_hashes()
+        (chain,) = [[hashes[j] for j in c] for c in sampled_indices(hashes, [256 // rate])]
+        with cache.lookup(seq):
+            pass
+        cache.save(seq, None, null_slicer)
+        for mini in minis.values():
+            mini.lookup(chain)
+            mini.save(seq.root, chain)
+        if i in (400, 500):  # 100 and 200 requests after the change
+            full = math.log(cache.ram.policy.window_bytes)
+            # a miniature's clock runs R times slower (1 block in R inserted)
+            got = {r: math.log(m.policy.window_bytes * rate) for r, m in minis.items()}
+            assert abs(got[rate] - full) < 0.5, (i, full, got)
+            assert got[1] < full - 1.0, (i, full, got)  # weighed once: far behind
+    for mini in minis.values():
+        mini.check_integrity()
+
+
 def test_the_namespace_moves_the_miniatures_sample_but_no_fixed_policy():
     """Every block hash covers the cache's name: under another name the miniatures sample other
     blocks (which is why eviction_shapes --samples replays the default under several), while

@@ -43,12 +43,12 @@ class Follower:
         self.policy: AdaptivePolicy | None = None
         self.sim: MiniCache | None = None
 
-    def start(self, names: Sequence[str], capacity: int, block_bytes: int) -> None:
-        """An empty miniature, its policy the race's pick."""
+    def start(self, names: Sequence[str], capacity: int, block_bytes: int, rate: int) -> None:
+        """An empty miniature sampling 1 block in ``rate``, its policy the race's pick."""
         self.policy = AdaptivePolicy(names)
         if self.pick:
             self.policy.hand_over(self.pick)
-        self.sim = MiniCache(self.policy, capacity, block_bytes)
+        self.sim = MiniCache(self.policy, capacity, block_bytes, rate)
 
     def step(self, num_blocks: float, settle: float) -> None:
         """After a lookup of ``num_blocks`` sampled blocks the race has counted: take the race's
@@ -67,11 +67,12 @@ class Following:
     """Which race the live cache follows. Not thread-safe: ``WhatIf`` calls it under the
     owning cache's lock."""
 
-    __slots__ = ("names", "fast", "slow", "judge", "is_slow")
+    __slots__ = ("names", "rate", "fast", "slow", "judge", "is_slow")
 
     def __init__(self, race: Race, names: Sequence[str], capacity: int, rate: int) -> None:
         """``race``: the candidates' (fast) race; ``rate``: the miniatures sample 1 in it."""
         self.names = tuple(names)
+        self.rate = rate
         horizon = max(SLOW_FULLS * capacity, 4096.0)
         self.fast = Follower(race)
         self.slow = Follower(Race(len(self.names), horizon, rate))
@@ -96,8 +97,8 @@ class Following:
         size = len(chain) - (1.0 - tail if tail else 0.0)
         slow.race.add(got, size)
         if fast.sim is None and fast.num_switches >= START_AFTER_SWITCHES:
-            fast.start(self.names, capacity, unit)
-            slow.start(self.names, capacity, unit)
+            fast.start(self.names, capacity, unit, self.rate)
+            slow.start(self.names, capacity, unit, self.rate)
         if fast.sim is not None and slow.sim is not None:
             followed = [fast.sim.lookup(chain, tail), slow.sim.lookup(chain, tail)]
             judge = self.judge

@@ -63,10 +63,14 @@ class MiniCache:
     """One policy on the sampled chains, with room for ``capacity_blocks`` sampled blocks.
 
     Each sampled block accounts ``block_bytes`` (the real block's size), so the clock, which
-    policies use as time, advances as at full size. Not thread-safe."""
+    policies use as time, advances as at full size; ``rate``: the sample holds 1 block in it
+    (``EvictionPolicy.sample_at``). Not thread-safe."""
 
-    def __init__(self, policy: EvictionPolicy, capacity_blocks: int, block_bytes: int) -> None:
+    def __init__(
+        self, policy: EvictionPolicy, capacity_blocks: int, block_bytes: int, rate: int = 1
+    ) -> None:
         self.policy = policy
+        policy.sample_at(rate)
         self.unit = max(block_bytes, 1)
         self.budget = max(capacity_blocks, 1) * self.unit
         self.used = 0

@@ -49,6 +49,11 @@ class EvictionPolicy(Protocol):
         policy hands the live cache to another policy; what the blocks and the history do not
         record (queue membership) starts afresh."""
 
+    def sample_at(self, rate: int) -> None:
+        """Run as a what-if miniature that holds 1 block in ``rate`` (``minisim``): what the
+        policy learns per block it sees (frecency's reuse interval) counts ``rate`` times, so it
+        learns per request at the full-size cache's pace. Call once, before the first insert."""
+
     def check_integrity(self, evictable: set[int]) -> None:
         """Raise AssertionError unless the policy holds exactly the blocks whose id() is given."""
 

@@ -151,7 +151,9 @@ class WhatIf:
             self._curve_at.append(len(sims))
             capacity = self._capacity(f, rate)
             sims.append(
-                MiniCache(make_policy(self.policy_names[self.leader]), capacity, self.block_size)
+                MiniCache(
+                    make_policy(self.policy_names[self.leader]), capacity, self.block_size, rate
+                )
             )
         return Decayed(sims, max(32.0 * self._capacity(1.0, rate), 4096.0))
 
@@ -185,7 +187,7 @@ class WhatIf:
         )
         self.rates = (live, max(live, _rate(budget_blocks / 2, MIN_CURVE_BLOCKS, MAX_RATE)))
         cap = self._capacity(1.0, live)
-        sims = [MiniCache(make_policy(p), cap, self.block_size) for p in self.policy_names]
+        sims = [MiniCache(make_policy(p), cap, self.block_size, live) for p in self.policy_names]
         self.live = Decayed(sims, max(32.0 * cap, 4096.0), max(RACE_FULLS * cap, 1024.0), live)
         self.curve = self._new_curve()
         assert self.live.race is not None

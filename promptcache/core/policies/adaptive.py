@@ -86,6 +86,9 @@ class AdaptivePolicy:
             self.on_insert, self.on_evict = self._track_insert, self._track_evict
             self.on_access = self._track_access
 
+    def sample_at(self, rate: int) -> None:
+        self._reuse.scale = rate  # every frecency leader measures into this one
+
     def hand_over(self, index: int) -> None:
         """Put candidate ``index`` in charge: a fresh instance adopts the resident blocks.
         Call only between tier operations (the what-if lookup hook is such a point)."""

@@ -32,17 +32,21 @@ class ReuseGap:
     The adaptive policy keeps one across hand-overs, so a frecency leader starts from the
     workload's estimate rather than from its first observation, which would set it alone."""
 
-    __slots__ = ("log_gap",)
+    __slots__ = ("log_gap", "scale")
 
     def __init__(self) -> None:
         self.log_gap: float | None = None
+        # blocks each observed one stands for: a what-if miniature's sampling rate, so that its
+        # estimate moves per request as the full-size cache's does (not R times slower)
+        self.scale = 1
 
     def observe(self, gap: int, weight: float) -> float | None:
-        """Count one interval of ``weight``: the new log gap, or None (nothing counted) when
-        nothing was inserted in between."""
+        """Count one interval of ``weight`` (times ``scale``, at most 1/2): the new log gap,
+        or None (nothing counted) when nothing was inserted in between."""
         if gap < TICKS_PER_BYTE:
             return None
         x = math.log(gap)
+        weight = min(weight * self.scale, 0.5)
         lg = self.log_gap
         lg = self.log_gap = x if lg is None else (1 - weight) * lg + weight * x
         return lg
@@ -52,7 +56,7 @@ class ReuseGap:
         interval counts, but in O(1): the blocks after the point where a chain leaves the shared
         prefix were last used together, so the deepest block's stands for the chain, weighted
         by its length."""
-        return self.observe(now - blocks[-1].last_access, min(0.001 * len(blocks), 0.5))
+        return self.observe(now - blocks[-1].last_access, 0.001 * len(blocks))
 
     def observe_return(self, block: Block, last_use: int) -> float | None:
         """A remembered hash inserted again, last used at ``last_use``."""
@@ -90,6 +94,9 @@ class FrecencyPolicy:
     def _set_window(self, log_gap: float | None) -> None:
         if log_gap is not None:
             self._window = self.reuse_windows * math.exp(log_gap)
+
+    def sample_at(self, rate: int) -> None:
+        self._reuse.scale = rate
 
     def share_reuse(self, reuse: ReuseGap) -> None:
         """Measure reuse intervals into ``reuse`` from now on, starting from its estimate

@@ -56,6 +56,9 @@ class LruPolicy:
     def admit(self, candidate: Block, victim: Block) -> bool:
         return True
 
+    def sample_at(self, rate: int) -> None:
+        pass  # it learns nothing per block: its decisions need no rate
+
     def on_evict(self, block: Block) -> None:
         self.remove_evictable(block)
 

@@ -116,6 +116,9 @@ class S3FifoPolicy:
     def admit(self, candidate: Block, victim: Block) -> bool:
         return True
 
+    def sample_at(self, rate: int) -> None:
+        pass  # it learns nothing per block: its decisions need no rate
+
     def on_evict(self, block: Block) -> None:
         meta = self._metas.pop(block, None)
         if meta is None:
