@@ -35,6 +35,7 @@ from make_traces import SHAPES  # noqa: E402
 from policy_ceiling import HashFuture, OraclePolicy  # noqa: E402
 
 from promptcache.core.policies import DEFAULT_POLICY, policy_names  # noqa: E402
+from promptcache.core.policies.adaptive import CANDIDATES, AdaptivePolicy  # noqa: E402
 from promptcache.core.replay import TraceRequest, read_trace, replay  # noqa: E402
 
 ALL_SHAPES = {**SHAPES, **FOOL_SHAPES}
@@ -96,9 +97,12 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
     return [s for s in out if not args.shapes or s.name in args.shapes]
 
 
-def measure(shape: Shape, belady: bool, num_samples: int = 1) -> list[dict[str, Any]]:
+def measure(
+    shape: Shape, belady: bool, num_samples: int = 1, candidates: tuple[str, ...] = CANDIDATES
+) -> list[dict[str, Any]]:
     """Per budget: every fixed policy's hit rate, the default's (the mean over ``num_samples``
-    cache namespaces, each sampling other blocks into the what-if miniatures), and Belady's."""
+    cache namespaces, each sampling other blocks into the what-if miniatures; its race among
+    ``candidates``), and Belady's."""
     requests = shape.load()
     kw = dict(block_size=shape.block, trace_block_tokens=shape.block)
     future = HashFuture(requests, shape.block, shape.block) if belady else None
@@ -108,7 +112,9 @@ def measure(shape: Shape, belady: bool, num_samples: int = 1) -> list[dict[str, 
         row: dict[str, Any] = {"shape": shape.name, "capacity_tokens": cap}
         row["fixed"] = {p: replay(requests, cap, policy=p, **kw)["hit_rate"] for p in fixed}
         names = ["replay"] + [f"replay-{i}" for i in range(1, num_samples)]
-        runs = [replay(requests, cap, policy=DEFAULT_POLICY, name=n, **kw) for n in names]
+        runs = [
+            replay(requests, cap, policy=AdaptivePolicy(candidates), name=n, **kw) for n in names
+        ]
         row["samples"] = [r["hit_rate"] for r in runs]
         row["default"] = sum(row["samples"]) / len(runs)
         row["leader"] = runs[0].get("policy_leader", "-")
@@ -138,7 +144,13 @@ def main() -> None:
         help="replay the default under this many cache namespaces (each samples other blocks"
         " into the what-if miniatures): its mean, and the worst sample's shortfall",
     )
+    ap.add_argument(
+        "--candidates",
+        default=",".join(CANDIDATES),
+        help="the default's race candidates, comma-separated (to measure another race)",
+    )
     args = ap.parse_args()
+    candidates = tuple(args.candidates.split(","))
     many = args.samples > 1
     print(
         "| shape | budget (tokens) | default | best fixed | shortfall |"
@@ -148,7 +160,7 @@ def main() -> None:
     print("|---|---:|---:|---|---:|" + ("---:|" if many else "") + "---:|---|")
     rows: list[dict[str, Any]] = []
     for shape in shapes(args):
-        for row in measure(shape, not args.no_belady, args.samples):
+        for row in measure(shape, not args.no_belady, args.samples, candidates):
             rows.append(row)
             best = row["best_fixed"]
             opt = f"{row['belady']:.4f}" if "belady" in row else "-"

@@ -8,7 +8,7 @@ from core_helpers import churn_conversations
 
 from promptcache.core.cache import PromptCache
 from promptcache.core.policies import policy_names
-from promptcache.core.replay import TraceRequest, prompt_tokens, replay
+from promptcache.core.replay import TraceRequest, null_slicer, prompt_tokens, replay
 
 
 @pytest.mark.parametrize("policy", policy_names())
@@ -152,3 +152,29 @@ def test_replay_reads_multi_turn_sessions_with_accumulated_history(tmp_path):
     # with replies saved (as the server does) the second turn hits its whole history
     got = replay([a0, b0, a1], 10**6, block_size=4, trace_block_tokens=8, with_output=True)
     assert got["cached_tokens"] == len(history) == 13
+
+
+@pytest.mark.parametrize("policy", ["frecency", "taper"])
+def test_taper_trims_cold_chains_a_block_per_lap_where_frecency_drops_the_oldest_whole(policy):
+    # 20 blocks of 4 tokens: chains A then B fill the tier, then 10 one-off blocks come in
+    cache = PromptCache("t", block_size=4, ram_budget=80, policy=policy)
+
+    def chain(first, n):
+        return cache.sequence(
+            prompt_tokens(TraceRequest(0, 4 * n, 0, list(range(first, first + n))), 4)
+        )
+
+    a, b = chain(1, 10), chain(11, 10)
+    for seq in [a, b] + [chain(100 + i, 1) for i in range(10)]:
+        with cache.lookup(seq):
+            pass
+        cache.save(seq, None, null_slicer)
+        cache.check_integrity()
+    with cache.lookup(a) as hit_a:
+        kept_a = hit_a.num_tokens // 4
+    with cache.lookup(b) as hit_b:
+        kept_b = hit_b.num_tokens // 4
+    if policy == "frecency":  # the whole older chain went first, the newer one is untouched
+        assert (kept_a, kept_b) == (0, 9)  # a lookup leaves the last token to compute
+    else:  # each exposed parent waited a lap: both chains lost their tails, neither its head
+        assert 0 < kept_a < 10 and 0 < kept_b < 9

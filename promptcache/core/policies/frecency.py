@@ -108,9 +108,9 @@ class FrecencyPolicy:
         """Lowest goes first; fixed until the block is next used (subclasses may override)."""
         return last + self._window * math.log(freq) if freq > 1 else last
 
-    def _push(self, block: Block, meta: _Meta, last: int, freq: int) -> None:
+    def _push(self, block: Block, meta: _Meta, priority: float) -> None:
         seq = self._seq = self._seq + 1
-        entry = meta.entry = [self._priority(block, last, freq), seq, block]
+        entry = meta.entry = [priority, seq, block]
         heap = self._heap
         _heappush(heap, entry)
         if len(heap) > 2 * self._num_listed + 64:  # drop stale entries
@@ -143,12 +143,14 @@ class FrecencyPolicy:
         if meta is not None and meta.entry is not None:
             self._unlist(meta)
             self._num_listed += 1
-            self._push(block, meta, now, meta.base_freq + block.num_hits + is_hit)
+            freq = meta.base_freq + block.num_hits + is_hit
+            self._push(block, meta, self._priority(block, now, freq))
 
     def add_evictable(self, block: Block) -> None:
         meta = self._metas[block]
         self._num_listed += 1
-        self._push(block, meta, block.last_access, meta.base_freq + block.num_hits)
+        freq = meta.base_freq + block.num_hits
+        self._push(block, meta, self._priority(block, block.last_access, freq))
 
     def remove_evictable(self, block: Block) -> None:
         meta = self._metas.get(block)
