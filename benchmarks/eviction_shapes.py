@@ -82,7 +82,7 @@ def shapes(args: argparse.Namespace) -> list[Shape]:
         Shape("coding_agent", g("coding_agent", 1, 0.2, 64), 64, blocks(64, 4000, 8000, 16000)),
         # synthetic mixes
         Shape("zipf_0.8", g("zipf", 1, 1.5, 64, skew=0.8, num_docs=600), 64,
-              blocks(64, 750, 1500, 3000)),
+              blocks(64, 750, 1500, 3000, 6000)),
         Shape("shared_prefix", g("shared_prefix", 1, 1.0, 64), 64, blocks(64, 300, 600, 1200)),
         # built to fool the race
         Shape("phase_change", g("phase_change", 1, 1.0, 64), 64, blocks(64, 150, 300, 600)),
