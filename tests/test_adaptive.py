@@ -239,6 +239,21 @@ def test_small_cache_miniatures_are_sampled_and_the_curve_shares_the_leaders():
     assert curve["0.5x"] <= curve["1x"] <= curve["2x"]
 
 
+@pytest.mark.parametrize(
+    ("num_blocks", "rate"), [(40, 1), (150, 2), (6000, 2), (8000, 2), (20000, 8)]
+)
+def test_miniatures_sample_one_block_in_two_unless_that_holds_over_4096(num_blocks, rate):
+    """The candidates' miniatures sample 1 block in 2: at 1/8 a 6,000-block cache's miniatures
+    misranked frecency and S3-FIFO. Only a huge cache's are sparser, at most 4,096 blocks each."""
+    from promptcache.core.whatif import WhatIf
+
+    whatif = WhatIf(num_blocks * 1000, 16, CANDIDATES)
+    whatif.note_saved(1000, 16)  # one block of 16 tokens takes 1,000 bytes
+    assert whatif.rates[0] == rate
+    for sim in whatif.live.sims:
+        assert num_blocks / rate - 1 <= sim.budget / sim.unit <= min(num_blocks / rate, 4096)
+
+
 def test_a_frecency_leader_keeps_the_hand_over_state_itself():
     """Under frecency the adaptive policy keeps no residents or history of its own (frecency
     keeps the same): a hand-over takes them from frecency, hit counts and all."""

@@ -6,7 +6,7 @@ The curve is anchored on the live cache's measured hit rate (plus the miniatures
 between budgets): a sample can miss a few very hot blocks (one shared system prompt), which
 shifts every budget's estimate alike.
 
-Sampling rate 1/R: R is the largest power of two (at most 8, more only while a miniature would
+Sampling rate 1/R: R is the largest power of two (at most 2, more only while a miniature would
 hold over ``MAX_SAMPLED_BLOCKS``) leaving at least ``MIN_SAMPLED_BLOCKS`` sampled blocks in a 1x
 miniature, but at least ``MIN_RATE`` while that leaves ``MIN_TINY_BLOCKS``: a small cache turns
 over every few requests, so simulating it at full size would cost each candidate the live
@@ -43,10 +43,11 @@ MIN_CURVE_BLOCKS = 32  # in the 0.5x miniature, which only draws the curve
 # 300-block cache's 75-block miniatures flipped between frecency and S3-FIFO (scan_wave +.0086)
 MIN_RATE = 2
 MIN_TINY_BLOCKS = 32  # ... unless that leaves fewer sampled blocks in a 1x miniature
-# sparser miniatures of chat traffic overstate frecency's lead: at 1/16 the race handed
-# mooncake_like_slow 3.1M to LRU a third into the trace (+.0104), at 1/8 sooner (+.0024)
-MAX_RATE = 8
-MAX_SAMPLED_BLOCKS = 4096  # ... but a huge cache's miniatures are sparser than 1/8 still
+# sparse miniatures misrank: at 1/16 the race handed mooncake_like_slow 3.1M to LRU a third
+# into the trace (+.0104); at 1/8 a 6,000-block cache's S3-FIFO led frecency's miniature where
+# frecency led at full size, and the race handed back 2,000 requests late (zipf_0.8 384K)
+MAX_RATE = 2
+MAX_SAMPLED_BLOCKS = 4096  # ... but a huge cache's miniatures are sparser still: cost bound
 FIT_FULLS = 2.0  # the census's image is averaged over this many miniature cache-fulls
 RECOMMEND_GAIN = 0.05  # log a bigger budget when 2x would add this much hit rate
 
