@@ -104,6 +104,9 @@ def main() -> None:
     ap.add_argument("--schedule", nargs="*", default=[], help="policy@request,... (see above)")
     ap.add_argument("--miniatures", action="store_true", help="also the default's miniatures")
     ap.add_argument("--rows", type=int, default=0, help="print only the first N windows")
+    ap.add_argument(
+        "--name", default="replay", help="the default's cache namespace (another: another sample)"
+    )
     args = ap.parse_args()
     found = [s for s in shapes(argparse.Namespace(shapes=[args.shape], mooncake=args.mooncake))]
     if not found:
@@ -114,10 +117,14 @@ def main() -> None:
     cols: dict[str, Hits] = {p: run(requests, shape.block, args.capacity, p) for p in args.policies}
     counter = [0]
     minis = watch_miniatures(args.window, counter) if args.miniatures else {}
-    cols["default"] = run(requests, shape.block, args.capacity, DEFAULT_POLICY, counter=counter)
+    cols["default"] = run(
+        requests, shape.block, args.capacity, DEFAULT_POLICY, args.name, counter=counter
+    )
     for text in args.schedule:
         sched = parse_schedule(text, names)
-        cols[text] = run(requests, shape.block, args.capacity, DEFAULT_POLICY, schedule=sched)
+        cols[text] = run(
+            requests, shape.block, args.capacity, DEFAULT_POLICY, args.name, schedule=sched
+        )
     print(f"{shape.name} at {args.capacity:,} tokens, {len(requests):,} requests")
     print(
         "| requests | "

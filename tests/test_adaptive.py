@@ -275,6 +275,29 @@ def test_a_frecency_leader_keeps_the_hand_over_state_itself():
     churn_conversations(cache, random.Random(5), steps=200, check_every=50)
 
 
+def test_frecency_handed_the_cache_back_counts_every_blocks_uses_as_before():
+    """A resident block's uses from before its last insertion (a system prompt evicted and
+    saved again) travel with it through a hand-over: frecency -> LRU -> frecency with no
+    request between counts every block's uses as the first frecency did (they were dropped:
+    a returned block ranked as new; on the held-out chat trace, .002 of hit rate)."""
+    from core_helpers import churn_conversations
+
+    policy = AdaptivePolicy(("frecency", "lru", "s3fifo"))
+    cache = PromptCache("u", block_size=4, ram_budget=64 * 30, policy=policy)
+    cache.whatif.on_switch = None
+    churn_conversations(cache, random.Random(6), steps=400, check_every=50)
+    first = policy.policy
+    uses = {b: m.base_freq for b, m in first._metas.items()}
+    assert max(uses.values()) > 1  # some blocks returned
+    policy.hand_over(1)
+    policy.hand_over(0)
+    back = policy.policy
+    assert back is not first
+    assert {b: m.base_freq for b, m in back._metas.items()} == uses
+    cache.check_integrity()
+    churn_conversations(cache, random.Random(7), steps=100, check_every=25)
+
+
 def test_frecency_handed_the_cache_back_starts_from_the_reuse_intervals_measured_meanwhile():
     """The adaptive policy measures reuse intervals under any leader (a frecency leader into the
     same estimate): frecency back in charge starts from them, not from its first observation,

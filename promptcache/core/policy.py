@@ -42,12 +42,15 @@ class EvictionPolicy(Protocol):
     def on_evict(self, block: Block) -> None:
         """``block`` left the tier; drop any per-block state (safe to call for any block once)."""
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
-        """Take over a tier's resident blocks (oldest ``last_access`` first) on a fresh policy, as
-        if they had been inserted under it; the evictable ones become evictable. ``history``:
-        recently evicted hashes, oldest first, with (uses, last_access). Used when the adaptive
-        policy hands the live cache to another policy; what the blocks and the history do not
-        record (queue membership) starts afresh."""
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
+        """Take over a tier's resident blocks on a fresh policy, as if they had been inserted
+        under it; the evictable ones become evictable. ``resident``: every block, oldest
+        ``last_access`` first, with the uses remembered from before it was (last) inserted (its
+        hits since are ``Block.num_hits``); ``history``: recently evicted hashes, oldest first,
+        with (uses, last_access). Used when the adaptive policy hands the live cache to another
+        policy; what neither records (queue membership) starts afresh."""
 
     def sample_at(self, rate: int) -> None:
         """Run as a what-if miniature that holds 1 block in ``rate`` (``minisim``): what the

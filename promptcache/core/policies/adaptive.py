@@ -6,8 +6,9 @@ The what-if simulations (``core/whatif.py``, attached by ``PromptCache``) run ev
 budget; the leader is the one with the most recent hits, switching only past a noise margin.
 The live cache runs the leader alone, unchanged, so while one leader stays in charge it evicts
 exactly as that fixed policy would, at that policy's speed. On a switch the new leader adopts
-the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block), and
-its decisions match its fixed self again within about one cache turnover. The adaptive policy
+the resident blocks (``EvictionPolicy.adopt``: recency and hit counts are on every block, the
+uses from before a block's last insertion are kept here), and its decisions match its fixed
+self again within about one cache turnover. The adaptive policy
 keeps a bounded history of evicted hashes (uses, last use) for the same reason: a new leader
 gets the frecency history it would have built (under a frecency leader, which keeps that
 history itself, the adaptive policy keeps nothing and costs nothing extra).
@@ -96,7 +97,9 @@ class AdaptivePolicy:
             self._resident, self._history = self._keeper.hand_over_state()
         self.current = index
         p = make_policy(self.candidate_names[index])
-        p.adopt(sorted(self._resident, key=lambda b: b.last_access), self._trim_history())
+        resident = self._resident
+        by_age = sorted(resident, key=lambda b: b.last_access)
+        p.adopt({b: resident[b] for b in by_age}, self._trim_history())
         self._follow(p)
 
     def _track_access(self, blocks: Sequence[Block], is_hit: bool, now: int) -> None:
@@ -133,13 +136,14 @@ class AdaptivePolicy:
         self._history_cap = 2 * limit
         return history
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
         if self._keeper is None:
-            for b in blocks:
-                self._resident[b] = 0
+            self._resident.update(resident)
             self._history = dict(history)
             self._trim_history()
-        self.policy.adopt(blocks, history)
+        self.policy.adopt(resident, history)
 
 
 register_policy("adaptive")(AdaptivePolicy)

@@ -186,10 +186,12 @@ class FrecencyPolicy:
         while len(history) > limit and len(history) > 64:
             history.popitem(last=False)
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
         self._history = OrderedDict(history)
-        for b in blocks:
-            self._metas[b] = _Meta(1)
+        for b, uses in resident.items():
+            self._metas[b] = _Meta(1 + uses)
             if b.is_evictable:
                 self.add_evictable(b)
 

@@ -62,8 +62,10 @@ class LruPolicy:
     def on_evict(self, block: Block) -> None:
         self.remove_evictable(block)
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
-        for b in blocks:
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
+        for b in resident:
             if b.is_evictable:
                 self.add_evictable(b)  # oldest first: always an append
 

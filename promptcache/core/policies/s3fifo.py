@@ -134,10 +134,12 @@ class S3FifoPolicy:
             for _ in range(excess):
                 ghost.popitem(last=False)
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
         # no ghost from another policy's evictions: it sends every returning block straight to
         # the main queue, which locked a loop into a worse cycle than a cold start (measured)
-        for b in blocks:  # blocks hit before count as proven: main queue
+        for b in resident:  # blocks hit before count as proven: main queue
             queue = MAIN if b.num_hits else SMALL
             self._metas[b] = _Meta(b, queue)
             self._bytes[queue] += b.nbytes

@@ -175,11 +175,13 @@ class SessionPolicy(FrecencyPolicy):
                 s.tip = parent if own else None
         super().on_evict(block)
 
-    def adopt(self, blocks: Sequence[Block], history: Mapping[BlockHash, tuple[int, int]]) -> None:
+    def adopt(
+        self, resident: Mapping[Block, int], history: Mapping[BlockHash, tuple[int, int]]
+    ) -> None:
         # what the blocks do not record (sessions, depth) starts afresh: one session per block
         self._history = OrderedDict(history)
-        for b in blocks:
-            self._metas[b] = _Meta(1, Session(b), 0)
+        for b, uses in resident.items():
+            self._metas[b] = _Meta(1 + uses, Session(b), 0)
             if b.is_evictable:
                 self.add_evictable(b)
 
