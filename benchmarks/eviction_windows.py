@@ -9,6 +9,9 @@ default's candidate miniatures per window: their hits over their sampled lookup 
     .venv/bin/python benchmarks/eviction_windows.py "mooncake (held out)" 3100000 \\
         --mooncake DATA_DIR/mooncake/conversation_trace.jsonl --window 400 --miniatures \\
         --schedule s3fifo@300,frecency@1600 s3fifo@300,frecency@2400
+
+``--switches`` logs each hand-over the default made (request, leaders, the race's lead and its
+significance); ``--name`` replays the default under another cache namespace, another sample.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from promptcache.core.policies import DEFAULT_POLICY  # noqa: E402
 from promptcache.core.policies.adaptive import CANDIDATES, AdaptivePolicy  # noqa: E402
 from promptcache.core.race import Decayed  # noqa: E402
 from promptcache.core.replay import null_slicer, prompt_tokens  # noqa: E402
+from promptcache.core.whatif import WhatIf  # noqa: E402
 
 Hits = list[tuple[float, float]]  # per request: (hit tokens, prompt tokens)
 
@@ -50,9 +54,13 @@ def run(
     name: str = "replay",
     schedule: dict[int, int] | None = None,
     counter: list[int] | None = None,
+    switches: list[str] | None = None,
 ) -> Hits:
-    """Per request (hit tokens, prompt tokens); ``counter[0]``: the request being served."""
+    """Per request (hit tokens, prompt tokens); ``counter[0]``: the request being served;
+    ``switches``: gets a line per live hand-over of the race."""
     cache = PromptCache(name, block_size=block, ram_budget=capacity, policy=policy)
+    if switches is not None and cache.whatif is not None:
+        log_switches(cache.whatif, switches, counter or [0])
     adaptive: AdaptivePolicy | None = None
     if schedule is not None:
         assert isinstance(cache.ram.policy, AdaptivePolicy)
@@ -69,6 +77,32 @@ def run(
             out.append((hit.num_tokens, seq.num_tokens))
         cache.save(seq, None, null_slicer)
     return out
+
+
+def log_switches(whatif: WhatIf, out: list[str], counter: list[int]) -> None:
+    """Each hand-over: the request, the old and new leader, and the view of the race the live
+    cache follows (``follow.py``: the fast one, or the slow one): the new leader's lead in
+    sampled blocks and as a share of the race's volume, that lead over its noise, the volume in
+    miniature cache-fulls."""
+    hand_over = whatif.on_switch
+    assert hand_over is not None
+    was = [whatif.leader]
+
+    def logged(new: int) -> None:
+        old, was[0] = was[0], new
+        names, live, following = whatif.policy_names, whatif.live, whatif.following
+        assert live is not None and live.race is not None and following is not None
+        race, sim = following.slow.race if following.is_slow else live.race, live.sims[0]
+        lead = race.hits[new] - race.hits[old]
+        out.append(
+            f"request {counter[0]:,}: {names[old]} -> {names[new]}, lead {lead:.1f} blocks"
+            f" ({lead / race.volume:.4f}), {race.significance(new, old):.2f}x its noise, after"
+            f" {race.volume * sim.unit / sim.budget:.2f} cache-fulls, race"
+            f" {'slow' if following.is_slow else 'fast'}"
+        )
+        hand_over(new)
+
+    whatif.on_switch = logged
 
 
 def watch_miniatures(window: int, counter: list[int]) -> dict[int, list[float]]:
@@ -107,6 +141,7 @@ def main() -> None:
     ap.add_argument(
         "--name", default="replay", help="the default's cache namespace (another: another sample)"
     )
+    ap.add_argument("--switches", action="store_true", help="also log the default's hand-overs")
     args = ap.parse_args()
     found = [s for s in shapes(argparse.Namespace(shapes=[args.shape], mooncake=args.mooncake))]
     if not found:
@@ -117,8 +152,9 @@ def main() -> None:
     cols: dict[str, Hits] = {p: run(requests, shape.block, args.capacity, p) for p in args.policies}
     counter = [0]
     minis = watch_miniatures(args.window, counter) if args.miniatures else {}
+    switches: list[str] | None = [] if args.switches else None
     cols["default"] = run(
-        requests, shape.block, args.capacity, DEFAULT_POLICY, args.name, counter=counter
+        requests, shape.block, args.capacity, DEFAULT_POLICY, args.name, None, counter, switches
     )
     for text in args.schedule:
         sched = parse_schedule(text, names)
@@ -146,6 +182,10 @@ def main() -> None:
         if minis:
             row.append(" / ".join(f"{x / mini[-1]:.3f}" for x in mini[:-1]) if mini else "-")
         print(f"| {lo:,} | " + " | ".join(row) + " |")
+    if switches is not None:
+        print(f"\nthe default's hand-overs ({args.name}):" if switches else "\nno hand-over")
+        for line in switches:
+            print("- " + line)
 
 
 if __name__ == "__main__":
