@@ -102,20 +102,6 @@ def test_each_hand_over_makes_a_lead_won_in_one_lookup_need_more_significance():
     assert steady.challenger(0, num_switches=many) == 1
 
 
-def test_a_race_without_the_margin_path_hands_over_only_on_significance():
-    """The slow race (``follow.py``): a lead won in one big lookup passes a fresh race's margin
-    but not a race without one; a lead as large that holds lookup after lookup passes both."""
-    for margin, takes_luck in ((True, True), (False, False)):
-        lucky = Race(2, 1e12, rate=4, margin=margin)
-        feed(lucky, [30] + [-1] * 20, 50)
-        assert lucky.significance(1, 0) < 1
-        assert (lucky.challenger(0) == 1) is takes_luck
-
-        steady = Race(2, 1e12, rate=4, margin=margin)
-        feed(steady, [1] * 10, 100)  # the same margin, z = sqrt(10)
-        assert steady.challenger(0) == 1
-
-
 def test_an_early_lead_fades_within_the_race_horizon():
     """Candidate 1 wins the first cache-fulls (a cold start), candidate 0 the steady state:
     the race hands back within a few horizons; a decay as long as the curve's would not."""

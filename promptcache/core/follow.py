@@ -12,12 +12,6 @@ clearly hit more (``SLOW_GAP`` of the volume, ``SLOW_Z`` times its noise), and t
 again once that one's has. Both miniatures start empty and are judged once full: the race's
 miniatures need no such pair, and most traffic (chat: the race picks once or twice) never
 starts it.
-
-The slow race hands over only on significance (``SWITCH_Z``), not on the fast race's margin
-path: over 32 cache-fulls a lasting lead is significant, and a lead of the margin at a third of
-its noise is the swings it exists to sit out (above_capacity 35.2K, one cache namespace: it
-handed the cache to frecency and back 230 requests later on two such leads, .0145 behind
-S3-FIFO alone).
 """
 
 from __future__ import annotations
@@ -81,7 +75,7 @@ class Following:
         self.rate = rate
         horizon = max(SLOW_FULLS * capacity, 4096.0)
         self.fast = Follower(race)
-        self.slow = Follower(Race(len(self.names), horizon, rate, margin=False))
+        self.slow = Follower(Race(len(self.names), horizon, rate))
         self.judge = Race(2, horizon, rate)  # fast, slow
         self.is_slow = False
 

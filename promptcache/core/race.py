@@ -24,8 +24,7 @@ Each hand-over the race has made raises the significance the margin path needs b
 hit or missed together) passes the margin as easily as it is lost again, and each hand-over
 costs the hits of a cache the new leader did not fill (coding_agent 256K, mean of 3 cache
 namespaces: 157-168 hand-overs, .0045 behind LRU alone; with the rise, 24-25 and .0013 ahead).
-A race that picked once or twice, as chat traffic does, keeps its quick margin path. A race
-without one (``margin=False``: the slow race of ``follow.py``) hands over only on significance.
+A race that picked once or twice, as chat traffic does, keeps its quick margin path.
 """
 
 from __future__ import annotations
@@ -47,17 +46,15 @@ MARGIN_Z_PER_SWITCH = 1.0 / 16
 class Race:
     """Decayed hits per candidate and decayed squares of each pair's per-lookup difference."""
 
-    __slots__ = ("hits", "squares", "volume", "horizon", "min_lead", "has_margin")
+    __slots__ = ("hits", "squares", "volume", "horizon", "min_lead")
 
-    def __init__(self, num: int, horizon: float, rate: int = 1, margin: bool = True) -> None:
-        """``rate``: the miniatures sample 1 block in ``rate``; ``margin``: a lead of
-        ``SWITCH_MARGIN`` may hand over below ``SWITCH_Z``."""
+    def __init__(self, num: int, horizon: float, rate: int = 1) -> None:
+        """``rate``: the miniatures sample 1 block in ``rate``."""
         self.hits = [0.0] * num
         self.squares = [[0.0] * num for _ in range(num)]
         self.volume = 0.0  # decayed sampled lookup blocks since the first miniature filled
         self.horizon = horizon
         self.min_lead = max(SWITCH_MIN_BLOCKS, SWITCH_MIN_LIVE_BLOCKS / rate)  # sampled blocks
-        self.has_margin = margin
 
     def add(self, got: list[float], num_blocks: float) -> None:
         """One lookup of ``num_blocks`` sampled blocks; ``got[j]``: candidate j's hits."""
@@ -86,9 +83,7 @@ class Race:
         if best == leader or lead <= SWITCH_MIN_LEAD or blocks < self.min_lead:
             return None
         z = self.significance(best, leader)
-        if z > SWITCH_Z:
-            return best
-        if self.has_margin and lead > SWITCH_MARGIN and z >= num_switches * MARGIN_Z_PER_SWITCH:
+        if z > SWITCH_Z or (lead > SWITCH_MARGIN and z >= num_switches * MARGIN_Z_PER_SWITCH):
             return best
         return None
 
